@@ -1,0 +1,88 @@
+"""Fault codes: Sapo-Broker's fault table, plus our documented extensions.
+
+Sapo-Broker 3 ("Error handling", ../shared/reference/sapo-broker-3.txt)
+groups its codes by thousands: 1xxx transport and format, 2xxx messaging,
+3xxx security. Where ASBP needs a distinction Sapo does not draw, we take a
+free code inside the matching block and mark it as an extension, so a client
+that only knows Sapo's table can still read the block from the first digit.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["FaultCode"]
+
+
+class FaultCode(IntEnum):
+    """Every fault the gateway can report, with Sapo-Broker's numbering."""
+
+    # 11xx: message format faults (Sapo).
+    #: The frame is larger than the configured frame-size limit.
+    INVALID_MESSAGE_SIZE = 1101
+    #: Sapo: unknown encoding protocol.
+    UNKNOWN_ENCODING_PROTOCOL = 1102
+    #: Sapo: unknown encoding version.
+    UNKNOWN_ENCODING_VERSION = 1103
+    #: Extension: the header is longer than the header-size limit.
+    HEADER_TOO_LARGE = 1104
+    #: Extension: the header holds more keys than the key limit.
+    TOO_MANY_KEYS = 1105
+    #: Extension: a bracketed list holds more items than the list limit.
+    TOO_MANY_LIST_ITEMS = 1106
+
+    # 12xx: payload encoding faults (Sapo).
+    #: The header does not follow the grammar of draft section 1.3.4.
+    INVALID_MESSAGE_FORMAT = 1201
+    #: Sapo: a message of a type the receiver does not take.
+    UNEXPECTED_MESSAGE_TYPE = 1202
+    #: Extension: a reserved key holds a value its definition forbids.
+    INVALID_HEADER_VALUE = 1203
+
+    # 20xx: messaging faults (Sapo).
+    #: Sapo: invalid destination name.
+    INVALID_DESTINATION_NAME = 2001
+    #: Sapo: invalid destination type.
+    INVALID_DESTINATION_TYPE = 2002
+    #: Sapo: maximum number of queues reached.
+    MAX_QUEUES_REACHED = 2003
+    #: Sapo: maximum distinct subscriptions reached.
+    MAX_SUBSCRIPTIONS_REACHED = 2004
+
+    # 31xx: authentication faults (Sapo).
+    #: Sapo: authentication failed.
+    AUTHENTICATION_FAILED = 3101
+    #: Sapo: unknown authentication type.
+    UNKNOWN_AUTHENTICATION_TYPE = 3102
+    #: Sapo: invalid authentication channel type (TLS was not used).
+    INVALID_AUTHENTICATION_CHANNEL_TYPE = 3103
+
+    # 32xx: authorization faults (Sapo).
+    #: Sapo: access denied.
+    ACCESS_DENIED = 3201
+
+    @property
+    def description(self) -> str:
+        """A short human-readable description, as in Sapo's table."""
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS: dict[FaultCode, str] = {
+    FaultCode.INVALID_MESSAGE_SIZE: "Invalid message size",
+    FaultCode.UNKNOWN_ENCODING_PROTOCOL: "Unknown encoding protocol",
+    FaultCode.UNKNOWN_ENCODING_VERSION: "Unknown encoding version",
+    FaultCode.HEADER_TOO_LARGE: "Header too large",
+    FaultCode.TOO_MANY_KEYS: "Too many header keys",
+    FaultCode.TOO_MANY_LIST_ITEMS: "Too many list items",
+    FaultCode.INVALID_MESSAGE_FORMAT: "Invalid message format",
+    FaultCode.UNEXPECTED_MESSAGE_TYPE: "Unexpected message type",
+    FaultCode.INVALID_HEADER_VALUE: "Invalid header value",
+    FaultCode.INVALID_DESTINATION_NAME: "Invalid destination name",
+    FaultCode.INVALID_DESTINATION_TYPE: "Invalid destination type",
+    FaultCode.MAX_QUEUES_REACHED: "Maximum number of queues reached",
+    FaultCode.MAX_SUBSCRIPTIONS_REACHED: "Maximum distinct subscriptions reached",
+    FaultCode.AUTHENTICATION_FAILED: "Authentication failed",
+    FaultCode.UNKNOWN_AUTHENTICATION_TYPE: "Unknown authentication type",
+    FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE: "Invalid authentication channel type",
+    FaultCode.ACCESS_DENIED: "Access denied",
+}
