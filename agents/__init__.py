@@ -1,0 +1,3 @@
+"""Application-Agent SDK and User-Agent client."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""The ASBP broker."""
+
+__all__: list[str] = []
