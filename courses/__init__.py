@@ -1,0 +1,3 @@
+"""Courses: links between brokers of different organisations' buses."""
+
+__all__: list[str] = []
