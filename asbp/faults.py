@@ -49,6 +49,20 @@ class FaultCode(IntEnum):
     #: Sapo: maximum distinct subscriptions reached.
     MAX_SUBSCRIPTIONS_REACHED = 2004
 
+    # 21xx: routing faults (extensions).
+    #: Extension: no Command-Respondent serves this Command-Name.
+    NO_RESPONDENT = 2101
+    #: Extension: the Application-Agent left with this Command in flight.
+    RESPONDENT_LEFT = 2102
+    #: Extension: the Respondent did not answer within the timeout.
+    RESPONDENT_TIMEOUT = 2103
+    #: Extension: no Channel with this Channel-Identifier at this broker.
+    UNKNOWN_CHANNEL = 2104
+    #: Extension: the reader fell behind and its outbound buffer filled up.
+    SLOW_CONSUMER = 2105
+    #: Extension: too many Commands awaiting an answer on this Channel.
+    TOO_MANY_IN_FLIGHT = 2106
+
     # 31xx: authentication faults (Sapo).
     #: Sapo: authentication failed.
     AUTHENTICATION_FAILED = 3101
@@ -81,6 +95,12 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.INVALID_DESTINATION_TYPE: "Invalid destination type",
     FaultCode.MAX_QUEUES_REACHED: "Maximum number of queues reached",
     FaultCode.MAX_SUBSCRIPTIONS_REACHED: "Maximum distinct subscriptions reached",
+    FaultCode.NO_RESPONDENT: "No Command-Respondent",
+    FaultCode.RESPONDENT_LEFT: "Command-Respondent left",
+    FaultCode.RESPONDENT_TIMEOUT: "Command-Respondent timed out",
+    FaultCode.UNKNOWN_CHANNEL: "Unknown channel",
+    FaultCode.SLOW_CONSUMER: "Slow consumer",
+    FaultCode.TOO_MANY_IN_FLIGHT: "Too many Commands in flight",
     FaultCode.AUTHENTICATION_FAILED: "Authentication failed",
     FaultCode.UNKNOWN_AUTHENTICATION_TYPE: "Unknown authentication type",
     FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE: "Invalid authentication channel type",

@@ -1,0 +1,109 @@
+"""The ASGI application: routes, and the Broker built in the lifespan.
+
+One port serves everything:
+
+==========================  =============================================
+``GET /healthz``            liveness: the process answers
+``GET /readyz``             readiness: the Broker is started (503 before)
+``ws(s)://…/asbp``          a User-Agent Channel over WebSocket
+``POST /asbp``              a stateless HTTP Channel: send one Command
+``GET /asbp?i=…``           a stateless HTTP Channel: long-poll
+``wss://…/tube``            an Application-Agent Tube (TLS + credential)
+==========================  =============================================
+
+The Broker is built in the lifespan, inside the serving event loop, and
+reaches handlers through the lifespan state (``scope["state"]``): no
+module-level globals, so several apps can run side by side in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.broker import Broker
+from gateway.config import GatewayConfig
+from gateway.credentials import AgentCredentials
+from gateway.identity import broker_identity
+from gateway.transports import http, websocket
+
+__all__ = ["create_app"]
+
+
+def _credentials(config: GatewayConfig) -> AgentCredentials | None:
+    if not config.agents:
+        return None
+    return AgentCredentials.from_config(
+        {"audience": config.audience, "agents": config.agents}, base_dir=config.agents_base_dir
+    )
+
+
+class _ASGIEndpoint:
+    """Marks a plain ASGI function as such for Starlette's WebSocketRoute,
+    which would otherwise wrap a function as ``func(websocket)``."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _readyz(request: Request) -> Response:
+    broker: Broker = request.state.broker
+    body = {
+        "ready": broker.ready,
+        "broker": broker.broker_id,
+        "channels": len(broker.channels),
+        "tubes": len(broker.respondents.tubes()),
+    }
+    return JSONResponse(body, status_code=200 if broker.ready else 503)
+
+
+def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> Starlette:
+    """Build the broker's ASGI application for ``config``.
+
+    Raises:
+        CredentialConfigError: an agent key in ``config.agents`` cannot be loaded.
+    """
+    credentials = _credentials(config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        broker = Broker(
+            config,
+            broker_id=broker_identity(config),
+            credentials=credentials,
+            log=log or logging.getLogger("asbp.gateway"),
+        )
+        await broker.start()
+        try:
+            yield {"broker": broker}
+        finally:
+            await broker.stop()
+
+    return Starlette(
+        routes=[
+            Route("/healthz", _healthz),
+            Route("/readyz", _readyz),
+            Route("/asbp", http.post, methods=["POST"]),
+            Route("/asbp", http.poll, methods=["GET"]),
+            WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),
+            WebSocketRoute("/tube", _ASGIEndpoint(websocket.tube_endpoint)),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,130 @@
+"""The Broker: the parts of one broker, wired together, and its housekeeping.
+
+A Broker owns the Channel registry, the Respondent table and the router,
+plus two duties no single transport can do: expiring Commands whose
+Respondent never answers, and expiring stateless HTTP Channels nobody polls.
+It holds no sockets; transports hold those and call the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final
+
+from asbp import ApplicationAgentId, FaultCode
+from gateway.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.config import GatewayConfig
+from gateway.credentials import AgentCredentials
+from gateway.outbox import Mailbox, StreamOutbox
+from gateway.routing import Router
+from gateway.tubes import RespondentTable, Tube
+
+__all__ = ["Broker"]
+
+#: Seconds between housekeeping passes, at most.
+_TICK: Final = 1.0
+
+
+class Broker:
+    """One broker: registries, router and housekeeping."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        broker_id: str,
+        credentials: AgentCredentials | None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.config = config
+        self.broker_id = broker_id
+        self.credentials = credentials
+        self.log = log or logging.getLogger("asbp.gateway")
+        self.channels = ChannelRegistry()
+        self.respondents = RespondentTable()
+        self.router = Router(
+            broker_id=broker_id,
+            channels=self.channels,
+            respondents=self.respondents,
+            limits=config.limits,
+            channel_limits=config.channels,
+            tube_limits=config.tubes,
+            log=self.log,
+        )
+        self._housekeeping: asyncio.Task[None] | None = None
+        self.ready = False
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start housekeeping; call inside the serving event loop."""
+        self._housekeeping = asyncio.create_task(self._keep_house(), name="asbp-housekeeping")
+        self.ready = True
+        self.log.info("broker.start", extra={"broker": self.broker_id})
+
+    async def stop(self) -> None:
+        """Stop accepting work and close every Channel and Tube."""
+        self.ready = False
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        for tube in self.respondents.tubes():
+            self.router.close_tube(tube)
+        for channel in self.channels:
+            self.router.close_channel(channel)
+        self.log.info("broker.stop", extra={"broker": self.broker_id})
+
+    async def _keep_house(self) -> None:
+        tick = min(_TICK, self.config.tubes.respondent_timeout / 4)
+        while True:
+            await asyncio.sleep(tick)
+            self.router.expire()
+            self.expire_idle_channels()
+
+    def expire_idle_channels(self) -> int:
+        """Close HTTP Channels idle longer than the configured timeout."""
+        limit = time.monotonic() - self.config.channels.http_idle_timeout
+        idle = [c for c in self.channels if c.kind is ChannelKind.HTTP and c.last_seen < limit]
+        for channel in idle:
+            self.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+        return len(idle)
+
+    # -- Channels ------------------------------------------------------------
+
+    def open_websocket_channel(self, remote: str) -> tuple[Channel, StreamOutbox]:
+        """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``."""
+        limits = self.config.channels
+        outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
+        channel = self.channels.open(ChannelKind.WEBSOCKET, outbox, remote=remote)
+        self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
+        return channel, outbox
+
+    def open_http_channel(self, remote: str) -> tuple[Channel, Mailbox]:
+        """Open a stateless HTTP Channel with a mailbox for long-polls."""
+        limits = self.config.channels
+        mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
+        channel = self.channels.open(ChannelKind.HTTP, mailbox, remote=remote)
+        self.log.info(
+            "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
+        )
+        return channel, mailbox
+
+    def close_channel(self, channel: Channel, fault: FaultCode | None = None) -> None:
+        """Close ``channel``, recording ``fault`` as the reason."""
+        if fault is not None and channel.fault is None:
+            channel.fault = fault
+        self.router.close_channel(channel)
+
+    # -- Tubes ---------------------------------------------------------------
+
+    def open_tube(self, agent_id: str, remote: str) -> tuple[Tube, StreamOutbox]:
+        """Open a Tube for a verified Application-Agent identity."""
+        limits = self.config.tubes
+        outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
+        tube = Tube(ApplicationAgentId(agent_id), outbox, remote)
+        self.router.open_tube(tube)
+        return tube, outbox

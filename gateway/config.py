@@ -1,0 +1,115 @@
+"""Broker configuration: one frozen dataclass per concern, secure defaults.
+
+Sources, lowest precedence first: the defaults below, a TOML file
+(``--config`` or ``ASBP_CONFIG``), ``ASBP_*`` environment variables, then
+command-line flags. Loading lives in ``gateway.settings``; this module only
+says what can be configured and what each field means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import asbp
+
+__all__ = [
+    "ChannelLimits",
+    "EngineName",
+    "GatewayConfig",
+    "ServerName",
+    "TlsConfig",
+    "TubeLimits",
+]
+
+MiB = 1024 * 1024
+
+ServerName = Literal["hypercorn", "uvicorn"]
+EngineName = Literal["memory", "redis"]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """The certificate the broker serves HTTPS and WSS with."""
+
+    #: PEM certificate chain.
+    certfile: Path
+    #: PEM private key.
+    keyfile: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLimits:
+    """Bounds on what one User-Agent Channel may cost the broker."""
+
+    #: Commands queued for a Channel before its reader counts as too slow
+    #: and is disconnected with fault 2105.
+    outbox_frames: int = 1024
+    #: Bytes queued for a Channel before the same happens.
+    outbox_bytes: int = 4 * MiB
+    #: Commands with ``u`` awaiting a Respondent's answer, per Channel.
+    max_in_flight: int = 256
+    #: Seconds a long-poll request waits for a Command before it returns empty.
+    long_poll_timeout: float = 25.0
+    #: Commands returned by one long-poll response at most.
+    long_poll_max_frames: int = 256
+    #: Seconds without a request after which a stateless HTTP Channel expires.
+    http_idle_timeout: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class TubeLimits:
+    """Bounds on what one Application-Agent Tube may cost the broker."""
+
+    #: Commands queued for a Tube before its agent counts as too slow.
+    outbox_frames: int = 8192
+    #: Bytes queued for a Tube before the same happens.
+    outbox_bytes: int = 32 * MiB
+    #: Seconds a Respondent has to answer a Command carrying ``u`` before the
+    #: User-Agent gets fault 2103.
+    respondent_timeout: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything a broker needs to start."""
+
+    #: Address to listen on. Loopback by default: exposing a broker is a choice.
+    host: str = "127.0.0.1"
+    #: Port to listen on; 0 picks a free one.
+    port: int = 8080
+    #: The ASGI server: Hypercorn (HTTP/1, HTTP/2, TLS, WebSocket) or Uvicorn
+    #: (HTTP/1.1 and WebSocket, faster WebSocket path).
+    server: ServerName = "hypercorn"
+    #: TLS for the listening port; None serves plain HTTP.
+    tls: TlsConfig | None = None
+    #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
+    #: one there, so it stays stable across restarts.
+    broker_id: str | None = None
+    #: Where the broker keeps its identity and the memory engine's files.
+    data_dir: Path = Path(".asbp")
+    #: The topic and queue engine.
+    engine: EngineName = "memory"
+    #: Redis for the ``redis`` engine.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Codec limits for every inbound frame.
+    limits: asbp.Limits = asbp.DEFAULT_LIMITS
+    #: Per-Channel bounds.
+    channels: ChannelLimits = field(default_factory=ChannelLimits)
+    #: Per-Tube bounds.
+    tubes: TubeLimits = field(default_factory=TubeLimits)
+    #: The ``aud`` every agent credential must carry.
+    audience: str = "asbp-broker"
+    #: Application-Agent identities and their public keys, as the ``[agents]``
+    #: table of the TOML file (see ``gateway.credentials``).
+    agents: Mapping[str, Any] = field(default_factory=dict)
+    #: Directory that relative key paths in ``agents`` are resolved against.
+    agents_base_dir: Path = Path(".")
+    #: Development only: accept Tubes without TLS when listening on loopback.
+    insecure_dev_tubes: bool = False
+    #: Log lines as JSON objects (``json``) or as text for people (``text``).
+    log_format: Literal["json", "text"] = "json"
+    #: Logging level name.
+    log_level: str = "info"

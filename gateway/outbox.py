@@ -1,0 +1,210 @@
+"""Outboxes: the one path from the router to a Channel's or Tube's reader.
+
+The router never awaits a reader. It calls ``Outbox.offer(frame)``, which
+queues an encoded Command and returns at once; a transport drains the
+outbox at the reader's pace. That keeps one slow reader from slowing anyone
+else, and lets a fan-out to a thousand Channels cost a thousand appends
+rather than a thousand awaited sends.
+
+Every outbox is bounded in frames and in bytes. An ``offer`` that would pass
+either bound fails: the reader has fallen behind, and the caller closes it
+with fault 2105 (slow consumer). Nothing is dropped silently.
+
+Two implementations, one interface:
+
+* ``StreamOutbox`` feeds a connection that stays open (a WebSocket): its
+  writer task takes whole batches with ``take()`` and sends them in order.
+* ``Mailbox`` feeds stateless HTTP long-polls: each frame gets a sequence
+  number, and a frame stays until a later poll acknowledges it (``after``),
+  so a response lost on the way costs a repeat, never a Command. A later
+  issue moves mailboxes into Redis so that any broker can answer any poll;
+  the router sees only ``Outbox``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from itertools import islice
+from typing import Protocol
+
+__all__ = ["Mailbox", "Outbox", "StreamOutbox"]
+
+
+class Outbox(Protocol):
+    """Where the router leaves encoded Commands for one reader."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the outbox takes no more frames."""
+        ...
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame``; False if the outbox is closed or full."""
+        ...
+
+    def close(self) -> None:
+        """Take no more frames; what is queued is still delivered."""
+        ...
+
+    def abort(self) -> None:
+        """Take no more frames and drop what is queued (the reader is gone)."""
+        ...
+
+
+class StreamOutbox:
+    """A bounded FIFO of frames for one connection's writer task.
+
+    Args:
+        max_frames: frames queued at most.
+        max_bytes: bytes queued at most (a single larger frame is still
+            taken when the outbox is empty, so no frame is undeliverable).
+    """
+
+    __slots__ = ("_bytes", "_closed", "_frames", "_max_bytes", "_max_frames", "_ready")
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self._frames: deque[bytes] = deque()
+        self._bytes = 0
+        self._max_frames = max_frames
+        self._max_bytes = max_bytes
+        self._closed = False
+        self._ready = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def offer(self, frame: bytes) -> bool:
+        if self._closed:
+            return False
+        frames = self._frames
+        size = self._bytes + len(frame)
+        if frames and (len(frames) >= self._max_frames or size > self._max_bytes):
+            return False
+        frames.append(frame)
+        self._bytes = size
+        self._ready.set()
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    def abort(self) -> None:
+        self._frames.clear()
+        self._bytes = 0
+        self.close()
+
+    async def take(self) -> list[bytes]:
+        """Wait for frames and take all of them; [] once closed and empty."""
+        while not self._frames:
+            if self._closed:
+                return []
+            self._ready.clear()
+            await self._ready.wait()
+        batch = list(self._frames)
+        self._frames.clear()
+        self._bytes = 0
+        return batch
+
+
+class Mailbox:
+    """A bounded, acknowledged mailbox for a stateless HTTP Channel.
+
+    Frames are numbered from 1. ``poll(after=n)`` first forgets every frame
+    numbered ``n`` or less (the client has them), then returns what is left,
+    waiting up to ``timeout`` for something to arrive.
+    """
+
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_frames",
+        "_max_bytes",
+        "_max_frames",
+        "_next_seq",
+        "_waiter",
+    )
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self._frames: deque[tuple[int, bytes]] = deque()
+        self._bytes = 0
+        self._max_frames = max_frames
+        self._max_bytes = max_bytes
+        self._next_seq = 1
+        self._closed = False
+        # The parked poll, if any: resolved True when frames arrive or the
+        # mailbox closes, False when a newer poll takes its place.
+        self._waiter: asyncio.Future[bool] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_seq(self) -> int:
+        """The number of the newest frame ever queued (0 if none)."""
+        return self._next_seq - 1
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def _wake(self, result: bool) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+
+    def offer(self, frame: bytes) -> bool:
+        if self._closed:
+            return False
+        frames = self._frames
+        size = self._bytes + len(frame)
+        if frames and (len(frames) >= self._max_frames or size > self._max_bytes):
+            return False
+        frames.append((self._next_seq, frame))
+        self._next_seq += 1
+        self._bytes = size
+        self._wake(True)
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake(True)
+
+    def abort(self) -> None:
+        self._frames.clear()
+        self._bytes = 0
+        self.close()
+
+    def acknowledge(self, after: int) -> None:
+        """Forget every frame numbered ``after`` or less."""
+        frames = self._frames
+        while frames and frames[0][0] <= after:
+            self._bytes -= len(frames.popleft()[1])
+
+    async def poll(self, after: int, timeout: float, limit: int) -> list[tuple[int, bytes]]:
+        """Acknowledge up to ``after``, then return up to ``limit`` frames.
+
+        Waits up to ``timeout`` seconds when nothing is waiting. A newer poll
+        on the same mailbox ends an older one early with an empty list, so a
+        client that retries never has two requests parked on the broker.
+        """
+        self.acknowledge(after)
+        if not self._frames and not self._closed:
+            self._wake(False)
+            waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                async with asyncio.timeout(timeout):
+                    if not await waiter:
+                        return []
+            except TimeoutError:
+                return []
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return list(islice(self._frames, limit))

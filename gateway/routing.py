@@ -1,0 +1,555 @@
+"""The router: where every Command goes (draft §2.4).
+
+Theory of operation
+-------------------
+Transports hand the router whole frames together with where they came
+from (a Channel or a Tube). The router decodes, decides and leaves encoded
+Commands in outboxes; it never awaits, so one slow reader cannot hold up a
+sender and routing needs no locks.
+
+From a User-Agent (a Channel):
+    1. ``c`` names a built-in (``asbp.*``): the broker answers itself.
+    2. Otherwise the Tube with the fewest Commands in flight among those
+       registered for ``c`` gets it, with ``i`` (the Channel) and ``b`` (this
+       broker) added and any ``a`` removed: a User-Agent never speaks for an
+       agent.
+    3. No Respondent: fault 2101 to the sender.
+   A Command that carries ``u`` is *in flight* until a Command from the same
+   Application-Agent with ``d`` naming the Channel and the same ``u``
+   answers it (for a stream: the one whose ``o`` reaches ``t``). If the
+   agent's Tubes close first, or the Respondent timeout passes, the
+   User-Agent gets fault 2102 or 2103 with that ``u``: never silence.
+
+From an Application-Agent (a Tube):
+    1. A built-in ``c`` without ``d`` or ``g``: the broker answers.
+    2. ``d`` and/or ``g``: to those Channels, each once, with ``a`` set to the
+       Tube's verified identity and ``d`` removed (Channel-Identifiers are
+       the keys to HTTP mailboxes and never leak to other User-Agents).
+    3. Otherwise ``c`` goes to another Tube that serves it, with ``a`` set.
+    4. Nothing matched: fault 2101 to the agent.
+
+Every fault carries the ``u`` of the Command it answers, when there is one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+import asbp
+from asbp import ChannelId, Command, FaultCode, ProtocolError
+from gateway import builtins
+from gateway.channels import Channel, ChannelRegistry
+from gateway.config import ChannelLimits, TubeLimits
+from gateway.tubes import RespondentTable, Tube
+
+__all__ = ["InFlight", "Router"]
+
+_CHANNEL_BUILTINS: Final = frozenset({builtins.PING, builtins.COMMANDS})
+_TUBE_BUILTINS: Final = frozenset(
+    {
+        builtins.PING,
+        builtins.COMMANDS,
+        builtins.REGISTER,
+        builtins.UNREGISTER,
+        builtins.JOIN,
+        builtins.LEAVE,
+    }
+)
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """A User-Agent Command with ``u`` that a Respondent has not answered yet."""
+
+    channel: Channel
+    command_id: int
+    tube: Tube
+    name: str
+    deadline: float
+    #: ``t`` of the answer stream, once an answer announced it.
+    total: int | None = None
+    done: bool = False
+
+
+class Router:
+    """Routes Commands among Channels, Tubes and the broker's built-ins."""
+
+    def __init__(
+        self,
+        *,
+        broker_id: str,
+        channels: ChannelRegistry,
+        respondents: RespondentTable,
+        limits: asbp.Limits,
+        channel_limits: ChannelLimits,
+        tube_limits: TubeLimits,
+        log: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+        on_slow_tube: Callable[[Tube], None] | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.channels = channels
+        self.respondents = respondents
+        self._limits = limits
+        self._channel_limits = channel_limits
+        self._tube_limits = tube_limits
+        self._log = log
+        self._clock = clock
+        self._on_slow_tube = on_slow_tube
+        self._in_flight: dict[tuple[ChannelId, int], InFlight] = {}
+        # A heap of (deadline, tie-breaker, entry). A refreshed deadline pushes
+        # a new item; items whose deadline no longer matches are skipped.
+        self._deadlines: list[tuple[float, int, InFlight]] = []
+        self._sequence = itertools.count()
+
+    # -- delivery ------------------------------------------------------------
+
+    def send(self, channel: Channel, command: Command) -> None:
+        """Encode ``command`` and leave it for ``channel``."""
+        self.deliver(channel, asbp.encode(command))
+
+    def deliver(self, channel: Channel, frame: bytes) -> None:
+        """Leave an encoded Command for ``channel``; a full outbox closes it."""
+        if not channel.outbox.offer(frame) and not channel.closed:
+            self._log.warning(
+                "channel.slow_consumer",
+                extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
+            )
+            channel.fault = FaultCode.SLOW_CONSUMER
+            channel.outbox.abort()
+            self.close_channel(channel)
+
+    def send_tube(self, tube: Tube, command: Command) -> bool:
+        """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
+        if tube.outbox.offer(asbp.encode(command)):
+            return True
+        if not tube.closed:
+            self._log.warning(
+                "tube.slow_consumer",
+                extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
+            )
+            tube.outbox.abort()
+            if self._on_slow_tube is not None:
+                self._on_slow_tube(tube)
+            self.close_tube(tube)
+        return False
+
+    def fault(
+        self,
+        channel: Channel,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``channel`` a fault."""
+        self._log.info(
+            "channel.fault",
+            extra={"channel": channel.id, "code": int(code), "command": cause, "reason": message},
+        )
+        self.send(
+            channel, builtins.fault_command(code, message, command_id=command_id, cause=cause)
+        )
+
+    def fault_tube(
+        self,
+        tube: Tube,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``tube`` a fault."""
+        self._log.info(
+            "tube.fault",
+            extra={
+                "tube": tube.id,
+                "agent": tube.agent_id,
+                "code": int(code),
+                "command": cause,
+                "reason": message,
+            },
+        )
+        self.send_tube(
+            tube, builtins.fault_command(code, message, command_id=command_id, cause=cause)
+        )
+
+    # -- Channels ------------------------------------------------------------
+
+    def channel_frame(self, channel: Channel, frame: bytes) -> None:
+        """A frame arrived from a User-Agent."""
+        try:
+            command = asbp.decode(frame, limits=self._limits)
+        except ProtocolError as exc:
+            self.fault(channel, exc.code, exc.message, command_id=builtins.sniff_command_id(frame))
+            return
+        self.channel_command(channel, command)
+
+    def channel_command(self, channel: Channel, command: Command) -> None:
+        """Route a decoded Command from a User-Agent."""
+        name = command.name
+        command_id = command.command_id
+        if name is None:
+            self.fault(
+                channel,
+                FaultCode.INVALID_MESSAGE_FORMAT,
+                "a Command from a User-Agent needs a Command-Name 'c'",
+                command_id=command_id,
+            )
+            return
+        if name in _CHANNEL_BUILTINS:
+            self._channel_builtin(channel, command, name)
+            return
+        if "s" in command.header:
+            # Subjects are not authenticated by this broker yet, so no
+            # Subject-Identifier can belong to this Channel.
+            self.fault(
+                channel,
+                FaultCode.ACCESS_DENIED,
+                "Subject-Identifier 's' does not belong to this Channel",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        tube = self.respondents.pick(name)
+        if tube is None:
+            self.fault(
+                channel,
+                FaultCode.NO_RESPONDENT,
+                f"no Command-Respondent serves {name!r}",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        if command_id is not None:
+            if (
+                command_id not in channel.in_flight
+                and len(channel.in_flight) >= self._channel_limits.max_in_flight
+            ):
+                self.fault(
+                    channel,
+                    FaultCode.TOO_MANY_IN_FLIGHT,
+                    f"{len(channel.in_flight)} Commands already await an answer on this Channel",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return
+            self._start(channel, command_id, tube, name)
+        header = command.header
+        if "a" in header:
+            command = command.without_keys("a")
+        forwarded = command.with_keys(i=channel.id, b=self.broker_id)
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug(
+                "channel.command",
+                extra={"channel": channel.id, "command": name, "tube": tube.id, "u": command_id},
+            )
+        self.send_tube(tube, forwarded)
+
+    def _channel_builtin(self, channel: Channel, command: Command, name: str) -> None:
+        command_id = command.command_id
+        if name == builtins.PING:
+            reply = Command({"c": builtins.PONG}, command.body)
+        else:
+            names = sorted(_CHANNEL_BUILTINS) + self.respondents.names()
+            reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
+        if command_id is not None:
+            reply = reply.with_keys(u=command_id)
+        self.send(channel, reply)
+
+    def close_channel(self, channel: Channel) -> None:
+        """The Channel is gone: it leaves every group and its answers are dropped."""
+        if not self.channels.close(channel):
+            return
+        for command_id in list(channel.in_flight):
+            entry = self._in_flight.get((channel.id, command_id))
+            if entry is not None:
+                self._finish(entry)
+        self._log.info(
+            "channel.close",
+            extra={
+                "channel": channel.id,
+                "code": int(channel.fault) if channel.fault is not None else None,
+            },
+        )
+
+    # -- in-flight bookkeeping ---------------------------------------------
+
+    def _start(self, channel: Channel, command_id: int, tube: Tube, name: str) -> None:
+        key = (channel.id, command_id)
+        previous = self._in_flight.get(key)
+        if previous is not None:
+            # The User-Agent reused a ``u`` that is still in flight (it wraps
+            # at 65535): the older Command can no longer be told apart.
+            self._finish(previous)
+        entry = InFlight(
+            channel, command_id, tube, name, self._clock() + self._tube_limits.respondent_timeout
+        )
+        self._in_flight[key] = entry
+        channel.in_flight.add(command_id)
+        tube.in_flight += 1
+        heapq.heappush(self._deadlines, (entry.deadline, next(self._sequence), entry))
+
+    def _finish(self, entry: InFlight) -> None:
+        entry.done = True
+        self._in_flight.pop((entry.channel.id, entry.command_id), None)
+        entry.channel.in_flight.discard(entry.command_id)
+        entry.tube.in_flight -= 1
+
+    def _answered(self, tube: Tube, channel: Channel, command: Command, command_id: int) -> None:
+        entry = self._in_flight.get((channel.id, command_id))
+        if entry is None or entry.tube.agent_id != tube.agent_id:
+            return
+        total = command.total
+        if total is not None:
+            entry.total = total
+        of_total = command.of_total
+        position = of_total if of_total is not None else (1 if total is not None else None)
+        if position is not None and entry.total is not None and position < entry.total:
+            # A stream in progress: each part earns the Respondent more time.
+            entry.deadline = self._clock() + self._tube_limits.respondent_timeout
+            heapq.heappush(self._deadlines, (entry.deadline, next(self._sequence), entry))
+            return
+        self._finish(entry)
+
+    def expire(self) -> int:
+        """Fault every Command whose Respondent ran out of time; returns how many."""
+        now = self._clock()
+        deadlines = self._deadlines
+        expired = 0
+        while deadlines and deadlines[0][0] <= now:
+            deadline, _, entry = heapq.heappop(deadlines)
+            if entry.done or entry.deadline != deadline:
+                continue
+            expired += 1
+            self._finish(entry)
+            self.fault(
+                entry.channel,
+                FaultCode.RESPONDENT_TIMEOUT,
+                f"no answer to {entry.name!r} within "
+                f"{self._tube_limits.respondent_timeout:g} seconds",
+                command_id=entry.command_id,
+                cause=entry.name,
+            )
+        return expired
+
+    @property
+    def in_flight(self) -> int:
+        """Commands awaiting an answer, broker-wide."""
+        return len(self._in_flight)
+
+    # -- Tubes ---------------------------------------------------------------
+
+    def open_tube(self, tube: Tube) -> None:
+        """A Tube finished its handshake: greet it with its verified identity."""
+        self.respondents.attach(tube)
+        self._log.info(
+            "tube.open", extra={"tube": tube.id, "agent": tube.agent_id, "remote": tube.remote}
+        )
+        self.send_tube(
+            tube,
+            Command({"c": builtins.TUBE, "a": tube.agent_id, "b": self.broker_id, "tube": tube.id}),
+        )
+
+    def close_tube(self, tube: Tube) -> None:
+        """The Tube is gone: its Respondents leave and its waiters get a fault."""
+        if tube.closed:
+            return
+        tube.closed = True
+        tube.outbox.close()
+        self.respondents.detach(tube)
+        stranded = [e for e in self._in_flight.values() if e.tube is tube]
+        for entry in stranded:
+            self._finish(entry)
+            self.fault(
+                entry.channel,
+                FaultCode.RESPONDENT_LEFT,
+                f"the Application-Agent serving {entry.name!r} left before answering",
+                command_id=entry.command_id,
+                cause=entry.name,
+            )
+        self._log.info(
+            "tube.close",
+            extra={"tube": tube.id, "agent": tube.agent_id, "stranded": len(stranded)},
+        )
+
+    def tube_frame(self, tube: Tube, frame: bytes) -> None:
+        """A frame arrived from an Application-Agent."""
+        try:
+            command = asbp.decode(frame, limits=self._limits)
+        except ProtocolError as exc:
+            self.fault_tube(
+                tube, exc.code, exc.message, command_id=builtins.sniff_command_id(frame)
+            )
+            return
+        self.tube_command(tube, command)
+
+    def tube_command(self, tube: Tube, command: Command) -> None:
+        """Route a decoded Command from an Application-Agent."""
+        name = command.name
+        header = command.header
+        addressed = "d" in header or "g" in header
+        if name in _TUBE_BUILTINS and not addressed:
+            self._tube_builtin(tube, command, name)
+            return
+        if addressed:
+            self._to_channels(tube, command)
+            return
+        if name is None:
+            self.fault_tube(
+                tube,
+                FaultCode.INVALID_MESSAGE_FORMAT,
+                "a Command from an Application-Agent needs 'c', 'd' or 'g'",
+                command_id=command.command_id,
+            )
+            return
+        target = self.respondents.pick(name, exclude=tube)
+        if target is None:
+            self.fault_tube(
+                tube,
+                FaultCode.NO_RESPONDENT,
+                f"no other Command-Respondent serves {name!r}",
+                command_id=command.command_id,
+                cause=name,
+            )
+            return
+        self.send_tube(target, command.with_keys(a=tube.agent_id, b=self.broker_id))
+
+    def _to_channels(self, tube: Tube, command: Command) -> None:
+        command_id = command.command_id
+        destinations = command.destinations
+        outbound = command.without_keys("d") if destinations else command
+        frame = asbp.encode(outbound.with_keys(a=tube.agent_id))
+        unknown: list[str] = []
+        delivered: set[ChannelId] = set()
+        get = self.channels.get
+        for channel_id in destinations:
+            channel = get(channel_id)
+            if channel is None:
+                unknown.append(channel_id)
+                continue
+            if channel_id in delivered:
+                continue
+            delivered.add(channel_id)
+            self.deliver(channel, frame)
+            if command_id is not None:
+                self._answered(tube, channel, command, command_id)
+        groups = command.groups
+        if groups:
+            for channel in self.channels.members(groups):
+                if channel.id not in delivered:
+                    delivered.add(channel.id)
+                    self.deliver(channel, frame)
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug(
+                "tube.command",
+                extra={
+                    "tube": tube.id,
+                    "agent": tube.agent_id,
+                    "command": command.name,
+                    "delivered": len(delivered),
+                },
+            )
+        if unknown:
+            self.fault_tube(
+                tube,
+                FaultCode.UNKNOWN_CHANNEL,
+                f"no Channel {', '.join(unknown)} at this broker",
+                command_id=command_id,
+                cause=command.name,
+            )
+
+    def _tube_builtin(self, tube: Tube, command: Command, name: str) -> None:
+        command_id = command.command_id
+        reply: Command
+        if name == builtins.PING:
+            reply = Command({"c": builtins.PONG}, command.body)
+        elif name == builtins.COMMANDS:
+            names = sorted(_TUBE_BUILTINS) + self.respondents.names()
+            reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
+        elif name in (builtins.REGISTER, builtins.UNREGISTER):
+            names_value = command.get("names")
+            if not names_value:
+                self.fault_tube(
+                    tube,
+                    FaultCode.INVALID_HEADER_VALUE,
+                    f"{name} needs the Command-Names in 'names'",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return
+            names = [names_value] if isinstance(names_value, str) else list(names_value)
+            reserved = [n for n in names if n.startswith(builtins.PREFIX)]
+            if reserved:
+                self.fault_tube(
+                    tube,
+                    FaultCode.ACCESS_DENIED,
+                    f"Command-Names starting with {builtins.PREFIX!r} belong to the broker: "
+                    f"{', '.join(reserved)}",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return
+            if name == builtins.REGISTER:
+                self.respondents.register(tube, names)
+            else:
+                self.respondents.unregister(tube, names)
+            self._log.info(
+                "tube." + name.removeprefix(builtins.PREFIX),
+                extra={"tube": tube.id, "agent": tube.agent_id, "names": names},
+            )
+            reply = Command({"c": builtins.ACCEPTED, "cause": name, "names": names})
+        else:
+            reply_or_none = self._membership(tube, command, name)
+            if reply_or_none is None:
+                return
+            reply = reply_or_none
+        if command_id is not None:
+            reply = reply.with_keys(u=command_id)
+        self.send_tube(tube, reply)
+
+    def _membership(self, tube: Tube, command: Command, name: str) -> Command | None:
+        """JOIN or LEAVE: which Channels (``d``) belong to which groups."""
+        command_id = command.command_id
+        groups = command.get("groups")
+        group_names = [groups] if isinstance(groups, str) else list(groups or ())
+        channel_ids = command.get("channels")
+        ids = [channel_ids] if isinstance(channel_ids, str) else list(channel_ids or ())
+        if not group_names or not ids:
+            self.fault_tube(
+                tube,
+                FaultCode.INVALID_HEADER_VALUE,
+                f"{name} needs group names in 'groups' and Channel-Identifiers in 'channels'",
+                command_id=command_id,
+                cause=name,
+            )
+            return None
+        found = [self.channels.get(i) for i in ids]
+        channels = [c for c in found if c is not None]
+        if name == builtins.JOIN:
+            missing = [i for i, c in zip(ids, found, strict=True) if c is None]
+            if missing:
+                self.fault_tube(
+                    tube,
+                    FaultCode.UNKNOWN_CHANNEL,
+                    f"no Channel {', '.join(missing)} at this broker; nothing joined",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return None
+            for group in group_names:
+                self.channels.join(group, channels)
+        else:
+            for group in group_names:
+                self.channels.leave(group, channels)
+        return Command({"c": builtins.ACCEPTED, "cause": name})

@@ -1,0 +1,175 @@
+"""Stateless HTTP Channels (HTTP/1.0, 1.1 and 2): POST to send, GET to long-poll.
+
+``POST /asbp`` carries one Command in the body. Without ``i`` it opens a
+Channel first (§2.6: stateless User-Agents "MUST obtain a unique channel
+identifier from the Broker and submit the channel identifier with all
+subsequent commands"). The answer is always one Command: ``asbp.accepted``
+with ``i`` (and ``u`` when the request had one), or a fault for what was
+wrong before routing (malformed frame, unknown Channel). Whatever routing
+produces, replies and routing faults alike, arrives through long-polls.
+
+``GET /asbp?i=<channel>&after=<seq>`` long-polls the Channel's mailbox. It
+acknowledges every Command numbered ``after`` or less, then returns what is
+left, or waits up to the long-poll timeout and answers 204. Several Commands
+come back as ``multipart/mixed`` (RFC 2046): a Command has no length field,
+so each travels as one part with its own ``Content-Length`` and an
+``ASBP-Seq`` header, and the client sends the highest ``ASBP-Seq`` it read as
+``after`` next time. A response lost on the way is sent again; nothing the
+broker accepted for the Channel is lost.
+
+Media type: ``application/asbp``. The draft's ``Content-Encoding:
+application`` and ``Transfer-Encoding: BINARY`` are not valid HTTP (see
+docs/protocol.md), so we send neither, and always a ``Content-Length``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Final
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+import asbp
+from asbp import Command, FaultCode, ProtocolError
+from gateway import builtins
+from gateway.channels import Channel, ChannelKind
+from gateway.outbox import Mailbox
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+__all__ = ["MEDIA_TYPE", "poll", "post"]
+
+#: The media type of one Command.
+MEDIA_TYPE: Final = "application/asbp"
+
+_STATUS: Final = {
+    FaultCode.INVALID_MESSAGE_SIZE: 413,
+    FaultCode.HEADER_TOO_LARGE: 431,
+    FaultCode.UNKNOWN_CHANNEL: 404,
+    FaultCode.SLOW_CONSUMER: 410,
+}
+
+
+def _fault(code: FaultCode, message: str, *, command_id: int | None = None) -> Response:
+    frame = asbp.encode(builtins.fault_command(code, message, command_id=command_id))
+    return Response(frame, status_code=_STATUS.get(code, 400), media_type=MEDIA_TYPE)
+
+
+def _gone(broker: Broker, channel_id: str | None, command_id: int | None = None) -> Response:
+    why = broker.channels.why_closed(channel_id) if channel_id else None
+    if why is FaultCode.SLOW_CONSUMER:
+        return _fault(why, "the Channel was closed: its mailbox filled up", command_id=command_id)
+    return _fault(
+        FaultCode.UNKNOWN_CHANNEL,
+        "no such Channel at this broker (unknown or expired); POST without 'i' to open one",
+        command_id=command_id,
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _http_channel(broker: Broker, channel_id: str | None) -> Channel | None:
+    channel = broker.channels.get(channel_id) if channel_id else None
+    if channel is None or channel.kind is not ChannelKind.HTTP:
+        return None
+    return channel
+
+
+async def post(request: Request) -> Response:
+    """``POST /asbp``: one Command in, ``asbp.accepted`` (with ``i``) or a fault out."""
+    broker: Broker = request.state.broker
+    limits = broker.config.limits
+    try:
+        body = await _read_body(request, limits.max_frame_bytes)
+    except ClientDisconnect:
+        return Response(status_code=400)
+    if body is None:
+        return _fault(
+            FaultCode.INVALID_MESSAGE_SIZE,
+            f"a Command may not exceed {limits.max_frame_bytes} bytes",
+        )
+    try:
+        command = asbp.decode(body, limits=limits)
+    except ProtocolError as exc:
+        return _fault(exc.code, exc.message, command_id=builtins.sniff_command_id(body))
+    command_id = command.command_id
+    channel_id = command.channel_id
+    if channel_id is None:
+        remote = f"{request.client.host}:{request.client.port}" if request.client else ""
+        channel, _ = broker.open_http_channel(remote)
+    else:
+        found = _http_channel(broker, channel_id)
+        if found is None:
+            return _gone(broker, channel_id, command_id)
+        channel = found
+    channel.last_seen = time.monotonic()
+    if command.name != builtins.CHANNEL:
+        broker.router.channel_command(channel, command)
+    reply = Command(c=builtins.ACCEPTED, i=channel.id, b=broker.broker_id)
+    if command_id is not None:
+        reply = reply.with_keys(u=command_id)
+    return Response(asbp.encode(reply), media_type=MEDIA_TYPE)
+
+
+def _multipart(frames: list[tuple[int, bytes]]) -> tuple[bytes, str]:
+    boundary = secrets.token_hex(16)
+    marker = boundary.encode("ascii")
+    while any(marker in frame for _, frame in frames):  # pragma: no cover - 2**-128
+        boundary = secrets.token_hex(16)
+        marker = boundary.encode("ascii")
+    parts: list[bytes] = []
+    for seq, frame in frames:
+        parts.append(
+            b"--%s\r\nContent-Type: %s\r\nContent-Length: %d\r\nASBP-Seq: %d\r\n\r\n%s\r\n"
+            % (marker, MEDIA_TYPE.encode(), len(frame), seq, frame)
+        )
+    parts.append(b"--%s--\r\n" % marker)
+    return b"".join(parts), boundary
+
+
+async def poll(request: Request) -> Response:
+    """``GET /asbp?i=..&after=..[&wait=..]``: the Channel's waiting Commands."""
+    broker: Broker = request.state.broker
+    params = request.query_params
+    channel_id = params.get("i")
+    channel = _http_channel(broker, channel_id)
+    if channel is None:
+        return _gone(broker, channel_id)
+    limits = broker.config.channels
+    try:
+        after = int(params.get("after", "0"))
+        wait = float(params.get("wait", limits.long_poll_timeout))
+    except ValueError:
+        return _fault(FaultCode.INVALID_MESSAGE_FORMAT, "'after' and 'wait' must be numbers")
+    wait = max(0.0, min(wait, limits.long_poll_timeout))
+    mailbox = channel.outbox
+    assert isinstance(mailbox, Mailbox)
+    channel.last_seen = time.monotonic()
+    frames = await mailbox.poll(after, wait, limits.long_poll_max_frames)
+    channel.last_seen = time.monotonic()
+    if not frames:
+        if channel.closed:
+            return _gone(broker, channel.id)
+        return Response(status_code=204, headers={"ASBP-Last-Seq": str(mailbox.last_seq)})
+    body, boundary = _multipart(frames)
+    return Response(
+        body,
+        media_type=f'multipart/mixed; boundary="{boundary}"',
+        headers={"ASBP-Last-Seq": str(frames[-1][0])},
+    )

@@ -1,0 +1,198 @@
+"""WebSocket transports: User-Agent Channels and Application-Agent Tubes.
+
+Both are plain ASGI applications rather than Starlette endpoints: every
+message crosses this code, and Starlette's WebSocket wrapper costs a few
+microseconds per message that a broker pays on every hop.
+
+Each connection has two tasks. The one that ASGI gave us reads messages and
+hands them to the router, which never blocks; a writer task drains the
+connection's outbox. A reader that falls behind fills its outbox, and the
+router closes it with fault 2105 instead of letting it hold memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Final
+
+from asbp import Command, FaultCode, encode
+from gateway import builtins
+from gateway.credentials import CredentialRefused, RefusalReason, credential_from_headers
+from gateway.outbox import StreamOutbox
+from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+    from gateway.channels import Channel
+
+__all__ = ["channel_endpoint", "tube_endpoint"]
+
+#: The subprotocol we select when a client offers it.
+SUBPROTOCOL: Final = "asbp"
+#: WebSocket close code for a reader the broker gave up on (policy violation).
+CLOSE_SLOW: Final = 1008
+#: WebSocket close code when the broker shuts down ("going away").
+CLOSE_GOING_AWAY: Final = 1001
+
+
+def _broker(scope: Scope) -> Broker:
+    broker: Broker = scope["state"]["broker"]
+    return broker
+
+
+def _subprotocol(scope: Scope) -> str | None:
+    return SUBPROTOCOL if SUBPROTOCOL in scope.get("subprotocols", ()) else None
+
+
+def _is_text(frame: bytes) -> bool:
+    if frame.isascii():
+        return True
+    try:
+        frame.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+async def _write(outbox: StreamOutbox, send: Send, channel: Channel | None) -> None:
+    """Drain ``outbox`` to the peer until it closes, then close the socket."""
+    try:
+        while True:
+            batch = await outbox.take()
+            if not batch:
+                break
+            if channel is not None and channel.prefers_text:
+                for frame in batch:
+                    if _is_text(frame):
+                        await send({"type": "websocket.send", "text": frame.decode("utf-8")})
+                    else:
+                        await send({"type": "websocket.send", "bytes": frame})
+            else:
+                for frame in batch:
+                    await send({"type": "websocket.send", "bytes": frame})
+        fault = channel.fault if channel is not None else None
+        if fault is FaultCode.SLOW_CONSUMER:
+            reason = f"{int(fault)} {fault.description}"
+            await send({"type": "websocket.close", "code": CLOSE_SLOW, "reason": reason})
+        else:
+            await send({"type": "websocket.close", "code": CLOSE_GOING_AWAY})
+    except OSError:  # pragma: no cover - the peer vanished mid-send; nothing to tell it
+        pass
+
+
+async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+    """ASGI app for ``ws(s)://host/asbp``: one User-Agent Channel."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    broker = _broker(scope)
+    await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
+    channel, outbox = broker.open_websocket_channel(remote_address(scope))
+    router = broker.router
+    router.send(channel, Command(c=builtins.CHANNEL, i=channel.id, b=broker.broker_id))
+    writer = asyncio.create_task(_write(outbox, send, channel))
+    frame_for = router.channel_frame
+    try:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                data = message.get("bytes")
+                if data is None:
+                    channel.prefers_text = True
+                    data = (message.get("text") or "").encode("utf-8")
+                else:
+                    channel.prefers_text = False
+                frame_for(channel, data)
+            elif kind == "websocket.disconnect":
+                break
+    finally:
+        closed_by_peer = not channel.closed
+        broker.close_channel(channel)
+        if closed_by_peer:
+            writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+
+
+async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message: str) -> None:
+    """Refuse a WebSocket handshake with an HTTP status and a fault body."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        frame = encode(builtins.fault_command(code, message))
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/asbp"),
+                    (b"content-length", str(len(frame)).encode()),
+                ],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": frame})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+    """ASGI app for ``wss://host/tube``: one Application-Agent Tube."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    broker = _broker(scope)
+    remote = remote_address(scope)
+    secure = scope.get("scheme") == "wss"
+    if not secure and not (broker.config.insecure_dev_tubes and is_loopback(scope)):
+        broker.log.warning("tube.refused", extra={"remote": remote, "reason": "tls required"})
+        await _deny(
+            scope,
+            send,
+            403,
+            FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE,
+            "Tubes require TLS (wss://)",
+        )
+        return
+    headers = {
+        bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
+        for k, v in scope.get("headers", ())
+    }
+    credentials = broker.credentials
+    try:
+        if credentials is None:
+            raise CredentialRefused(
+                RefusalReason.UNKNOWN_IDENTITY, "no Application-Agents are configured"
+            )
+        verified = credentials.verify(credential_from_headers(headers))
+    except CredentialRefused as exc:
+        broker.log.warning(
+            "tube.refused",
+            extra={"remote": remote, "reason": exc.reason.value, "detail": exc.message},
+        )
+        # The peer learns only that authentication failed; the reason is
+        # logged, so probing cannot tell an unknown identity from a bad key.
+        await _deny(scope, send, 401, FaultCode.AUTHENTICATION_FAILED, "authentication failed")
+        return
+    await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
+    tube, outbox = broker.open_tube(verified.identity, remote)
+    writer = asyncio.create_task(_write(outbox, send, None))
+    router = broker.router
+    frame_for = router.tube_frame
+    try:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                data = message.get("bytes")
+                if data is None:
+                    data = (message.get("text") or "").encode("utf-8")
+                frame_for(tube, data)
+            elif kind == "websocket.disconnect":
+                break
+    finally:
+        closed_by_peer = not tube.closed
+        router.close_tube(tube)
+        if closed_by_peer:
+            writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
