@@ -1,15 +1,44 @@
-"""The ``asbp`` command: ``asbp broker`` runs a broker, ``asbp selfcheck`` the codec."""
+"""The ``asbp`` command.
+
+::
+
+    asbp broker [--config FILE] [--host H] [--port P] ...   run a broker
+    asbp config [--format toml|json] [same flags]            print the effective config
+    asbp selfcheck                                           round-trip the codec
+    asbp                                                     (for now) asbp selfcheck
+
+``python -m gateway`` is ``asbp broker``. Exit status: 0 after a clean stop (SIGINT or
+SIGTERM), 2 for a configuration error, 1 when the broker cannot listen or fails to
+start, 130 when interrupted before it could install its signal handlers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import orjson
 
 import asbp
+from gateway.config import GatewayConfig
+from gateway.settings import (
+    ConfigError,
+    add_arguments,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
 
 __all__ = ["main"]
+
+#: Exit status for a configuration error, as argparse uses for a usage error.
+EXIT_CONFIG: int = 2
+#: Exit status when the broker cannot listen or its application fails to start.
+EXIT_FAILURE: int = 1
 
 # A Command for each shape the codec distinguishes: bare, quoted, lists, UTF-8.
 _SAMPLES: tuple[asbp.Command, ...] = (
@@ -41,15 +70,87 @@ def selfcheck() -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``asbp`` console script."""
-    parser = argparse.ArgumentParser(prog="asbp", description="The ASBP gateway.")
+def broker(config: GatewayConfig) -> int:
+    """Run a broker with ``config`` until SIGINT or SIGTERM; return the exit status."""
+    from gateway.logs import configure_logging
+
+    # Imported here: the servers and the app are what `asbp config` and `asbp
+    # selfcheck` should not wait for.
+    from gateway.server import ServerError, serve
+
+    configure_logging(config.log_format, config.log_level)
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as exc:  # the identity in data_dir
+        print(f"asbp broker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ServerError as exc:
+        print(f"asbp broker: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def show_config(config: GatewayConfig, format: str) -> int:
+    """Print the effective ``config`` as TOML or JSON, secrets masked."""
+    if format == "json":
+        text = orjson.dumps(config_to_dict(config), option=orjson.OPT_INDENT_2).decode() + "\n"
+    else:
+        text = config_to_toml(config)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `asbp config | head`: the reader has seen enough
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    prog: str = "asbp",
+) -> int:
+    """Entry point of the ``asbp`` console script; returns the exit status.
+
+    Args:
+        argv: the arguments after the program name; ``sys.argv[1:]`` by default.
+        environ: where ``ASBP_*`` settings are read; ``os.environ`` by default.
+        prog: the program name in usage and error messages.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description="The ASBP gateway.")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("selfcheck", help="round-trip sample Commands through the codec")
+    broker_parser = commands.add_parser(
+        "broker",
+        help="run a broker",
+        description="Run a broker until SIGINT or SIGTERM. Flags override ASBP_* "
+        "variables, which override the TOML file; see docs/configuration.md.",
+    )
+    add_arguments(broker_parser)
+    config_parser = commands.add_parser(
+        "config",
+        help="print the effective configuration (secrets masked)",
+        description="Print the configuration `asbp broker` would run with, given the "
+        "same flags, file and environment. Secrets are masked.",
+    )
+    config_parser.add_argument("--format", choices=("toml", "json"), default="toml")
+    add_arguments(config_parser)
     args = parser.parse_args(argv)
+
     if args.command in (None, "selfcheck"):
         return selfcheck()
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover
+    try:
+        config = load_config(args, environ=os.environ if environ is None else environ)
+    except ConfigError as exc:
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "config":
+        return show_config(config, args.format)
+    try:
+        return broker(config)
+    except KeyboardInterrupt:  # before the signal handlers were installed
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
