@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -33,7 +34,7 @@ from gateway.settings import (
     load_config,
 )
 
-__all__ = ["main"]
+__all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "broker", "main", "selfcheck", "show_config"]
 
 #: Exit status for a configuration error, as argparse uses for a usage error.
 EXIT_CONFIG: int = 2
@@ -70,8 +71,13 @@ def selfcheck() -> int:
     return 0
 
 
-def broker(config: GatewayConfig) -> int:
-    """Run a broker with ``config`` until SIGINT or SIGTERM; return the exit status."""
+def broker(config: GatewayConfig, *, prog: str = "asbp broker") -> int:
+    """Run a broker with ``config`` until SIGINT or SIGTERM; return the exit status.
+
+    Configures logging from ``config`` first. A configuration error found only now (an
+    unusable ``data_dir``) is printed like the others; a failure to start is logged,
+    so that it reaches the same place as the rest of the broker's log.
+    """
     from gateway.logs import configure_logging
 
     # Imported here: the servers and the app are what `asbp config` and `asbp
@@ -81,11 +87,11 @@ def broker(config: GatewayConfig) -> int:
     configure_logging(config.log_format, config.log_level)
     try:
         asyncio.run(serve(config))
-    except ConfigError as exc:  # the identity in data_dir
-        print(f"asbp broker: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ServerError as exc:
-        print(f"asbp broker: {exc}", file=sys.stderr)
+        logging.getLogger("gateway.cli").critical("cannot start", extra={"error": str(exc)})
         return EXIT_FAILURE
     return 0
 
@@ -148,7 +154,7 @@ def main(
     if args.command == "config":
         return show_config(config, args.format)
     try:
-        return broker(config)
+        return broker(config, prog=f"{parser.prog} broker")
     except KeyboardInterrupt:  # before the signal handlers were installed
         return 130
 

@@ -43,7 +43,7 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config as HypercornConfig
@@ -116,7 +116,8 @@ class Endpoints:
             if address.is_unspecified:
                 address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
                 host = str(address)
-            url_host = f"[{host}]" if address.version == 6 else host
+            # RFC 6874: an IPv6 zone ("fe80::1%eth0") is written with "%25" in a URL.
+            url_host = f"[{host.replace('%', '%25')}]" if address.version == 6 else host
         http = f"{'https' if tls else 'http'}://{url_host}:{port}"
         ws = f"{'wss' if tls else 'ws'}://{url_host}:{port}"
         return cls(
@@ -132,7 +133,7 @@ async def serve(
     config: GatewayConfig,
     *,
     ready: Callable[[str], None] | None = None,
-    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
     """Serve the broker until told to stop, then shut down gracefully.
 
@@ -209,7 +210,7 @@ async def bind_socket(host: str, port: int) -> socket.socket:
 async def _stopping(
     server: asyncio.Task[None],
     stop: asyncio.Event,
-    shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None,
 ) -> AsyncIterator[None]:
     """Set ``stop`` when the trigger returns or on the first signal; cancel on a second."""
     loop = asyncio.get_running_loop()
@@ -225,14 +226,14 @@ async def _stopping(
             forced = True
             server.cancel()
 
-    installed: list[signal.Signals] = []
+    previous: dict[signal.Signals, Any] = {}
     trigger: asyncio.Task[None] | None = None
     if shutdown_trigger is not None:
         trigger = asyncio.create_task(_set_when_done(shutdown_trigger, stop))
     elif threading.current_thread() is threading.main_thread():
         for signum in _STOP_SIGNALS:
+            previous[signum] = signal.getsignal(signum)
             loop.add_signal_handler(signum, on_signal, signum)
-            installed.append(signum)
     try:
         try:
             yield
@@ -245,15 +246,18 @@ async def _stopping(
         if trigger is not None and trigger.done() and not trigger.cancelled():
             trigger.result()  # re-raises an exception from the caller's trigger
     finally:
-        for signum in installed:
+        for signum, handler in previous.items():
+            # remove_signal_handler() installs the default; put back whatever was there.
             loop.remove_signal_handler(signum)
+            if handler is not None:  # None: set outside Python, cannot be restored
+                signal.signal(signum, handler)
         if trigger is not None:
             trigger.cancel()
             await asyncio.wait([trigger])
 
 
 async def _set_when_done(
-    shutdown_trigger: Callable[[], Awaitable[None]], stop: asyncio.Event
+    shutdown_trigger: Callable[[], Awaitable[object]], stop: asyncio.Event
 ) -> None:
     try:
         await shutdown_trigger()

@@ -176,7 +176,9 @@ def settings() -> tuple[Setting, ...]:
         table_class = _table_class(hints[field.name])
         if table_class is None:
             default = getattr(defaults, field.name)
-            result.append(_setting(field.name, hints[field.name], default, docs[field.name]))
+            result.append(
+                _setting(field.name, hints[field.name], default, docs.get(field.name, ""))
+            )
             continue
         table_default = getattr(defaults, field.name)
         table_hints = get_type_hints(table_class)
@@ -184,7 +186,9 @@ def settings() -> tuple[Setting, ...]:
         for sub in dataclasses.fields(table_class):
             default = None if table_default is None else getattr(table_default, sub.name)
             key = f"{field.name}.{sub.name}"
-            result.append(_setting(key, table_hints[sub.name], default, table_docs[sub.name]))
+            result.append(
+                _setting(key, table_hints[sub.name], default, table_docs.get(sub.name, ""))
+            )
     return tuple(result)
 
 
@@ -312,7 +316,9 @@ def _read_file(raw_path: str, named_by: str) -> _File:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=raw_path) from exc
 
-    file = _File(base_dir=path.absolute().parent, name=raw_path)
+    # Lexically absolute, symlinks kept: a file reached through a symlink (a Kubernetes
+    # ConfigMap mount, say) resolves relative paths next to the link, as its user sees it.
+    file = _File(base_dir=Path(os.path.abspath(path)).parent, name=raw_path)
     by_key = _by_key()
     tables = sorted({s.table for s in settings() if s.table is not None})
     for key, value in data.items():
@@ -696,7 +702,7 @@ def _mask_url(url: str) -> str:
 
 
 def config_to_dict(config: GatewayConfig) -> dict[str, Any]:
-    """``config`` as plain data (tables as dicts, paths as strings), secrets masked.
+    """``config`` as plain data (tables as dicts, absolute paths as strings), secrets masked.
 
     The Redis password is the only secret a config holds: ``[agents]`` has public keys.
     """
@@ -771,7 +777,9 @@ def config_reference() -> str:
 
 def _plain(setting: Setting, value: object) -> object:
     if isinstance(value, Path):
-        return str(value)
+        # Absolute, so the written config means the same wherever it is saved: relative
+        # paths in a file resolve against that file's directory.
+        return os.path.abspath(value)
     if setting.key == "redis_url" and isinstance(value, str):
         return _mask_url(value)
     return value

@@ -1,8 +1,25 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and the Hypothesis profiles.
+
+Hypothesis profiles: ``dev`` (the default, quick) and ``ci`` (used when the
+``CI`` environment variable is set: ten times the examples, no derandomizing,
+and a reproduction blob printed for every failure). ``HYPOTHESIS_PROFILE``
+picks a profile by name and wins over both.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile(
+    "ci", max_examples=2000, deadline=None, derandomize=False, print_blob=True
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if "CI" in os.environ else "dev")
+)
 
 
 @pytest.fixture(scope="session")
