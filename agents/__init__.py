@@ -1,3 +1,51 @@
-"""Application-Agent SDK and User-Agent client."""
+"""The ASBP agent SDK: Application-Agents that serve Respondents, and a User-Agent client.
 
-__all__: list[str] = []
+::
+
+    agent = ApplicationAgent("echo", credentials, ["wss://broker-a/tube", "wss://broker-b/tube"])
+
+    @agent.respondent("echo")
+    async def echo(request: Request) -> bytes:
+        return request.body
+
+    await agent.run()  # until cancelled (Ctrl-C) or agent.close(); then a graceful shutdown
+
+    async with UserAgent.websocket("wss://broker-a/asbp") as ua:
+        reply = await ua.request("echo", b"hi")
+
+Modules, one concept each: ``agent`` (the Application-Agent), ``respondent``
+(handlers, the Request they get, the table of them), ``dispatch`` (running
+handlers), ``tube`` (one reconnecting Tube), ``addressing`` (which broker a
+Channel is at), ``user_agent`` (the User-Agent), ``channel`` (its WebSocket
+and HTTP transports), ``multipart`` (the long-poll response reader),
+``backoff``, ``control`` (the broker's built-in names), ``credentials``,
+``errors`` (the exception tree).
+"""
+
+from __future__ import annotations
+
+from agents.agent import AgentState, ApplicationAgent, TubeStatus
+from agents.backoff import Backoff
+from agents.credentials import AgentCredentialSource, generate_agent_key
+from agents.dispatch import HANDLER_FAILED
+from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from agents.respondent import Handler, Reply, Request
+from agents.user_agent import UserAgent
+
+__all__ = [
+    "HANDLER_FAILED",
+    "AgentCredentialSource",
+    "AgentError",
+    "AgentState",
+    "ApplicationAgent",
+    "Backoff",
+    "ConnectionLost",
+    "FaultError",
+    "Handler",
+    "NotConnected",
+    "Reply",
+    "Request",
+    "TubeStatus",
+    "UserAgent",
+    "generate_agent_key",
+]

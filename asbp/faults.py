@@ -62,6 +62,8 @@ class FaultCode(IntEnum):
     SLOW_CONSUMER = 2105
     #: Extension: too many Commands awaiting an answer on this Channel.
     TOO_MANY_IN_FLIGHT = 2106
+    #: Extension: the Command-Respondent failed while handling the Command.
+    RESPONDENT_FAILED = 2107
 
     # 31xx: authentication faults (Sapo).
     #: Sapo: authentication failed.
@@ -101,6 +103,7 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.UNKNOWN_CHANNEL: "Unknown channel",
     FaultCode.SLOW_CONSUMER: "Slow consumer",
     FaultCode.TOO_MANY_IN_FLIGHT: "Too many Commands in flight",
+    FaultCode.RESPONDENT_FAILED: "Command-Respondent failed",
     FaultCode.AUTHENTICATION_FAILED: "Authentication failed",
     FaultCode.UNKNOWN_AUTHENTICATION_TYPE: "Unknown authentication type",
     FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE: "Invalid authentication channel type",

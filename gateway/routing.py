@@ -136,6 +136,7 @@ class Router:
                 "tube.slow_consumer",
                 extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
             )
+            tube.fault = FaultCode.SLOW_CONSUMER
             tube.outbox.abort()
             if self._on_slow_tube is not None:
                 self._on_slow_tube(tube)
@@ -197,6 +198,10 @@ class Router:
 
     def channel_command(self, channel: Channel, command: Command) -> None:
         """Route a decoded Command from a User-Agent."""
+        if channel.closed:
+            # The broker closed it (slow consumer) while its socket still reads:
+            # nothing may start on its behalf that nobody can receive.
+            return
         name = command.name
         command_id = command.command_id
         if name is None:
@@ -396,6 +401,10 @@ class Router:
 
     def tube_command(self, tube: Tube, command: Command) -> None:
         """Route a decoded Command from an Application-Agent."""
+        if tube.closed:
+            # The broker closed it (slow consumer) while its socket still reads: it
+            # must not register again (and swallow Commands) or reach Channels.
+            return
         name = command.name
         header = command.header
         addressed = "d" in header or "g" in header

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from asbp import ApplicationAgentId
+from asbp import ApplicationAgentId, FaultCode
 from gateway.outbox import Outbox
 
 __all__ = ["RespondentTable", "Tube"]
@@ -41,6 +41,8 @@ class Tube:
     serves: set[str] = field(default_factory=set)
     #: Commands forwarded to this Tube that await an answer.
     in_flight: int = 0
+    #: Why the broker closed the Tube, if it did.
+    fault: FaultCode | None = None
     #: Whether the Tube has been closed.
     closed: bool = False
 

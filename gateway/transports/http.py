@@ -69,19 +69,40 @@ def _gone(broker: Broker, channel_id: str | None, command_id: int | None = None)
     )
 
 
+#: Bytes of an oversized request body read and thrown away before answering 413.
+#: Answered over HTTP/1.1 before the body is in, Hypercorn closes the connection
+#: while the body is still arriving, and the kernel then resets it: the client
+#: sees a broken connection instead of the 413 and its fault. Reading a bounded
+#: amount more lets every reasonable client read its answer; past this, the
+#: broker stops reading and lets the connection go.
+_DRAIN_BYTES: Final = 1024 * 1024
+
+
 async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None as soon as it passes ``limit`` bytes."""
+    """The request body, or None when it passes ``limit`` bytes.
+
+    An oversized body is drained (up to ``_DRAIN_BYTES`` past the limit, and not
+    kept) so that the client can still read the answer; see ``_DRAIN_BYTES``.
+    """
+    give_up = limit + _DRAIN_BYTES
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared_size = int(declared) if declared is not None and declared.isdigit() else None
+    if declared_size is not None and declared_size > give_up:
         return None
+    too_large = declared_size is not None and declared_size > limit
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return None
+            too_large = True
+            chunks.clear()
+        if too_large:
+            if size > give_up:
+                return None
+            continue
         chunks.append(chunk)
-    return b"".join(chunks)
+    return None if too_large else b"".join(chunks)
 
 
 def _http_channel(broker: Broker, channel_id: str | None) -> Channel | None:

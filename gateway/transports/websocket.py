@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Final
 
 from asbp import Command, FaultCode, encode
 from gateway import builtins
+from gateway.channels import Channel
 from gateway.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.outbox import StreamOutbox
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
+from gateway.tubes import Tube
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
-    from gateway.channels import Channel
 
 __all__ = ["channel_endpoint", "tube_endpoint"]
 
@@ -55,8 +56,9 @@ def _is_text(frame: bytes) -> bool:
     return True
 
 
-async def _write(outbox: StreamOutbox, send: Send, channel: Channel | None) -> None:
+async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None:
     """Drain ``outbox`` to the peer until it closes, then close the socket."""
+    channel = peer if isinstance(peer, Channel) else None
     try:
         while True:
             batch = await outbox.take()
@@ -71,7 +73,7 @@ async def _write(outbox: StreamOutbox, send: Send, channel: Channel | None) -> N
             else:
                 for frame in batch:
                     await send({"type": "websocket.send", "bytes": frame})
-        fault = channel.fault if channel is not None else None
+        fault = peer.fault
         if fault is FaultCode.SLOW_CONSUMER:
             reason = f"{int(fault)} {fault.description}"
             await send({"type": "websocket.close", "code": CLOSE_SLOW, "reason": reason})
@@ -175,7 +177,7 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         return
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
     tube, outbox = broker.open_tube(verified.identity, remote)
-    writer = asyncio.create_task(_write(outbox, send, None))
+    writer = asyncio.create_task(_write(outbox, send, tube))
     router = broker.router
     frame_for = router.tube_frame
     try:

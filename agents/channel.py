@@ -1,0 +1,325 @@
+"""User-Agent Channels: the two transports behind ``agents.UserAgent``.
+
+Both speak to the broker's ``/asbp`` endpoint (docs/protocol.md,
+"Transports") and do the same three things: open a Channel and learn its
+``i``, send one Command, and hand every Command that arrives to a callback.
+
+* :class:`WebSocketChannel`: one WebSocket; the broker's first message is
+  ``asbp.channel`` with ``i`` and ``b``; then one message per Command.
+* :class:`HttpChannel`: stateless HTTP (§2.6). ``POST c=asbp.channel;``
+  opens the Channel; every later POST carries ``i``. One background task
+  long-polls ``GET /asbp?i=&after=&wait=`` for as long as the Channel is
+  open. ``after`` is the highest ``ASBP-Seq`` read so far, which also
+  acknowledges it; the broker resends anything not acknowledged, so a
+  response lost on the way costs nothing, and a repeated ``ASBP-Seq`` is
+  dropped here. Failed polls are retried with backoff; a Channel the broker
+  no longer knows (404 or 410 with a fault) ends the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as ssl_module
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
+
+import asbp
+from agents import control
+from agents.backoff import Backoff
+from agents.errors import AgentError, ConnectionLost, FaultError
+from agents.multipart import MEDIA_TYPE, boundary_of, parse_parts
+from asbp import ChannelId, Command, ProtocolError
+
+__all__ = ["ChannelTransport", "Closed", "Deliver", "HttpChannel", "WebSocketChannel"]
+
+#: Called with every Command that arrives.
+Deliver = Callable[[Command], None]
+#: Called once when the Channel ends: None for a clean close, else why.
+Closed = Callable[[BaseException | None], None]
+
+_SUBPROTOCOL: Final = Subprotocol("asbp")
+#: The largest single-Command HTTP response we read (a POST's answer).
+_MAX_ANSWER_BYTES: Final = 1024 * 1024
+#: HTTP statuses that mean the Channel is gone for good.
+_GONE: Final = frozenset({404, 410})
+
+
+class ChannelTransport(Protocol):
+    """What ``UserAgent`` needs from a transport."""
+
+    async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
+        """Open a Channel; return its ``i`` and the broker's ``b``."""
+
+    async def send(self, command: Command) -> None:
+        """Send one Command (the transport adds ``i`` if it must).
+
+        Raises:
+            FaultError: the broker refused it outright (HTTP only).
+            ConnectionLost: the Channel is closed.
+        """
+
+    async def close(self) -> None:
+        """Close the Channel; ``closed`` is called if it was not already."""
+
+
+def _greeting(command: Command, expected: str) -> tuple[ChannelId, str | None]:
+    channel_id = command.channel_id
+    if command.name == control.FAULT:
+        raise FaultError.from_command(command)
+    if command.name != expected or channel_id is None:
+        raise AgentError(f"expected {expected} with 'i' from the broker, got {command!r}")
+    return channel_id, command.broker_id
+
+
+class WebSocketChannel:
+    """A Channel over one WebSocket (``ws://host/asbp`` or ``wss://``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        timeout: float = 10.0,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.url = url
+        self._ssl = ssl
+        self._timeout = timeout
+        self._log = logger or logging.getLogger("asbp.user_agent")
+        self._websocket: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
+        websocket = await connect(
+            self.url,
+            subprotocols=[_SUBPROTOCOL],
+            ssl=self._ssl if self.url.startswith("wss:") else None,
+            open_timeout=self._timeout,
+            close_timeout=self._timeout,
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                first = await websocket.recv(decode=False)
+            identity = _greeting(asbp.decode(first), control.CHANNEL)
+        except BaseException:
+            await websocket.close()
+            raise
+        self._websocket = websocket
+        self._reader = asyncio.create_task(self._read(websocket, deliver, closed))
+        return identity
+
+    async def _read(self, websocket: ClientConnection, deliver: Deliver, closed: Closed) -> None:
+        error: BaseException | None = None
+        try:
+            async for message in websocket:
+                frame = message.encode("utf-8") if isinstance(message, str) else message
+                try:
+                    command = asbp.decode(frame)
+                except ProtocolError as exc:
+                    self._log.warning("channel %s: dropped a frame: %s", self.url, exc)
+                    continue
+                deliver(command)
+        except ConnectionClosed as exc:
+            error = ConnectionLost(f"the Channel closed: {exc}")
+        finally:
+            closed(error)
+
+    async def send(self, command: Command) -> None:
+        websocket = self._websocket
+        if websocket is None:
+            raise ConnectionLost("the Channel is not open")
+        try:
+            await websocket.send(asbp.encode(command))
+        except ConnectionClosed as exc:
+            raise ConnectionLost(f"the Channel closed: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._websocket is not None:
+            await self._websocket.close()
+        if self._reader is not None:
+            await self._reader
+
+
+class _Gone(AgentError):
+    """The broker no longer knows the Channel."""
+
+
+class HttpChannel:
+    """A stateless HTTP Channel: POST to send, one long-poll loop to receive.
+
+    Args:
+        url: the broker's ``http(s)://host/asbp``.
+        poll_wait: seconds each long-poll may park at the broker (the broker
+            caps it at its own long-poll timeout).
+        ssl: TLS context for ``https://``; None verifies with the defaults.
+        timeout: seconds for connecting and for a POST.
+        backoff: delays between failed polls.
+        max_poll_bytes: the largest long-poll response read; a larger one is
+            an error (raise it, or the broker's ``long_poll_max_frames``).
+        logger: where to log.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        poll_wait: float = 20.0,
+        ssl: ssl_module.SSLContext | None = None,
+        timeout: float = 10.0,
+        backoff: Backoff | None = None,
+        max_poll_bytes: int = 32 * 1024 * 1024,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if poll_wait < 0:
+            raise ValueError("poll_wait must not be negative")
+        self.url = url
+        self._poll_wait = poll_wait
+        self._ssl = ssl
+        self._timeout = timeout
+        self._backoff = backoff or Backoff()
+        self._max_poll_bytes = max_poll_bytes
+        self._log = logger or logging.getLogger("asbp.user_agent")
+        self._client: httpx.AsyncClient | None = None
+        self._channel_id: ChannelId | None = None
+        self._poller: asyncio.Task[None] | None = None
+        #: The highest ``ASBP-Seq`` read so far.
+        self._after = 0
+
+    async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
+        self._client = httpx.AsyncClient(
+            verify=self._ssl if self._ssl is not None else True,
+            timeout=httpx.Timeout(self._timeout),
+        )
+        try:
+            answer = await self._post(Command(c=control.CHANNEL))
+            channel_id, broker_id = _greeting(answer, control.ACCEPTED)
+        except BaseException:
+            await self._client.aclose()
+            raise
+        self._channel_id = channel_id
+        self._poller = asyncio.create_task(self._poll(channel_id, deliver, closed))
+        return channel_id, broker_id
+
+    async def send(self, command: Command) -> None:
+        if self._channel_id is None or self._poller is None or self._poller.done():
+            raise ConnectionLost("the Channel is not open")
+        answer = await self._post(command.with_keys(i=self._channel_id))
+        if answer.name == control.FAULT:
+            raise FaultError.from_command(answer)
+        if answer.name != control.ACCEPTED:
+            raise AgentError(f"expected {control.ACCEPTED} from the broker, got {answer!r}")
+
+    async def close(self) -> None:
+        poller = self._poller
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        if self._client is not None:
+            if self._channel_id is not None and poller is not None:
+                # The cancelled long-poll may still be parked at the broker,
+                # which does not notice a client leaving; a poll with wait=0
+                # ends it at once (a newer poll replaces an older one) and
+                # acknowledges what we read.
+                with contextlib.suppress(httpx.HTTPError, AgentError):
+                    await self._poll_once(self._channel_id, self._after, wait=0.0)
+            await self._client.aclose()
+
+    async def _post(self, command: Command) -> Command:
+        assert self._client is not None
+        try:
+            async with self._client.stream(
+                "POST",
+                self.url,
+                content=asbp.encode(command),
+                headers={"content-type": MEDIA_TYPE},
+            ) as response:
+                body = await _read(response, _MAX_ANSWER_BYTES)
+        except httpx.HTTPError as exc:
+            raise ConnectionLost(f"POST {self.url} failed: {exc}") from exc
+        try:
+            return asbp.decode(body)
+        except ProtocolError as exc:
+            raise AgentError(
+                f"POST {self.url}: HTTP {response.status_code} without a Command ({exc})"
+            ) from exc
+
+    async def _poll(self, channel_id: ChannelId, deliver: Deliver, closed: Closed) -> None:
+        attempt = 0
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    parts = await self._poll_once(channel_id, self._after, wait=self._poll_wait)
+                except _Gone as exc:
+                    error = exc.__cause__ or exc
+                    return
+                except (httpx.HTTPError, AgentError) as exc:
+                    delay = self._backoff.delay(attempt)
+                    attempt += 1
+                    self._log.warning(
+                        "channel %s: long-poll failed (%s); retrying in %.2f s",
+                        self.url,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)  # a backoff delay, not synchronisation
+                    continue
+                attempt = 0
+                for seq, frame in parts:
+                    if seq <= self._after:
+                        continue  # sent again because a response was lost: seen it
+                    self._after = seq
+                    try:
+                        command = asbp.decode(frame)
+                    except ProtocolError as exc:
+                        self._log.warning("channel %s: dropped a frame: %s", self.url, exc)
+                        continue
+                    deliver(command)
+        finally:
+            closed(error)
+
+    async def _poll_once(
+        self, channel_id: ChannelId, after: int, *, wait: float
+    ) -> list[tuple[int, bytes]]:
+        assert self._client is not None
+        params = {"i": channel_id, "after": str(after), "wait": f"{wait:g}"}
+        timeout = httpx.Timeout(self._timeout, read=wait + self._timeout)
+        async with self._client.stream("GET", self.url, params=params, timeout=timeout) as response:
+            status = response.status_code
+            if status == 204:
+                return []
+            if status in _GONE:
+                body = await _read(response, _MAX_ANSWER_BYTES)
+                try:
+                    fault = FaultError.from_command(asbp.decode(body))
+                except ProtocolError:
+                    fault = FaultError(2104, f"HTTP {status}")
+                raise _Gone(str(fault)) from fault
+            if status != 200:
+                raise AgentError(f"long-poll answered HTTP {status}")
+            boundary = boundary_of(response.headers.get("content-type", ""))
+            body = await _read(response, self._max_poll_bytes)
+        return parse_parts(body, boundary)
+
+
+async def _read(response: httpx.Response, limit: int) -> bytes:
+    """The response body, refusing one longer than ``limit`` bytes."""
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise AgentError(f"a response of {declared} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AgentError(f"a response is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,385 @@
+"""A User-Agent in Python: requests, streams and pushes over one Channel.
+
+Theory of operation
+-------------------
+A :class:`UserAgent` is one Channel (a ``agents.channel`` transport, over
+WebSocket or HTTP long-polling; the API is the same) plus a table of the
+Commands it awaits answers to, keyed by ``u``.
+
+Every Command it sends to be answered gets a fresh ``u`` (0..65535,
+wrapping, skipping those still awaited; §1.3.4.2 u). Every Command that
+arrives is sorted by its ``u``:
+
+* a ``u`` that is awaited: to that request or stream (a fault included,
+  which the request raises as :class:`~agents.errors.FaultError`);
+* no ``u``: *unsolicited* (group messages, pushes, faults about nothing in
+  particular), queued for ``async for command in ua`` / :meth:`receive`;
+* a ``u`` no longer awaited (a late answer after a timeout, the remaining
+  parts of a stream read with :meth:`request`): dropped, logged at DEBUG.
+
+Streams (§1.3.4.2 t and o): the first part carries ``t``, the total, and
+each part ``o``, its one-based place. :meth:`stream` yields parts in ``o``
+order whatever order they arrive in, holding early ones back, and ends
+after part ``t``. An answer with neither ``t`` nor ``o`` is a stream of one.
+
+Memory is bounded everywhere: the unsolicited queue drops its oldest
+Command when full (with a warning), and a request's or stream's buffer
+fails the stream when a slow reader lets it fill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_module
+from collections import deque
+from collections.abc import AsyncGenerator
+from typing import Final
+
+from agents import control
+from agents.backoff import Backoff
+from agents.channel import ChannelTransport, HttpChannel, WebSocketChannel
+from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from asbp import ChannelId, Command, HeaderInput
+
+__all__ = ["UserAgent"]
+
+#: Parts a stream may hold back while waiting for an earlier one.
+_MAX_HELD: Final = 4096
+
+
+class _Answers:
+    """The Commands that answer one ``u``, in arrival order, bounded."""
+
+    __slots__ = ("_error", "_event", "_items", "_limit")
+
+    def __init__(self, limit: int) -> None:
+        self._items: deque[Command] = deque()
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+        self._limit = limit
+
+    def put(self, command: Command) -> None:
+        if len(self._items) >= self._limit:
+            self.fail(AgentError(f"more than {self._limit} unread answers; read faster"))
+            return
+        self._items.append(command)
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._event.set()
+
+    async def get(self, timeout: float | None) -> Command:
+        async with asyncio.timeout(timeout):
+            while not self._items:
+                if self._error is not None:
+                    raise self._error
+                self._event.clear()
+                await self._event.wait()
+        return self._items.popleft()
+
+
+class UserAgent:
+    """A User-Agent on one Channel; build it with :meth:`websocket` or :meth:`http`.
+
+    ::
+
+        async with UserAgent.websocket("ws://127.0.0.1:8080/asbp") as ua:
+            reply = await ua.request("echo", b"hi")
+            async for part in ua.stream("clock"):
+                ...
+
+    Args:
+        transport: the Channel transport.
+        max_queued: unsolicited Commands kept for :meth:`receive` before the
+            oldest is dropped.
+        logger: where to log.
+    """
+
+    def __init__(
+        self,
+        transport: ChannelTransport,
+        *,
+        max_queued: int = 1024,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if max_queued < 1:
+            raise ValueError("max_queued must be at least 1")
+        self._transport = transport
+        self._log = logger or logging.getLogger("asbp.user_agent")
+        self._ids = control.CommandIds()
+        self._awaited: dict[int, _Answers] = {}
+        self._unsolicited: deque[Command] = deque()
+        self._max_queued = max_queued
+        self._arrived = asyncio.Event()
+        self._channel_id: ChannelId | None = None
+        self._broker_id: str | None = None
+        self._closed: BaseException | None = None
+        self._opened = False
+
+    @classmethod
+    def websocket(
+        cls,
+        url: str,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        timeout: float = 10.0,
+        max_queued: int = 1024,
+        logger: logging.Logger | None = None,
+    ) -> UserAgent:
+        """A User-Agent over a WebSocket Channel (``ws(s)://host/asbp``)."""
+        transport = WebSocketChannel(url, ssl=ssl, timeout=timeout, logger=logger)
+        return cls(transport, max_queued=max_queued, logger=logger)
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        poll_wait: float = 20.0,
+        ssl: ssl_module.SSLContext | None = None,
+        timeout: float = 10.0,
+        backoff: Backoff | None = None,
+        max_poll_bytes: int = 32 * 1024 * 1024,
+        max_queued: int = 1024,
+        logger: logging.Logger | None = None,
+    ) -> UserAgent:
+        """A User-Agent over a stateless HTTP Channel (``http(s)://host/asbp``).
+
+        See :class:`~agents.channel.HttpChannel` for the parameters.
+        """
+        transport = HttpChannel(
+            url,
+            poll_wait=poll_wait,
+            ssl=ssl,
+            timeout=timeout,
+            backoff=backoff,
+            max_poll_bytes=max_poll_bytes,
+            logger=logger,
+        )
+        return cls(transport, max_queued=max_queued, logger=logger)
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the Channel.
+
+        Raises:
+            AgentError: already opened, or the broker's greeting was wrong.
+            FaultError: the broker refused.
+            OSError, httpx.HTTPError, websockets errors: could not connect.
+        """
+        if self._opened:
+            raise AgentError("a UserAgent connects once")
+        self._opened = True
+        self._channel_id, self._broker_id = await self._transport.open(
+            self._deliver, self._on_closed
+        )
+
+    async def close(self) -> None:
+        """Close the Channel; pending requests fail with ConnectionLost."""
+        await self._transport.close()
+        self._on_closed(None)
+
+    async def __aenter__(self) -> UserAgent:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def channel_id(self) -> ChannelId:
+        """``i``, this Channel's identifier.
+
+        Raises:
+            NotConnected: before :meth:`connect`.
+        """
+        if self._channel_id is None:
+            raise NotConnected("the UserAgent is not connected")
+        return self._channel_id
+
+    @property
+    def broker_id(self) -> str | None:
+        """``b`` of the broker, if it said."""
+        return self._broker_id
+
+    @property
+    def closed(self) -> bool:
+        """Whether the Channel has ended."""
+        return self._closed is not None
+
+    # -- sending -----------------------------------------------------------------
+
+    async def send(self, command: Command) -> None:
+        """Send ``command`` as it is; nothing is awaited (fire and forget).
+
+        Raises:
+            FaultError: the broker refused it outright (HTTP only).
+            ConnectionLost: the Channel is closed.
+        """
+        self._check_open()
+        await self._transport.send(command)
+
+    async def request(
+        self,
+        name: str,
+        body: bytes | str = b"",
+        *,
+        timeout: float | None = 30.0,
+        **keys: HeaderInput,
+    ) -> Command:
+        """Send ``name`` with a fresh ``u`` and return the first Command answering it.
+
+        Args:
+            name: the Command-Name ``c``.
+            body: the body; a ``str`` is sent as UTF-8 with ``e=UTF-8``.
+            timeout: seconds to wait for the answer; None waits for ever.
+            **keys: more header keys (not ``c`` or ``u``).
+
+        Raises:
+            FaultError: the answer is an ``asbp.fault``.
+            ConnectionLost: the Channel closed first.
+            TimeoutError: no answer within ``timeout``.
+        """
+        command_id, answers = self._await(1)
+        try:
+            await self._send_numbered(name, body, keys, command_id)
+            return _checked(await answers.get(timeout))
+        finally:
+            self._awaited.pop(command_id, None)
+
+    async def stream(
+        self,
+        name: str,
+        body: bytes | str = b"",
+        *,
+        timeout: float | None = 30.0,
+        **keys: HeaderInput,
+    ) -> AsyncGenerator[Command, None]:
+        """Send ``name`` and yield the parts of its answer in ``o`` order.
+
+        The request goes out when iteration starts. Close the iterator if you
+        stop early (``contextlib.aclosing``), so its ``u`` is released.
+
+        Args:
+            timeout: seconds to wait for each next part.
+
+        Raises:
+            FaultError: a part is an ``asbp.fault``.
+            AgentError: a part is malformed, or too many arrived out of order.
+            ConnectionLost, TimeoutError: as for :meth:`request`.
+        """
+        command_id, answers = self._await(_MAX_HELD)
+        try:
+            await self._send_numbered(name, body, keys, command_id)
+            total: int | None = None
+            expected = 1
+            held: dict[int, Command] = {}
+            while total is None or expected <= total:
+                part = _checked(await answers.get(timeout))
+                if part.total is not None:
+                    total = part.total
+                position = part.of_total
+                if position is None:
+                    if total is None:
+                        yield part  # a plain reply: a stream of one
+                        return
+                    position = 1  # t without o: the first part
+                if position < expected or position in held:
+                    continue  # a repeat
+                if total is not None and position > total:
+                    raise AgentError(f"part {position} of a {total}-part stream")
+                held[position] = part
+                if len(held) > _MAX_HELD:
+                    raise AgentError(f"more than {_MAX_HELD} parts arrived out of order")
+                while expected in held:
+                    yield held.pop(expected)
+                    expected += 1
+        finally:
+            self._awaited.pop(command_id, None)
+
+    # -- receiving -------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Command:
+        """The next unsolicited Command (one answering no request of ours).
+
+        Raises:
+            ConnectionLost: the Channel has ended and nothing is queued.
+            TimeoutError: nothing within ``timeout``.
+        """
+        async with asyncio.timeout(timeout):
+            while not self._unsolicited:
+                if self._closed is not None:
+                    raise ConnectionLost("the Channel has ended") from self._closed
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self._unsolicited.popleft()
+
+    async def __aiter__(self) -> AsyncGenerator[Command, None]:
+        """Unsolicited Commands until the Channel ends."""
+        while True:
+            try:
+                command = await self.receive()
+            except ConnectionLost:
+                return
+            yield command
+
+    # -- internals ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._channel_id is None:
+            raise NotConnected("the UserAgent is not connected")
+        if self._closed is not None:
+            raise ConnectionLost("the Channel has ended") from self._closed
+
+    def _await(self, limit: int) -> tuple[int, _Answers]:
+        self._check_open()
+        command_id = self._ids.allocate(self._awaited)
+        answers = _Answers(limit)
+        self._awaited[command_id] = answers
+        return command_id, answers
+
+    async def _send_numbered(
+        self, name: str, body: bytes | str, keys: dict[str, HeaderInput], command_id: int
+    ) -> None:
+        if "c" in keys or "u" in keys:
+            raise TypeError("'c' and 'u' are set by the UserAgent")
+        data = control.text_body(body, keys)
+        keys["c"] = name
+        keys["u"] = command_id
+        await self._transport.send(Command(keys, data))
+
+    def _deliver(self, command: Command) -> None:
+        command_id = command.command_id
+        if command_id is not None:
+            answers = self._awaited.get(command_id)
+            if answers is not None:
+                answers.put(command)
+            else:
+                self._log.debug("user agent: dropped an answer nobody awaits: %r", command)
+            return
+        queue = self._unsolicited
+        if len(queue) >= self._max_queued:
+            dropped = queue.popleft()
+            self._log.warning("user agent: queue full; dropped the oldest: %r", dropped)
+        queue.append(command)
+        self._arrived.set()
+
+    def _on_closed(self, error: BaseException | None) -> None:
+        if self._closed is not None:
+            return
+        self._closed = error or ConnectionLost("the Channel was closed")
+        for answers in self._awaited.values():
+            lost = ConnectionLost("the Channel ended before the answer came")
+            lost.__cause__ = error
+            answers.fail(lost)
+        self._arrived.set()
+
+
+def _checked(command: Command) -> Command:
+    if command.name == control.FAULT:
+        raise FaultError.from_command(command)
+    return command
