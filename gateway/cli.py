@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import orjson
 
@@ -142,10 +143,25 @@ def main(
     )
     config_parser.add_argument("--format", choices=("toml", "json"), default="toml")
     add_arguments(config_parser)
+    demo_parser = commands.add_parser(
+        "demo",
+        help="run a broker and the example agent on loopback (the default)",
+        description="Run a broker on 127.0.0.1 with the example Application-Agent "
+        "(examples/echo_agent.py) connected, and print how to talk to it.",
+    )
+    demo_parser.add_argument("--port", type=int, default=8080)
+    demo_parser.add_argument("--data-dir", type=Path, default=Path(".asbp-demo"))
     args = parser.parse_args(argv)
 
-    if args.command in (None, "selfcheck"):
+    if args.command == "selfcheck":
         return selfcheck()
+    if args.command in (None, "demo"):
+        from gateway.demo import demo
+
+        try:
+            return demo(getattr(args, "port", 8080), getattr(args, "data_dir", Path(".asbp-demo")))
+        except KeyboardInterrupt:
+            return 130
     try:
         config = load_config(args, environ=os.environ if environ is None else environ)
     except ConfigError as exc:

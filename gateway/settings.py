@@ -75,7 +75,17 @@ ENV_PREFIX: Final = "ASBP_"
 CONFIG_ENV_VAR: Final = "ASBP_CONFIG"
 #: ``ASBP_*`` variables that belong to other programs (the test suite's timeout unit);
 #: the broker leaves them alone instead of refusing them as unknown settings.
-FOREIGN_ENV_VARS: Final = frozenset({"ASBP_TEST_TIMEOUT_UNIT"})
+FOREIGN_ENV_VARS: Final = frozenset(
+    {
+        # The test suite's timeout unit.
+        "ASBP_TEST_TIMEOUT_UNIT",
+        # The SDK's and the examples' own settings, often set in the same shell.
+        "ASBP_AGENT_ID",
+        "ASBP_AGENT_KEY_FILE",
+        "ASBP_TUBE_URLS",
+        "ASBP_URL",
+    }
+)
 #: The accepted ``log_level`` names; case does not matter.
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 #: What a ``broker_id`` may look like: conservative, so it is safe as an ASBP header
