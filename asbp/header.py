@@ -29,6 +29,7 @@ __all__ = [
     "ReservedKey",
     "SubjectId",
     "check_value",
+    "format_uint",
     "parse_uint",
 ]
 
@@ -241,3 +242,15 @@ def parse_uint(text: str) -> int:
         chunk = text[start : start + _INT_CHUNK]
         result = result * 10 ** len(chunk) + int(chunk)
     return result
+
+
+def format_uint(value: int) -> str:
+    """Decimal text of a non-negative int of any size (the inverse of parse_uint)."""
+    if value < 10**_INT_CHUNK:
+        return int.__str__(value)
+    chunks: list[str] = []
+    base = 10**_INT_CHUNK
+    while value:
+        value, chunk = divmod(value, base)
+        chunks.append(f"{chunk:0{_INT_CHUNK}d}")
+    return chunks[-1].lstrip("0") + "".join(reversed(chunks[:-1]))

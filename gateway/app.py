@@ -91,6 +91,9 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             log=log or logging.getLogger("asbp.gateway"),
         )
         await broker.start()
+        # Also on app.state, so the server can close Channels and Tubes before it
+        # drains connections (see gateway.server).
+        app.state.broker = broker
         try:
             yield {"broker": broker}
         finally:

@@ -55,6 +55,7 @@ class Broker:
             log=self.log,
         )
         self._housekeeping: asyncio.Task[None] | None = None
+        self._stopped = False
         self.ready = False
 
     # -- life cycle ----------------------------------------------------------
@@ -66,7 +67,10 @@ class Broker:
         self.log.info("broker.start", extra={"broker": self.broker_id})
 
     async def stop(self) -> None:
-        """Stop accepting work and close every Channel and Tube."""
+        """Stop accepting work and close every Channel and Tube (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.ready = False
         if self._housekeeping is not None:
             self._housekeeping.cancel()

@@ -24,6 +24,8 @@ docs/protocol.md), so we send neither, and always a ``Content-Length``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import time
 from typing import TYPE_CHECKING, Final
@@ -164,6 +166,35 @@ def _multipart(frames: list[tuple[int, bytes]]) -> tuple[bytes, str]:
     return b"".join(parts), boundary
 
 
+async def _poll_until_gone(
+    request: Request, mailbox: Mailbox, after: int, wait: float, limit: int
+) -> list[tuple[int, bytes]]:
+    """``mailbox.poll``, ended early (empty) when the client goes away.
+
+    A parked poll would otherwise outlive its client by up to the long-poll
+    timeout, and a server shutting down would wait for it.
+    """
+    polling = asyncio.ensure_future(mailbox.poll(after, wait, limit))
+    if polling.done():
+        return polling.result()
+    watching = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({polling, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+    if polling.done():
+        return polling.result()
+    polling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await polling
+    return []
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def poll(request: Request) -> Response:
     """``GET /asbp?i=..&after=..[&wait=..]``: the Channel's waiting Commands."""
     broker: Broker = request.state.broker
@@ -182,7 +213,7 @@ async def poll(request: Request) -> Response:
     mailbox = channel.outbox
     assert isinstance(mailbox, Mailbox)
     channel.last_seen = time.monotonic()
-    frames = await mailbox.poll(after, wait, limits.long_poll_max_frames)
+    frames = await _poll_until_gone(request, mailbox, after, wait, limits.long_poll_max_frames)
     channel.last_seen = time.monotonic()
     if not frames:
         if channel.closed:
