@@ -23,7 +23,8 @@ the broker's acknowledgements and the other handlers' requests).
 
 A handler that raises sends the requester fault **2107**
 (``RESPONDENT_FAILED``, our extension in the routing block) with a fixed
-message that leaks nothing of the exception. The traceback goes to the log, and the agent keeps serving.
+message that leaks nothing of the exception. The traceback goes to the log,
+and the agent keeps serving.
 """
 
 from __future__ import annotations
