@@ -33,8 +33,7 @@ Every fault carries the ``u`` of the Command it answers, when there is one.
 
 from __future__ import annotations
 
-import heapq
-import itertools
+from collections import deque
 import logging
 import time
 from collections.abc import Callable
@@ -105,10 +104,11 @@ class Router:
         self._clock = clock
         self._on_slow_tube = on_slow_tube
         self._in_flight: dict[tuple[ChannelId, int], InFlight] = {}
-        # A heap of (deadline, tie-breaker, entry). A refreshed deadline pushes
-        # a new item; items whose deadline no longer matches are skipped.
-        self._deadlines: list[tuple[float, int, InFlight]] = []
-        self._sequence = itertools.count()
+        # (deadline, entry) in arrival order. Every deadline is "now + the one
+        # Respondent timeout", so arrival order is deadline order and a deque
+        # needs no heap. A refreshed deadline appends the entry again; items
+        # whose deadline no longer matches the entry's are skipped.
+        self._deadlines: deque[tuple[float, InFlight]] = deque()
 
     # -- delivery ------------------------------------------------------------
 
@@ -215,7 +215,7 @@ class Router:
         if name in _CHANNEL_BUILTINS:
             self._channel_builtin(channel, command, name)
             return
-        if "s" in command.header:
+        if "s" in command:
             # Subjects are not authenticated by this broker yet, so no
             # Subject-Identifier can belong to this Channel.
             self.fault(
@@ -250,8 +250,7 @@ class Router:
                 )
                 return
             self._start(channel, command_id, tube, name)
-        header = command.header
-        if "a" in header:
+        if "a" in command:
             command = command.without_keys("a")
         forwarded = command.with_keys(i=channel.id, b=self.broker_id)
         if self._log.isEnabledFor(logging.DEBUG):
@@ -303,7 +302,13 @@ class Router:
         self._in_flight[key] = entry
         channel.in_flight.add(command_id)
         tube.in_flight += 1
-        heapq.heappush(self._deadlines, (entry.deadline, next(self._sequence), entry))
+        deadlines = self._deadlines
+        # Answered entries wait at the head until their deadline; drop them
+        # now, so the queue holds roughly what is in flight, not 60 s of
+        # history (amortised O(1): each item is removed once).
+        while deadlines and deadlines[0][1].done:
+            deadlines.popleft()
+        deadlines.append((entry.deadline, entry))
 
     def _finish(self, entry: InFlight) -> None:
         entry.done = True
@@ -323,7 +328,7 @@ class Router:
         if position is not None and entry.total is not None and position < entry.total:
             # A stream in progress: each part earns the Respondent more time.
             entry.deadline = self._clock() + self._tube_limits.respondent_timeout
-            heapq.heappush(self._deadlines, (entry.deadline, next(self._sequence), entry))
+            self._deadlines.append((entry.deadline, entry))
             return
         self._finish(entry)
 
@@ -333,7 +338,7 @@ class Router:
         deadlines = self._deadlines
         expired = 0
         while deadlines and deadlines[0][0] <= now:
-            deadline, _, entry = heapq.heappop(deadlines)
+            deadline, entry = deadlines.popleft()
             if entry.done or entry.deadline != deadline:
                 continue
             expired += 1
@@ -406,8 +411,7 @@ class Router:
             # must not register again (and swallow Commands) or reach Channels.
             return
         name = command.name
-        header = command.header
-        addressed = "d" in header or "g" in header
+        addressed = "d" in command or "g" in command
         if name in _TUBE_BUILTINS and not addressed:
             self._tube_builtin(tube, command, name)
             return
