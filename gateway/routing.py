@@ -33,9 +33,9 @@ Every fault carries the ``u`` of the Command it answers, when there is one.
 
 from __future__ import annotations
 
-from collections import deque
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -44,6 +44,7 @@ import orjson
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
+from asbp.grammar import is_bare
 from gateway import builtins
 from gateway.channels import Channel, ChannelRegistry
 from gateway.config import ChannelLimits, TubeLimits
@@ -62,6 +63,26 @@ _TUBE_BUILTINS: Final = frozenset(
         builtins.LEAVE,
     }
 )
+
+
+def _without_pair(header: bytes, key: bytes) -> bytes | None:
+    """``header`` (which holds no quotes) without the pair for ``key``."""
+    if header.startswith(key + b"="):
+        start = 0
+    else:
+        start = header.find(b"," + key + b"=")
+        if start == -1:
+            return None
+    value = header.find(b"=", start) + 1
+    if header[value : value + 1] == b"[":
+        stop = header.find(b"]", value) + 1
+    else:
+        stop = header.find(b",", value)
+        if stop == -1:
+            stop = len(header)
+    if start == 0:
+        return header[stop + 1 :]  # and the comma after it, if any
+    return header[:start] + header[stop:]
 
 
 @dataclass(eq=False, slots=True)
@@ -109,6 +130,10 @@ class Router:
         # needs no heap. A refreshed deadline appends the entry again; items
         # whose deadline no longer matches the entry's are skipped.
         self._deadlines: deque[tuple[float, InFlight]] = deque()
+        #: ",b=<broker>", and how many bytes a splice adds to a header.
+        self._broker_pair = b",b=" + broker_id.encode("ascii")
+        self._splice_size = len(b",i=") + 32 + len(self._broker_pair)
+        self._agent_pairs: dict[str, bytes | None] = {}
 
     # -- delivery ------------------------------------------------------------
 
@@ -129,7 +154,11 @@ class Router:
 
     def send_tube(self, tube: Tube, command: Command) -> bool:
         """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
-        if tube.outbox.offer(asbp.encode(command)):
+        return self.send_tube_frame(tube, asbp.encode(command))
+
+    def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
+        """Leave an encoded Command for ``tube``; False if it was too slow."""
+        if tube.outbox.offer(frame):
             return True
         if not tube.closed:
             self._log.warning(
@@ -194,10 +223,12 @@ class Router:
         except ProtocolError as exc:
             self.fault(channel, exc.code, exc.message, command_id=builtins.sniff_command_id(frame))
             return
-        self.channel_command(channel, command)
+        self.channel_command(channel, command, frame)
 
-    def channel_command(self, channel: Channel, command: Command) -> None:
-        """Route a decoded Command from a User-Agent."""
+    def channel_command(
+        self, channel: Channel, command: Command, frame: bytes | None = None
+    ) -> None:
+        """Route a decoded Command from a User-Agent (``frame``: its bytes, if known)."""
         if channel.closed:
             # The broker closed it (slow consumer) while its socket still reads:
             # nothing may start on its behalf that nobody can receive.
@@ -236,29 +267,69 @@ class Router:
                 cause=name,
             )
             return
+        if command_id is not None and (
+            command_id not in channel.in_flight
+            and len(channel.in_flight) >= self._channel_limits.max_in_flight
+        ):
+            self.fault(
+                channel,
+                FaultCode.TOO_MANY_IN_FLIGHT,
+                f"{len(channel.in_flight)} Commands already await an answer on this Channel",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        outbound = self._from_channel(channel, command, frame)
+        if outbound is None:
+            return
         if command_id is not None:
-            if (
-                command_id not in channel.in_flight
-                and len(channel.in_flight) >= self._channel_limits.max_in_flight
-            ):
-                self.fault(
-                    channel,
-                    FaultCode.TOO_MANY_IN_FLIGHT,
-                    f"{len(channel.in_flight)} Commands already await an answer on this Channel",
-                    command_id=command_id,
-                    cause=name,
-                )
-                return
             self._start(channel, command_id, tube, name)
-        if "a" in command:
-            command = command.without_keys("a")
-        forwarded = command.with_keys(i=channel.id, b=self.broker_id)
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug(
                 "channel.command",
                 extra={"channel": channel.id, "command": name, "tube": tube.id, "u": command_id},
             )
-        self.send_tube(tube, forwarded)
+        self.send_tube_frame(tube, outbound)
+
+    def _from_channel(
+        self, channel: Channel, command: Command, frame: bytes | None
+    ) -> bytes | None:
+        """The frame a Respondent gets: ``i`` and ``b`` added, any ``a`` removed.
+
+        When the User-Agent's frame holds none of ``a``, ``i`` and ``b``, the
+        two pairs are spliced in before its terminator: the broker minted both
+        values, they are bare tokens, and decoding the result gives exactly
+        ``command.with_keys(i=…, b=…)``, at a tenth of the cost of building
+        and encoding that Command. Otherwise, or when the header would pass
+        its limit, the Command is rebuilt, and a header too large for the
+        additions becomes a fault to the sender.
+        """
+        if frame is not None and "a" not in command and "i" not in command and "b" not in command:
+            end = len(frame) - len(command.body) - 1
+            if end + self._splice_size <= self._limits.max_header_bytes:
+                return b"".join(
+                    (
+                        frame[:end],
+                        b",i=",
+                        channel.id.encode("ascii"),
+                        self._broker_pair,
+                        frame[end:],
+                    )
+                )
+        outbound = command.with_keys(i=channel.id, b=self.broker_id)
+        if "a" in outbound:
+            outbound = outbound.without_keys("a")
+        try:
+            return asbp.encode(outbound, limits=self._limits)
+        except ProtocolError as exc:
+            self.fault(
+                channel,
+                exc.code,
+                f"no room for the broker's 'i' and 'b': {exc.message}",
+                command_id=command.command_id,
+                cause=command.name,
+            )
+            return None
 
     def _channel_builtin(self, channel: Channel, command: Command, name: str) -> None:
         command_id = command.command_id
@@ -402,10 +473,10 @@ class Router:
                 tube, exc.code, exc.message, command_id=builtins.sniff_command_id(frame)
             )
             return
-        self.tube_command(tube, command)
+        self.tube_command(tube, command, frame)
 
-    def tube_command(self, tube: Tube, command: Command) -> None:
-        """Route a decoded Command from an Application-Agent."""
+    def tube_command(self, tube: Tube, command: Command, frame: bytes | None = None) -> None:
+        """Route a decoded Command from an Application-Agent (``frame``: its bytes)."""
         if tube.closed:
             # The broker closed it (slow consumer) while its socket still reads: it
             # must not register again (and swallow Commands) or reach Channels.
@@ -416,7 +487,7 @@ class Router:
             self._tube_builtin(tube, command, name)
             return
         if addressed:
-            self._to_channels(tube, command)
+            self._to_channels(tube, command, frame)
             return
         if name is None:
             self.fault_tube(
@@ -436,13 +507,70 @@ class Router:
                 cause=name,
             )
             return
-        self.send_tube(target, command.with_keys(a=tube.agent_id, b=self.broker_id))
+        try:
+            outbound = asbp.encode(
+                command.with_keys(a=tube.agent_id, b=self.broker_id), limits=self._limits
+            )
+        except ProtocolError as exc:
+            self.fault_tube(
+                tube,
+                exc.code,
+                f"no room for the broker's 'a' and 'b': {exc.message}",
+                command_id=command.command_id,
+                cause=name,
+            )
+            return
+        self.send_tube_frame(target, outbound)
 
-    def _to_channels(self, tube: Tube, command: Command) -> None:
+    def _agent_pair(self, agent_id: str) -> bytes | None:
+        """``,a=<agent_id>`` when the identity is a bare token, else None."""
+        pair = self._agent_pairs.get(agent_id)
+        if pair is None and agent_id not in self._agent_pairs:
+            # ASCII too: the header it joins may lack the "+" UTF-8 marker.
+            pair = b",a=" + agent_id.encode() if is_bare(agent_id) and agent_id.isascii() else None
+            if len(self._agent_pairs) < 4096:  # identities are configured: few
+                self._agent_pairs[agent_id] = pair
+        return pair
+
+    def _to_user_agents(self, tube: Tube, command: Command, frame: bytes | None) -> bytes | None:
+        """The frame User-Agents get: ``d`` removed, ``a`` set to the verified agent.
+
+        Like ``_from_channel``, a splice when it is safe: the header holds no
+        quotes (so every ``,d=`` is a real pair), no ``a``, and no UTF-8 marker,
+        and the identity is a bare token. Otherwise the Command is rebuilt.
+        """
+        if frame is not None and "a" not in command:
+            end = len(frame) - len(command.body) - 1
+            pair = self._agent_pair(tube.agent_id)
+            header: bytes | None = frame[:end]
+            if pair is not None and frame.find(b"'", 0, end) == -1 and frame[0] != 0x2B:  # "+"
+                if "d" in command:
+                    header = _without_pair(frame[:end], b"d")
+                if header is not None and len(header) + len(pair) <= self._limits.max_header_bytes:
+                    return b"".join((header, pair if header else pair[1:], frame[end:]))
+        # Add before removing: a Command of only "d" must not be left keyless.
+        outbound = command.with_keys(a=tube.agent_id)
+        if "d" in outbound:
+            outbound = outbound.without_keys("d")
+        try:
+            return asbp.encode(outbound, limits=self._limits)
+        except ProtocolError as exc:
+            self.fault_tube(
+                tube,
+                exc.code,
+                f"no room for the broker's 'a': {exc.message}",
+                command_id=command.command_id,
+                cause=command.name,
+            )
+            return None
+
+    def _to_channels(self, tube: Tube, command: Command, frame: bytes | None = None) -> None:
         command_id = command.command_id
         destinations = command.destinations
-        outbound = command.without_keys("d") if destinations else command
-        frame = asbp.encode(outbound.with_keys(a=tube.agent_id))
+        outbound = self._to_user_agents(tube, command, frame)
+        if outbound is None:
+            return
+        frame = outbound
         unknown: list[str] = []
         delivered: set[ChannelId] = set()
         get = self.channels.get
