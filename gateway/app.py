@@ -14,6 +14,8 @@ One port serves everything:
 The Broker is built in the lifespan, inside the serving event loop, and
 reaches handlers through the lifespan state (``scope["state"]``): no
 module-level globals, so several apps can run side by side in one process.
+The state also holds the :class:`~gateway.throttle.HandshakeThrottle` that
+counts failed Tube handshakes per client address.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gateway.broker import Broker
 from gateway.config import GatewayConfig
 from gateway.credentials import AgentCredentials
 from gateway.identity import broker_identity
+from gateway.throttle import HandshakeThrottle
 from gateway.transports import http, websocket
 
 __all__ = ["create_app"]
@@ -95,7 +98,10 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         # drains connections (see gateway.server).
         app.state.broker = broker
         try:
-            yield {"broker": broker}
+            yield {
+                "broker": broker,
+                "throttle": HandshakeThrottle(config.failed_handshakes_per_minute),
+            }
         finally:
             await broker.stop()
 

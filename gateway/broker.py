@@ -15,14 +15,34 @@ import time
 from typing import Final
 
 from asbp import ApplicationAgentId, FaultCode
+from gateway.acl import AccessContext, channel_properties
 from gateway.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.config import GatewayConfig
 from gateway.credentials import AgentCredentials
 from gateway.outbox import Mailbox, StreamOutbox
 from gateway.routing import Router
+from gateway.trust import agent_trust
 from gateway.tubes import RespondentTable, Tube
 
 __all__ = ["Broker"]
+
+
+def _access(
+    address: str | None, tls: bool, *, channel_id: str, agent_id: str | None = None
+) -> AccessContext:
+    """What the ACL knows of a new Channel or Tube: its peer and its transport."""
+    try:
+        return AccessContext(
+            address=address,
+            channel_properties=channel_properties(tls=tls),
+            agent_id=agent_id,
+            channel_id=channel_id,
+        )
+    except ValueError:  # a peer address the server reports oddly (a UNIX socket)
+        return AccessContext(
+            channel_properties=channel_properties(tls=tls), agent_id=agent_id, channel_id=channel_id
+        )
+
 
 #: Seconds between housekeeping passes, at most.
 _TICK: Final = 1.0
@@ -53,6 +73,9 @@ class Broker:
             channel_limits=config.channels,
             tube_limits=config.tubes,
             log=self.log,
+            authenticate_command=config.authenticate_command,
+            acl=config.acl,
+            may_serve=agent_trust(config).may_serve,
         )
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
@@ -99,19 +122,25 @@ class Broker:
 
     # -- Channels ------------------------------------------------------------
 
-    def open_websocket_channel(self, remote: str) -> tuple[Channel, StreamOutbox]:
+    def open_websocket_channel(
+        self, remote: str, *, address: str | None = None, tls: bool = False
+    ) -> tuple[Channel, StreamOutbox]:
         """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``."""
         limits = self.config.channels
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
         channel = self.channels.open(ChannelKind.WEBSOCKET, outbox, remote=remote)
+        channel.access = _access(address, tls, channel_id=channel.id)
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
 
-    def open_http_channel(self, remote: str) -> tuple[Channel, Mailbox]:
+    def open_http_channel(
+        self, remote: str, *, address: str | None = None, tls: bool = False
+    ) -> tuple[Channel, Mailbox]:
         """Open a stateless HTTP Channel with a mailbox for long-polls."""
         limits = self.config.channels
         mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
         channel = self.channels.open(ChannelKind.HTTP, mailbox, remote=remote)
+        channel.access = _access(address, tls, channel_id=channel.id)
         self.log.info(
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
         )
@@ -125,10 +154,13 @@ class Broker:
 
     # -- Tubes ---------------------------------------------------------------
 
-    def open_tube(self, agent_id: str, remote: str) -> tuple[Tube, StreamOutbox]:
+    def open_tube(
+        self, agent_id: str, remote: str, *, address: str | None = None, tls: bool = False
+    ) -> tuple[Tube, StreamOutbox]:
         """Open a Tube for a verified Application-Agent identity."""
         limits = self.config.tubes
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
         tube = Tube(ApplicationAgentId(agent_id), outbox, remote)
+        tube.access = _access(address, tls, agent_id=agent_id, channel_id=tube.id)
         self.router.open_tube(tube)
         return tube, outbox

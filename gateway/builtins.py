@@ -16,15 +16,19 @@ from asbp import Command, FaultCode
 
 __all__ = [
     "ACCEPTED",
+    "AUTHENTICATED",
     "CHANNEL",
     "COMMANDS",
     "FAULT",
     "JOIN",
     "LEAVE",
+    "LOGOUT",
     "PING",
     "PONG",
     "PREFIX",
+    "REFUSED",
     "REGISTER",
+    "SUBJECT_ENDED",
     "TUBE",
     "UNREGISTER",
     "fault_command",
@@ -57,6 +61,18 @@ UNREGISTER: Final = "asbp.unregister"
 #: ``g`` (JOIN) or remove them (LEAVE); acknowledged with ACCEPTED.
 JOIN: Final = "asbp.join"
 LEAVE: Final = "asbp.leave"
+
+#: Application-Agent → broker: the Subject ``s`` is authenticated, with its
+#: ``roles`` (a list) and optionally its Conversation-Address ``p``. The broker
+#: then tells the User-Agent with the same name, ``s``, ``roles`` and the ``u``
+#: of its Authenticate-Command.
+AUTHENTICATED: Final = "asbp.authenticated"
+#: Application-Agent → broker: the Subject ``s`` is refused; the body says why.
+REFUSED: Final = "asbp.refused"
+#: User-Agent → broker: end the Subject ``s``; answered with ACCEPTED.
+LOGOUT: Final = "asbp.logout"
+#: Broker → Application-Agent: the Subject ``s`` it authenticated has ended.
+SUBJECT_ENDED: Final = "asbp.subject.ended"
 
 _U_SNIFF: Final = re.compile(rb"(?:^|,)u=(0|[1-9][0-9]{0,4})(?=[,;])")
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from asbp import ChannelId, FaultCode
+from gateway.acl import AccessContext
 from gateway.outbox import Outbox
 
 __all__ = ["Channel", "ChannelKind", "ChannelRegistry"]
@@ -54,6 +55,8 @@ class Channel:
     in_flight: set[int] = field(default_factory=set)
     #: Monotonic time of the last Command from the User-Agent (HTTP expiry).
     last_seen: float = field(default_factory=time.monotonic)
+    #: Who is behind the Channel, for access control (no Subject's roles).
+    access: AccessContext = field(default_factory=AccessContext)
     #: Whether the User-Agent last sent a text message (WebSocket): answers go
     #: back as text when they are valid UTF-8, so plain tools can show them.
     prefers_text: bool = False

@@ -15,6 +15,10 @@ from typing import Any, Literal
 
 import asbp
 
+# Imported at run time, not under TYPE_CHECKING: gateway.settings reads these
+# annotations with typing.get_type_hints. gateway.acl is pure and cheap to import.
+from gateway.acl import Acl
+
 __all__ = [
     "ChannelLimits",
     "EngineName",
@@ -109,6 +113,17 @@ class GatewayConfig:
     agents_base_dir: Path = Path(".")
     #: Development only: accept Tubes without TLS when listening on loopback.
     insecure_dev_tubes: bool = False
+    #: The Authenticate-Command (§7.3.1): a User-Agent sends it to sign a
+    #: Subject in; the broker mints ``s`` and forwards it to the agents that
+    #: serve it. A bare Command-Name outside ``asbp.``; only agents whose
+    #: ``serves`` names it receive it (docs/security.md). Unset: Subjects are off.
+    authenticate_command: str | None = None
+    #: Failed Tube handshakes one client address (an IPv6 /64) may make per
+    #: minute; past that its handshakes get HTTP 429 until the budget refills.
+    failed_handshakes_per_minute: int = 10
+    #: The access-control lists from the ``[security]`` table (see docs/acl.md);
+    #: None allows everything. Only the TOML file sets it.
+    acl: Acl | None = None
     #: Log lines as JSON objects (``json``) or as text for people (``text``).
     log_format: Literal["json", "text"] = "json"
     #: Logging level name.

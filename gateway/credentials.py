@@ -775,7 +775,8 @@ class AgentCredentials:
 def _keys_from_agent_table(identity: str, table: object, base: Path) -> tuple[AgentKey, ...]:
     if not isinstance(table, Mapping):
         raise CredentialConfigError("must be a table", identity=identity)
-    _reject_unknown(table, {"public_key", "kid", "jwks", "jwk"}, identity=identity)
+    # "serves" is the agent's allow-list of Command-Names: gateway.trust reads it.
+    _reject_unknown(table, {"public_key", "kid", "jwks", "jwk", "serves"}, identity=identity)
     keys: list[AgentKey] = []
     kid = table.get("kid")
     if kid is not None and not isinstance(kid, str):

@@ -46,13 +46,17 @@ import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
 from asbp.grammar import is_bare
 from gateway import builtins
+from gateway.acl import AccessContext, Acl, DestinationType, Privilege
+from gateway.authentication import Authenticator
 from gateway.channels import Channel, ChannelRegistry
 from gateway.config import ChannelLimits, TubeLimits
 from gateway.tubes import RespondentTable, Tube
 
 __all__ = ["InFlight", "Router"]
 
-_CHANNEL_BUILTINS: Final = frozenset({builtins.PING, builtins.COMMANDS})
+_CHANNEL_BUILTINS: Final = frozenset({builtins.PING, builtins.COMMANDS, builtins.LOGOUT})
+#: Built-ins that exist only while Subjects are on.
+_SUBJECT_BUILTINS: Final = frozenset({builtins.LOGOUT, builtins.AUTHENTICATED, builtins.REFUSED})
 _TUBE_BUILTINS: Final = frozenset(
     {
         builtins.PING,
@@ -61,6 +65,8 @@ _TUBE_BUILTINS: Final = frozenset(
         builtins.UNREGISTER,
         builtins.JOIN,
         builtins.LEAVE,
+        builtins.AUTHENTICATED,
+        builtins.REFUSED,
     }
 )
 
@@ -114,6 +120,10 @@ class Router:
         log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
         on_slow_tube: Callable[[Tube], None] | None = None,
+        authenticate_command: str | None = None,
+        max_subjects: int = 16,
+        acl: Acl | None = None,
+        may_serve: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.channels = channels
@@ -134,6 +144,22 @@ class Router:
         self._broker_pair = b",b=" + broker_id.encode("ascii")
         self._splice_size = len(b",i=") + 32 + len(self._broker_pair)
         self._agent_pairs: dict[str, bytes | None] = {}
+        self.acl = acl if acl is not None and acl.enabled else None
+        self.auth = (
+            Authenticator(
+                self,
+                command_name=authenticate_command,
+                timeout=tube_limits.respondent_timeout,
+                max_per_channel=max_subjects,
+                clock=clock,
+                log=log,
+            )
+            if authenticate_command is not None
+            else None
+        )
+        # Without an allow-list, any name but the Authenticate-Command, which
+        # must be granted explicitly: credentials go only to trusted agents.
+        self._may_serve = may_serve or (lambda agent, name: name != authenticate_command)
 
     # -- delivery ------------------------------------------------------------
 
@@ -246,23 +272,46 @@ class Router:
         if name in _CHANNEL_BUILTINS:
             self._channel_builtin(channel, command, name)
             return
+        auth = self.auth
+        if auth is not None and name == auth.command_name:
+            auth.authenticate(channel, command)
+            return
+        among = None
+        access = channel.access
         if "s" in command:
-            # Subjects are not authenticated by this broker yet, so no
-            # Subject-Identifier can belong to this Channel.
+            if auth is None:
+                # Subjects are off, so no Subject-Identifier belongs to this Channel.
+                self.fault(
+                    channel,
+                    FaultCode.ACCESS_DENIED,
+                    "Subject-Identifier 's' does not belong to this Channel",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return
+            subject = auth.resolve(channel, command)
+            if subject is None:
+                return
+            among = subject.authenticated_by
+            access = subject.access
+        if self.acl is not None and not self._permitted(
+            channel.id, access, name, Privilege.WRITE, command_id
+        ):
             self.fault(
                 channel,
                 FaultCode.ACCESS_DENIED,
-                "Subject-Identifier 's' does not belong to this Channel",
+                f"sending {name!r} is denied",
                 command_id=command_id,
                 cause=name,
             )
             return
-        tube = self.respondents.pick(name)
+        tube = self.respondents.pick(name, among=among)
         if tube is None:
             self.fault(
                 channel,
                 FaultCode.NO_RESPONDENT,
-                f"no Command-Respondent serves {name!r}",
+                f"no Command-Respondent serves {name!r}"
+                + (" among the agents that authenticated this Subject" if among else ""),
                 command_id=command_id,
                 cause=name,
             )
@@ -331,12 +380,49 @@ class Router:
             )
             return None
 
+    def _permitted(
+        self,
+        who: str,
+        access: AccessContext,
+        name: str,
+        privilege: Privilege,
+        command_id: int | None,
+    ) -> bool:
+        """Whether the ACL lets ``access`` send (WRITE) or serve (READ) ``name``."""
+        assert self.acl is not None
+        decision = self.acl.check(access, DestinationType.COMMAND, name, privilege)
+        if not decision.allowed:
+            self._log.warning(
+                "acl.denied",
+                extra={
+                    "who": who,
+                    "command": name,
+                    "privilege": privilege.value,
+                    "u": command_id,
+                    "reason": self.acl.describe(decision),
+                },
+            )
+        return decision.allowed
+
     def _channel_builtin(self, channel: Channel, command: Command, name: str) -> None:
         command_id = command.command_id
+        if name == builtins.LOGOUT:
+            if self.auth is None:
+                self.fault(
+                    channel,
+                    FaultCode.NO_RESPONDENT,
+                    "Subjects are not enabled at this broker",
+                    command_id=command_id,
+                    cause=name,
+                )
+            else:
+                self.auth.logout(channel, command)
+            return
         if name == builtins.PING:
             reply = Command({"c": builtins.PONG}, command.body)
         else:
-            names = sorted(_CHANNEL_BUILTINS) + self.respondents.names()
+            usable = _CHANNEL_BUILTINS if self.auth else _CHANNEL_BUILTINS - _SUBJECT_BUILTINS
+            names = sorted(usable) + self.respondents.names()
             reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
         if command_id is not None:
             reply = reply.with_keys(u=command_id)
@@ -346,6 +432,8 @@ class Router:
         """The Channel is gone: it leaves every group and its answers are dropped."""
         if not self.channels.close(channel):
             return
+        if self.auth is not None:
+            self.auth.channel_closed(channel)
         for command_id in list(channel.in_flight):
             entry = self._in_flight.get((channel.id, command_id))
             if entry is not None:
@@ -422,6 +510,8 @@ class Router:
                 command_id=entry.command_id,
                 cause=entry.name,
             )
+        if self.auth is not None:
+            expired += self.auth.expire()
         return expired
 
     @property
@@ -449,6 +539,8 @@ class Router:
         tube.closed = True
         tube.outbox.close()
         self.respondents.detach(tube)
+        if self.auth is not None:
+            self.auth.tube_closed(tube)
         stranded = [e for e in self._in_flight.values() if e.tube is tube]
         for entry in stranded:
             self._finish(entry)
@@ -485,6 +577,19 @@ class Router:
         addressed = "d" in command or "g" in command
         if name in _TUBE_BUILTINS and not addressed:
             self._tube_builtin(tube, command, name)
+            return
+        if (
+            self.acl is not None
+            and name is not None
+            and not self._permitted(tube.id, tube.access, name, Privilege.WRITE, None)
+        ):
+            self.fault_tube(
+                tube,
+                FaultCode.ACCESS_DENIED,
+                f"sending {name!r} is denied",
+                command_id=command.command_id,
+                cause=name,
+            )
             return
         if addressed:
             self._to_channels(tube, command, frame)
@@ -613,10 +718,23 @@ class Router:
     def _tube_builtin(self, tube: Tube, command: Command, name: str) -> None:
         command_id = command.command_id
         reply: Command
+        if name in (builtins.AUTHENTICATED, builtins.REFUSED):
+            if self.auth is None:
+                self.fault_tube(
+                    tube,
+                    FaultCode.NO_RESPONDENT,
+                    "Subjects are not enabled at this broker",
+                    command_id=command_id,
+                    cause=name,
+                )
+            else:
+                self.auth.answer(tube, command, name)
+            return
         if name == builtins.PING:
             reply = Command({"c": builtins.PONG}, command.body)
         elif name == builtins.COMMANDS:
-            names = sorted(_TUBE_BUILTINS) + self.respondents.names()
+            usable = _TUBE_BUILTINS if self.auth else _TUBE_BUILTINS - _SUBJECT_BUILTINS
+            names = sorted(usable) + self.respondents.names()
             reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
         elif name in (builtins.REGISTER, builtins.UNREGISTER):
             names_value = command.get("names")
@@ -642,6 +760,31 @@ class Router:
                 )
                 return
             if name == builtins.REGISTER:
+                forbidden = [
+                    n
+                    for n in names
+                    if not self._may_serve(tube.agent_id, n)
+                    or (
+                        self.acl is not None
+                        and not self._permitted(tube.id, tube.access, n, Privilege.READ, command_id)
+                    )
+                ]
+                if forbidden:
+                    # Nothing is registered: an agent that asks for a name it may
+                    # not serve is misconfigured or spoofing, and must not get the
+                    # rest by accident either.
+                    self._log.warning(
+                        "tube.register_refused",
+                        extra={"tube": tube.id, "agent": tube.agent_id, "names": forbidden},
+                    )
+                    self.fault_tube(
+                        tube,
+                        FaultCode.ACCESS_DENIED,
+                        f"this Application-Agent may not serve {', '.join(forbidden)}",
+                        command_id=command_id,
+                        cause=name,
+                    )
+                    return
                 self.respondents.register(tube, names)
             else:
                 self.respondents.unregister(tube, names)

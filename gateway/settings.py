@@ -26,6 +26,11 @@ Relative paths in the TOML file (``data_dir``, the TLS files, the key files of
 from. Relative paths from the environment or flags resolve against the working
 directory, as a shell user expects.
 
+Two tables are not settings and can only come from the file: ``[agents.<identity>]``
+(keys, checked by :mod:`gateway.credentials`, and the ``serves`` allow-list, checked
+by :mod:`gateway.trust`) and ``[security]`` (the access-control lists, built by
+:func:`gateway.acl.acl_from_config` from the file's text, so an error names its line).
+
 Regenerate the reference with ``python -m gateway.settings > docs/configuration.md``.
 """
 
@@ -43,6 +48,7 @@ import re
 import sys
 import tomllib
 import types
+import unicodedata
 import urllib.parse
 from collections.abc import Mapping
 from datetime import date, datetime, time
@@ -51,7 +57,11 @@ from typing import Any, Final, Literal, get_args, get_origin, get_type_hints
 
 import orjson
 
+from asbp.grammar import RESERVED, is_bare
+from gateway.acl import SECURITY_TABLE, Acl, AclConfigError, acl_from_config
+from gateway.acl.toml_lines import key_lines
 from gateway.config import GatewayConfig
+from gateway.trust import AgentTrust, ServeConfigError
 
 __all__ = [
     "BROKER_ID_PATTERN",
@@ -108,13 +118,31 @@ _FLAGS: Final = {
     "engine": "--engine",
     "redis_url": "--redis-url",
     "insecure_dev_tubes": "--insecure-dev-tubes",
+    "authenticate_command": "--authenticate-command",
+    "failed_handshakes_per_minute": "--failed-handshakes-per-minute",
     "log_format": "--log-format",
     "log_level": "--log-level",
 }
 # Fields that are not plain settings: the [agents] table (file only) and its base
-# directory, which is derived from the file's location.
+# directory, which is derived from the file's location, and the Acl built from the
+# file's [security] table.
 _AGENTS: Final = "agents"
 _AGENTS_BASE_DIR: Final = "agents_base_dir"
+_ACL: Final = "acl"
+_NOT_SETTINGS: Final = (_AGENTS, _AGENTS_BASE_DIR, _ACL)
+_SECURITY_FILE_ONLY: Final = (
+    f"unknown setting: the [{SECURITY_TABLE}] table (access control) can only be set in "
+    "the TOML file"
+)
+# What to say when a table that only the file can hold is set elsewhere.
+_FILE_ONLY: Final = {
+    _AGENTS: "unknown setting: the [agents] table can only be set in the TOML file",
+    SECURITY_TABLE: _SECURITY_FILE_ONLY,
+    _ACL: _SECURITY_FILE_ONLY,
+}
+# The broker's own Command-Names (gateway.builtins.PREFIX); an Authenticate-Command
+# there could never reach an agent.
+_RESERVED_COMMAND_PREFIX: Final = "asbp."
 _REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -181,7 +209,7 @@ def settings() -> tuple[Setting, ...]:
     hints = get_type_hints(GatewayConfig)
     docs = _field_docs(GatewayConfig)
     for field in dataclasses.fields(GatewayConfig):
-        if field.name in (_AGENTS, _AGENTS_BASE_DIR):
+        if field.name in _NOT_SETTINGS:
             continue
         table_class = _table_class(hints[field.name])
         if table_class is None:
@@ -269,6 +297,10 @@ class _File:
 
     layer: _Layer = dataclasses.field(default_factory=dict)
     agents: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The Acl of the [security] table; None without one.
+    acl: Acl | None = None
+    #: The file's text, for the lines of later errors.
+    text: str = ""
     #: The file's directory, or the working directory without a file.
     base_dir: Path = Path(".")
     #: How the file was named, for messages.
@@ -304,6 +336,8 @@ def _overrides_layer(
             continue
         known = by_key.get(key)
         if known is None:
+            if key in (_AGENTS, _ACL, SECURITY_TABLE):
+                raise ConfigError(_FILE_ONLY[key], source=source)
             raise ConfigError(f"unknown setting{_suggest(key, [*by_key, 'config'])}", source=source)
         layer[key] = (_convert(known, value, source), source)
     return layer, config_path
@@ -314,8 +348,10 @@ def _read_file(raw_path: str, named_by: str) -> _File:
         raise ConfigError("the config file name must not be empty", source=named_by)
     path = Path(raw_path).expanduser()
     try:
-        with path.open("rb") as stream:
-            data = tomllib.load(stream)
+        # Read as text once: tomllib parses it, and the [security] loader and the
+        # checks below find lines in it.
+        text = path.read_bytes().decode("utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {raw_path!r} does not exist", source=named_by) from None
     except OSError as exc:
@@ -328,7 +364,7 @@ def _read_file(raw_path: str, named_by: str) -> _File:
 
     # Lexically absolute, symlinks kept: a file reached through a symlink (a Kubernetes
     # ConfigMap mount, say) resolves relative paths next to the link, as its user sees it.
-    file = _File(base_dir=Path(os.path.abspath(path)).parent, name=raw_path)
+    file = _File(base_dir=Path(os.path.abspath(path)).parent, name=raw_path, text=text)
     by_key = _by_key()
     tables = sorted({s.table for s in settings() if s.table is not None})
     for key, value in data.items():
@@ -347,12 +383,22 @@ def _read_file(raw_path: str, named_by: str) -> _File:
                 _file_value(file, setting, item)
         elif key == _AGENTS:
             file.agents = _agents_table(value, f"{raw_path}:{key}")
-        elif key == _AGENTS_BASE_DIR:
-            raise ConfigError(
-                "cannot be set: it is the directory this file is in", source=f"{raw_path}:{key}"
+        elif key == SECURITY_TABLE:
+            file.acl = _security_table(data, file)
+        elif key in (_AGENTS_BASE_DIR, _ACL):
+            detail = (
+                "cannot be set: it is the directory this file is in"
+                if key == _AGENTS_BASE_DIR
+                else f"cannot be set: write the access-control lists in [{SECURITY_TABLE}]"
             )
+            raise ConfigError(detail, source=f"{raw_path}:{key}")
         else:
-            known = [*(s.key for s in settings() if s.table is None), *tables, _AGENTS]
+            known = [
+                *(s.key for s in settings() if s.table is None),
+                *tables,
+                _AGENTS,
+                SECURITY_TABLE,
+            ]
             what = "table" if isinstance(value, dict) else "setting"
             raise ConfigError(f"unknown {what}{_suggest(key, known)}", source=f"{raw_path}:{key}")
     return file
@@ -364,6 +410,15 @@ def _file_value(file: _File, setting: Setting, value: object) -> None:
     if isinstance(converted, Path) and not converted.is_absolute():
         converted = file.base_dir / converted
     file.layer[setting.key] = (converted, source)
+
+
+def _security_table(document: Mapping[str, Any], file: _File) -> Acl:
+    try:
+        return acl_from_config(document, text=file.text, source=file.name)
+    except AclConfigError as exc:
+        # The message names the file and the line: "broker.toml:12: policy 'vip', ..."
+        where = f"{file.name}:{exc.line}" if exc.line is not None else f"{file.name}:security"
+        raise ConfigError(exc.detail, source=where) from exc
 
 
 def _agents_table(value: object, source: str) -> dict[str, Any]:
@@ -383,11 +438,9 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
             continue
         setting = by_env.get(name)
         if setting is None:
-            if name.startswith(f"{ENV_PREFIX}{_AGENTS.upper()}"):
-                raise ConfigError(
-                    "unknown setting: the [agents] table can only be set in the TOML file",
-                    source=name,
-                )
+            for table in (_AGENTS, SECURITY_TABLE, _ACL):
+                if name.startswith(f"{ENV_PREFIX}{table.upper()}"):
+                    raise ConfigError(_FILE_ONLY[table], source=name)
             raise ConfigError(
                 f"unknown setting{_suggest(name, [*by_env, CONFIG_ENV_VAR])}", source=name
             )
@@ -469,6 +522,7 @@ def _check(setting: Setting, value: object, source: str) -> None:
     if setting.key == "port" and isinstance(value, int) and not 0 <= value <= 65535:
         raise ConfigError(f"must be between 0 and 65535, not {value}", source=source)
     limit = setting.table in ("limits", "channels", "tubes")
+    limit = limit or setting.key == "failed_handshakes_per_minute"
     if limit and isinstance(value, int | float) and value <= 0:
         raise ConfigError(f"must be positive, not {value}", source=source)
     if setting.key == "broker_id" and not BROKER_ID_PATTERN.fullmatch(str(value)):
@@ -476,6 +530,8 @@ def _check(setting: Setting, value: object, source: str) -> None:
             f"must be 1 to 128 letters, digits, '.', '_' or '-', not {value!r}",
             source=source,
         )
+    if setting.key == "authenticate_command" and isinstance(value, str):
+        _check_authenticate_command(value, source)
     if setting.key == "redis_url" and isinstance(value, str):
         scheme = urllib.parse.urlsplit(value).scheme
         if scheme not in _REDIS_SCHEMES:
@@ -484,6 +540,30 @@ def _check(setting: Setting, value: object, source: str) -> None:
                 f"not {_mask_url(value)!r}",
                 source=source,
             )
+
+
+def _check_authenticate_command(name: str, source: str) -> None:
+    if not is_bare(name):
+        raise ConfigError(
+            f"must be a Command-Name that can be written unquoted (no whitespace, controls "
+            f"or any of {''.join(sorted(RESERVED))}), not {name!r}",
+            source=source,
+        )
+    if name.startswith(_RESERVED_COMMAND_PREFIX):
+        raise ConfigError(
+            f"must not start with {_RESERVED_COMMAND_PREFIX!r}, which is reserved for the "
+            f"broker's own Commands: {name!r}",
+            source=source,
+        )
+    invisible = [char for char in name if unicodedata.category(char) == "Cf"]
+    if invisible:
+        # Bidi controls and zero-width characters (Trojan Source, CVE-2021-42574) would
+        # make the name look like another one in this file, in logs and in ACLs.
+        codes = ", ".join(f"U+{ord(char):04X}" for char in invisible)
+        raise ConfigError(
+            f"must not hold invisible formatting characters ({codes}): {name!r}",
+            source=source,
+        )
 
 
 def _text_path(value: object, source: str) -> str:
@@ -528,6 +608,10 @@ def _build(merged: _Layer, file: _File) -> GatewayConfig:
 
     if file.agents:
         _check_agents(file, str(values["audience"]))
+    authenticate_command = values["authenticate_command"]
+    _check_serves(file, authenticate_command if isinstance(authenticate_command, str) else None)
+    if file.acl is not None:
+        _check_acl_agents(file, file.acl)
 
     kwargs: dict[str, Any] = {}
     tables: dict[str, dict[str, object]] = {}
@@ -544,7 +628,7 @@ def _build(merged: _Layer, file: _File) -> GatewayConfig:
             kwargs[table] = _table_classes()[table](**fields)
         except (TypeError, ValueError) as exc:  # asbp.Limits checks its own fields again
             raise ConfigError(str(exc), source=f"[{table}]") from exc
-    return GatewayConfig(**kwargs, agents=file.agents, agents_base_dir=file.base_dir)
+    return GatewayConfig(**kwargs, agents=file.agents, agents_base_dir=file.base_dir, acl=file.acl)
 
 
 def _check_tls(certfile: Path, keyfile: Path, cert_source: str, key_source: str) -> None:
@@ -580,6 +664,36 @@ def _check_agents(file: _File, audience: str) -> None:
         )
     except CredentialConfigError as exc:
         raise ConfigError(str(exc), source=f"{file.name}:{_AGENTS}") from exc
+
+
+def _check_serves(file: _File, authenticate_command: str | None) -> None:
+    try:
+        AgentTrust.from_agents_table(file.agents, authenticate_command)
+    except ServeConfigError as exc:
+        raise ConfigError(
+            exc.detail, source=f"{file.name}:{_AGENTS}.{_toml_key(exc.identity)}.serves"
+        ) from exc
+
+
+def _check_acl_agents(file: _File, acl: Acl) -> None:
+    # An identity misspelt in [security.agents] would not fail anywhere else: that
+    # agent would silently be checked against the default policy.
+    for identity in acl.agents:
+        if identity in file.agents:
+            continue
+        line = key_lines(file.text).get((SECURITY_TABLE, "agents", identity))
+        where = f"{file.name}:{line}" if line is not None else f"{file.name}:security.agents"
+        configured = sorted(file.agents)
+        known = (
+            f"the configured agents are {', '.join(map(repr, configured))}"
+            if configured
+            else "no [agents.<identity>] is configured"
+        )
+        raise ConfigError(
+            f"[security.agents] assigns a policy to {identity!r}, which is not a configured "
+            f"Application-Agent ({known}){_suggest(identity, configured)}",
+            source=where,
+        )
 
 
 def _is_loopback(host: str) -> bool:
@@ -715,6 +829,9 @@ def config_to_dict(config: GatewayConfig) -> dict[str, Any]:
     """``config`` as plain data (tables as dicts, absolute paths as strings), secrets masked.
 
     The Redis password is the only secret a config holds: ``[agents]`` has public keys.
+    ``security`` is a summary of the access-control lists (where they came from, the
+    policy names, and who uses which), or ``None`` without any: an :class:`Acl` is
+    compiled and keeps no copy of the table it was built from.
     """
     result: dict[str, Any] = {}
     for setting in settings():
@@ -728,25 +845,40 @@ def config_to_dict(config: GatewayConfig) -> dict[str, Any]:
             table[setting.name] = _plain(setting, getattr(table_value, setting.name))
     result[_AGENTS] = dict(config.agents)
     result[_AGENTS_BASE_DIR] = str(config.agents_base_dir)
+    result[SECURITY_TABLE] = None if config.acl is None else _acl_summary(config.acl)
     return result
 
 
+def _acl_summary(acl: Acl) -> dict[str, Any]:
+    return {
+        "source": acl.source,
+        "policies": list(acl.policy_names),
+        "agents": dict(acl.agents),
+        "roles": dict(acl.roles),
+    }
+
+
 def config_to_toml(config: GatewayConfig) -> str:
-    """``config`` as a TOML file that :func:`load_config` reads back, secrets masked."""
+    """``config`` as a TOML file that :func:`load_config` reads back, secrets masked.
+
+    The ``[security]`` table is summarised in comments, not written: loading the output
+    gives the same configuration without access control, and the comments say so.
+    """
     data = config_to_dict(config)
     lines = [
         "# The effective configuration: defaults < file < ASBP_* environment < flags.",
         "# Secrets are masked (***).",
     ]
+    not_settings = (_AGENTS, _AGENTS_BASE_DIR, SECURITY_TABLE)
     for key, value in data.items():
-        if key in (_AGENTS, _AGENTS_BASE_DIR) or isinstance(value, dict):
+        if key in not_settings or isinstance(value, dict):
             continue
         if value is None:
             lines.append(f"# {key} is unset" + _UNSET_NOTES.get(key, ""))
         else:
             lines.append(f"{key} = {_toml_value(value)}")
     for key, value in data.items():
-        if key in (_AGENTS, _AGENTS_BASE_DIR) or value is None or not isinstance(value, dict):
+        if key in not_settings or value is None or not isinstance(value, dict):
             continue
         lines += ["", f"[{key}]", *(f"{k} = {_toml_value(v)}" for k, v in value.items())]
     if data[_AGENTS]:
@@ -754,7 +886,29 @@ def config_to_toml(config: GatewayConfig) -> str:
         for identity, table in data[_AGENTS].items():
             lines.append(f"[{_AGENTS}.{_toml_key(identity)}]")
             lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
+    if data[SECURITY_TABLE] is not None:
+        lines += ["", *_security_comments(data[SECURITY_TABLE])]
     return "\n".join(lines) + "\n"
+
+
+def _security_comments(summary: Mapping[str, Any]) -> list[str]:
+    # Every name goes through _toml_key/_toml_string: a quoted TOML key may hold a
+    # newline, which written raw would end the comment and break the file.
+    source = summary["source"]
+    origin = "" if source is None else f" from {_toml_string(str(source))}"
+    lines = [
+        f"# [{SECURITY_TABLE}] (access control){origin} is not repeated here: copy it",
+        "# from there. Without it, this file configures NO access control.",
+        "#   policies: " + ", ".join(_toml_key(name) for name in summary["policies"]),
+    ]
+    for table in ("agents", "roles"):
+        if summary[table]:
+            pairs = ", ".join(
+                f"{_toml_key(name)} = {_toml_string(policy)}"
+                for name, policy in summary[table].items()
+            )
+            lines.append(f"#   {table}: {pairs}")
+    return lines
 
 
 def config_reference() -> str:
@@ -837,6 +991,7 @@ def _toml_value(value: object) -> str:
 
 _UNSET_NOTES: Final = {
     "broker_id": ": it is read from, or created in, data_dir/broker-id",
+    "authenticate_command": ": Subjects are off",
 }
 
 _REFERENCE_INTRO: Final = """
@@ -860,15 +1015,17 @@ exits with status 2. The one exception is `ASBP_TEST_TIMEOUT_UNIT`, which belong
 the test suite.
 
 - **File:** top-level keys, then one table per group: `[tls]`, `[limits]`,
-  `[channels]`, `[tubes]` and `[agents.<identity>]`. Relative paths in the file
-  resolve against the file's directory.
+  `[channels]`, `[tubes]`, `[agents.<identity>]` and `[security]`. Relative paths in
+  the file resolve against the file's directory. `[agents]` and `[security]` can only
+  be set in the file.
 - **Environment:** `ASBP_` and the key in capitals; inside a table, the table and the
   key are joined by a double underscore (`ASBP_CHANNELS__LONG_POLL_TIMEOUT`), except
   for `ASBP_TLS_CERTFILE` and `ASBP_TLS_KEYFILE`. Booleans are `1`/`0`, `true`/`false`,
   `yes`/`no` or `on`/`off`. Relative paths resolve against the working directory.
 - **Rules across settings:** `[tls]` needs both files, and they must load as a
   certificate and its key; `insecure_dev_tubes` is refused unless `host` is a loopback
-  address (`127.0.0.0/8`, `::1`, `localhost`).
+  address (`127.0.0.0/8`, `::1`, `localhost`); every identity in `[security.agents]`
+  must be a configured `[agents.<identity>]`.
 
 ```toml
 host = "0.0.0.0"
@@ -903,7 +1060,26 @@ jwks = "keys/search.jwks.json"    # a JWK or a JWKS
 
 [agents.ledger]
 jwk = { kty = "OKP", crv = "Ed25519", x = "..." }
+serves = ['ledger\\.[a-z_]+', 'auth.login']   # optional allow-list
 ```
+
+`serves` is the identity's allow-list of the Command-Names it may serve (register
+for with `asbp.register`): regular expressions matched against the whole name, with
+the same safety rules as ACL destinations ([docs/acl.md](acl.md)). A Tube that registers
+anything else is refused with fault 3201 and the attempt is logged. Without
+`serves`, an agent may serve any name except the Authenticate-Command
+(`authenticate_command`), which an agent serves only when an entry of its `serves`
+is that very name (`auth.login` or `auth\\.login`; a pattern that merely matches it,
+such as `.*`, does not count). [docs/security.md](security.md) says why.
+
+## `[security]`
+
+The access-control lists: security policies, and which Application-Agent
+identities and Subject roles use which. The format, the defaults and the order of
+evaluation are in [docs/acl.md](acl.md). Without the table every request is allowed. A bad
+policy stops start-up with a message that names the file and line
+(`broker.toml:12: policy 'vip', entries[1]: ...`). `asbp config` prints a summary of
+this table as comments, not the table itself.
 """
 
 

@@ -15,10 +15,11 @@ longest, which keeps a quiet bus predictable in tests and logs.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from asbp import ApplicationAgentId, FaultCode
+from gateway.acl import AccessContext
 from gateway.outbox import Outbox
 
 __all__ = ["RespondentTable", "Tube"]
@@ -37,6 +38,8 @@ class Tube:
     remote: str = ""
     #: An identifier for logs and for the agent's own diagnostics.
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Who is behind the Tube, for access control.
+    access: AccessContext = field(default_factory=AccessContext)
     #: Command-Names this Tube serves.
     serves: set[str] = field(default_factory=set)
     #: Commands forwarded to this Tube that await an answer.
@@ -82,16 +85,44 @@ class RespondentTable:
                 if not tubes:
                     del self._by_name[name]
 
-    def pick(self, name: str, *, exclude: Tube | None = None) -> Tube | None:
-        """The Tube with the fewest Commands in flight that serves ``name``."""
+    def pick(
+        self,
+        name: str,
+        *,
+        exclude: Tube | None = None,
+        among: Collection[ApplicationAgentId] | None = None,
+    ) -> Tube | None:
+        """The Tube with the fewest Commands in flight that serves ``name``.
+
+        Args:
+            exclude: a Tube not to pick (the sender's own).
+            among: only Tubes of these Application-Agents (a Subject's).
+        """
         tubes = self._by_name.get(name)
         if not tubes:
             return None
         best: Tube | None = None
         for tube in tubes:
-            if tube is not exclude and (best is None or tube.in_flight < best.in_flight):
+            if (
+                tube is not exclude
+                and (among is None or tube.agent_id in among)
+                and (best is None or tube.in_flight < best.in_flight)
+            ):
                 best = tube
         return best
+
+    def one_per_agent(self, name: str) -> list[Tube]:
+        """For each Application-Agent serving ``name``, its least busy Tube."""
+        best: dict[ApplicationAgentId, Tube] = {}
+        for tube in self._by_name.get(name, ()):
+            current = best.get(tube.agent_id)
+            if current is None or tube.in_flight < current.in_flight:
+                best[tube.agent_id] = tube
+        return list(best.values())
+
+    def of_agents(self, agents: Collection[ApplicationAgentId]) -> list[Tube]:
+        """Every open Tube of these Application-Agents."""
+        return [tube for tube in self._tubes.values() if tube.agent_id in agents]
 
     def serves(self, name: str) -> bool:
         """Whether any Tube serves ``name``."""

@@ -134,8 +134,13 @@ async def post(request: Request) -> Response:
     command_id = command.command_id
     channel_id = command.channel_id
     if channel_id is None:
-        remote = f"{request.client.host}:{request.client.port}" if request.client else ""
-        channel, _ = broker.open_http_channel(remote)
+        client = request.client
+        remote = f"{client.host}:{client.port}" if client else ""
+        channel, _ = broker.open_http_channel(
+            remote,
+            address=client.host if client else None,
+            tls=request.url.scheme == "https",
+        )
     else:
         found = _http_channel(broker, channel_id)
         if found is None:

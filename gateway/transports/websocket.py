@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from asbp import Command, FaultCode, encode
@@ -21,6 +23,7 @@ from gateway import builtins
 from gateway.channels import Channel
 from gateway.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.outbox import StreamOutbox
+from gateway.throttle import HandshakeThrottle
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
 from gateway.tubes import Tube
 
@@ -118,8 +121,15 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             await writer
 
 
-async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message: str) -> None:
-    """Refuse a WebSocket handshake with an HTTP status and a fault body."""
+async def _deny(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: FaultCode,
+    message: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Refuse a WebSocket handshake with an HTTP status, ``headers`` and a fault body."""
     if "websocket.http.response" in scope.get("extensions", {}):
         frame = encode(builtins.fault_command(code, message))
         await send(
@@ -129,6 +139,7 @@ async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message:
                 "headers": [
                     (b"content-type", b"application/asbp"),
                     (b"content-length", str(len(frame)).encode()),
+                    *headers,
                 ],
             }
         )
@@ -155,6 +166,36 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             "Tubes require TLS (wss://)",
         )
         return
+    # Failed handshakes are counted per client address (an IPv6 /64): past the
+    # budget the credential is not even looked at. No await between allow() and
+    # failed(), so concurrent handshakes from one address cannot overdraw it.
+    throttle: HandshakeThrottle = scope["state"]["throttle"]
+    client = scope.get("client")
+    address = str(client[0]) if client else ""
+    if not throttle.allow(address):
+        retry_after = throttle.retry_after_header(address)
+        # The first refusal is a warning; the rest of a flood only at debug level,
+        # so a peer hammering the port cannot flood the log through this path.
+        refusals = throttle.refusals(address)
+        broker.log.log(
+            logging.WARNING if refusals == 1 else logging.DEBUG,
+            "tube.refused",
+            extra={
+                "remote": remote,
+                "reason": "throttled",
+                "retry_after": retry_after,
+                "refusals": refusals,
+            },
+        )
+        await _deny(
+            scope,
+            send,
+            429,
+            FaultCode.AUTHENTICATION_FAILED,
+            "too many failed handshakes from this address; retry later",
+            headers=[(b"retry-after", str(retry_after).encode())],
+        )
+        return
     headers = {
         bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
         for k, v in scope.get("headers", ())
@@ -167,6 +208,7 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             )
         verified = credentials.verify(credential_from_headers(headers))
     except CredentialRefused as exc:
+        throttle.failed(address)
         broker.log.warning(
             "tube.refused",
             extra={"remote": remote, "reason": exc.reason.value, "detail": exc.message},
@@ -175,6 +217,7 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         # logged, so probing cannot tell an unknown identity from a bad key.
         await _deny(scope, send, 401, FaultCode.AUTHENTICATION_FAILED, "authentication failed")
         return
+    throttle.succeeded(address)
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
     tube, outbox = broker.open_tube(verified.identity, remote)
     writer = asyncio.create_task(_write(outbox, send, tube))

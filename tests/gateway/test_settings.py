@@ -119,6 +119,8 @@ def test_every_flag(tmp_path: Path, tls_files: TlsFiles) -> None:
         "--engine", "redis",
         "--redis-url", "rediss://redis.internal:6380/2",
         "--insecure-dev-tubes",
+        "--authenticate-command", "auth.login",
+        "--failed-handshakes-per-minute", "3",
         "--log-format", "text",
         "--log-level", "WARNING",
     )  # fmt: skip
@@ -135,6 +137,8 @@ def test_every_flag(tmp_path: Path, tls_files: TlsFiles) -> None:
         engine="redis",
         redis_url="rediss://redis.internal:6380/2",
         insecure_dev_tubes=True,
+        authenticate_command="auth.login",
+        failed_handshakes_per_minute=3,
         log_format="text",
         log_level="warning",
     )
@@ -160,6 +164,8 @@ def test_every_environment_variable(tmp_path: Path, tls_files: TlsFiles) -> None
         "ASBP_TLS_KEYFILE": str(tls_files.key),
         "ASBP_AUDIENCE": "bus.example.org",
         "ASBP_INSECURE_DEV_TUBES": " Yes ",
+        "ASBP_AUTHENTICATE_COMMAND": "sign-in",
+        "ASBP_FAILED_HANDSHAKES_PER_MINUTE": "20",
         "ASBP_LOG_FORMAT": "text",
         "ASBP_LOG_LEVEL": "Debug",
         "ASBP_LIMITS__MAX_FRAME_BYTES": "1024",
@@ -204,6 +210,8 @@ def test_every_environment_variable(tmp_path: Path, tls_files: TlsFiles) -> None
         tubes=TubeLimits(outbox_frames=14, outbox_bytes=15, respondent_timeout=16.0),
         audience="bus.example.org",
         insecure_dev_tubes=True,
+        authenticate_command="sign-in",
+        failed_handshakes_per_minute=20,
         log_format="text",
         log_level="debug",
     )
@@ -256,6 +264,8 @@ def test_a_full_file(tmp_path: Path, tls_files: TlsFiles) -> None:
         redis_url = "redis://:secret@127.0.0.1:6379/1"
         audience = "aud"
         insecure_dev_tubes = true
+        authenticate_command = "sessão.abrir"
+        failed_handshakes_per_minute = 1
         log_format = "text"
         log_level = "error"
 
@@ -299,6 +309,8 @@ def test_a_full_file(tmp_path: Path, tls_files: TlsFiles) -> None:
         audience="aud",
         agents_base_dir=tmp_path,
         insecure_dev_tubes=True,
+        authenticate_command="sessão.abrir",
+        failed_handshakes_per_minute=1,
         log_format="text",
         log_level="error",
     )
@@ -402,6 +414,36 @@ FILE_ERRORS = [
     ("[agents.billing]\npublic_key = 'nope.pem'", "broker.toml:agents: agent 'billing'"),
     ("[agents.billing]\npublic-key = 'a.pem'", "broker.toml:agents: agent 'billing'"),
     ("port = ", "broker.toml: not valid TOML: "),
+    (
+        'authenticate_command = "asbp.login"',
+        "broker.toml:authenticate_command: must not start with 'asbp.', which is reserved",
+    ),
+    (
+        'authenticate_command = "log in"',
+        "broker.toml:authenticate_command: must be a Command-Name that can be written unquoted",
+    ),
+    ("authenticate_command = 'a;b'", "broker.toml:authenticate_command: must be a Command-Name"),
+    ("authenticate_command = '[a]'", "broker.toml:authenticate_command: must be a Command-Name"),
+    (
+        'authenticate_command = "log\\u200bin"',
+        "broker.toml:authenticate_command: must not hold invisible formatting characters (U+200B)",
+    ),
+    (
+        'authenticate_command = "auth\\u202e.login"',
+        "broker.toml:authenticate_command: must not hold invisible formatting characters (U+202E)",
+    ),
+    ('authenticate_command = ""', "broker.toml:authenticate_command: must not be empty"),
+    ("authenticate_command = 1", "broker.toml:authenticate_command: expected a string, got 1"),
+    (
+        "failed_handshakes_per_minute = 0",
+        "broker.toml:failed_handshakes_per_minute: must be positive, not 0",
+    ),
+    (
+        "failed_handshakes_per_minute = 2.5",
+        "broker.toml:failed_handshakes_per_minute: expected an integer, got 2.5",
+    ),
+    ("acl = 1", "broker.toml:acl: cannot be set: write the access-control lists in [security]"),
+    ("[securty]", "broker.toml:securty: unknown table (did you mean security?)"),
 ]
 
 
@@ -459,6 +501,22 @@ ENV_ERRORS = [
     ({"ASBP_BROKER_ID": "x" * 129}, "ASBP_BROKER_ID: must be 1 to 128 letters"),
     ({"ASBP_DATA_DIR": ""}, "ASBP_DATA_DIR: must not be empty"),
     ({"ASBP_REDIS_URL": "127.0.0.1:6379"}, "ASBP_REDIS_URL: must be a 'redis://', 'rediss://'"),
+    ({"ASBP_AUTHENTICATE_COMMAND": "asbp.login"}, "ASBP_AUTHENTICATE_COMMAND: must not start"),
+    ({"ASBP_AUTHENTICATE_COMMAND": "a=b"}, "ASBP_AUTHENTICATE_COMMAND: must be a Command-Name"),
+    ({"ASBP_AUTHENTICATE_COMMAND": ""}, "ASBP_AUTHENTICATE_COMMAND: must not be empty"),
+    (
+        {"ASBP_FAILED_HANDSHAKES_PER_MINUTE": "-3"},
+        "ASBP_FAILED_HANDSHAKES_PER_MINUTE: must be positive, not -3",
+    ),
+    (
+        {"ASBP_FAILED_HANDSHAKES_PER_MINUTE": "ten"},
+        "ASBP_FAILED_HANDSHAKES_PER_MINUTE: expected an integer, got 'ten'",
+    ),
+    (
+        {"ASBP_SECURITY__AGENTS": "x"},
+        "ASBP_SECURITY__AGENTS: unknown setting: the [security] table (access control) can only",
+    ),
+    ({"ASBP_ACL": "x"}, "ASBP_ACL: unknown setting: the [security] table (access control)"),
 ]
 
 
@@ -484,6 +542,11 @@ def test_a_redis_password_is_masked_in_errors() -> None:
         ({"tubes.respondent_timeout": False}, "expected a number, got false"),
         ({"config": 3}, "override 'config': expected a path (a string), got 3"),
         ({"data_dir": 3}, "override 'data_dir': expected a path (a string), got 3"),
+        ({"authenticate_command": "asbp.x"}, "override 'authenticate_command': must not start"),
+        ({"failed_handshakes_per_minute": 0}, "override 'failed_handshakes_per_minute': must be"),
+        ({"acl": object()}, "override 'acl': unknown setting: the [security] table"),
+        ({"security": {}}, "override 'security': unknown setting: the [security] table"),
+        ({"agents": {}}, "override 'agents': unknown setting: the [agents] table can only"),
     ],
 )
 def test_override_errors_name_the_override(overrides: dict[str, object], message: str) -> None:
@@ -498,6 +561,9 @@ def test_override_errors_name_the_override(overrides: dict[str, object], message
         (["--server", "daphne"], "--server: must be one of 'hypercorn' or 'uvicorn', not 'daphne'"),
         (["--broker-id", "a/b"], "--broker-id: must be 1 to 128 letters"),
         (["--log-level", "trace"], "--log-level: must be one of 'debug'"),
+        (["--authenticate-command", "asbp.login"], "--authenticate-command: must not start"),
+        (["--authenticate-command", "a,b"], "--authenticate-command: must be a Command-Name"),
+        (["--failed-handshakes-per-minute", "0"], "--failed-handshakes-per-minute: must be"),
     ],
 )
 def test_flag_errors_name_the_flag(argv: list[str], message: str) -> None:
@@ -575,6 +641,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",
         "agents_base_dir",
+        "acl",  # the [security] table: file only, built by gateway.acl
         *tables,
     }
     for table, cls in tables.items():
@@ -636,6 +703,8 @@ def test_the_toml_form_reads_back_as_the_same_config(tmp_path: Path, tls_files: 
             "channels.long_poll_timeout": 0.25,
             "log_format": "text",
             "audience": 'say "hi"\\\x7f',
+            "authenticate_command": "sessão.abrir",
+            "failed_handshakes_per_minute": 7,
         },
         environ={},
     )
@@ -655,6 +724,8 @@ def test_the_written_config_masks_the_redis_password() -> None:
     assert tomllib.loads(text)["redis_url"] == "redis://app:***@redis:6379/0"
     assert data["redis_url"] == "redis://app:***@redis:6379/0"
     assert "# broker_id is unset" in text
+    assert "# authenticate_command is unset: Subjects are off" in text
+    assert data["security"] is None
     # Relative paths are written absolute: the copy may be saved anywhere.
     assert data["data_dir"] == os.path.abspath(".asbp")
     assert orjson.loads(orjson.dumps(data))["tls"] is None
