@@ -48,6 +48,8 @@ class FaultCode(IntEnum):
     MAX_QUEUES_REACHED = 2003
     #: Sapo: maximum distinct subscriptions reached.
     MAX_SUBSCRIPTIONS_REACHED = 2004
+    #: Extension: the topic and queue engine (Redis) cannot be reached.
+    ENGINE_UNAVAILABLE = 2005
 
     # 21xx: routing faults (extensions).
     #: Extension: no Command-Respondent serves this Command-Name.
@@ -97,6 +99,7 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.INVALID_DESTINATION_TYPE: "Invalid destination type",
     FaultCode.MAX_QUEUES_REACHED: "Maximum number of queues reached",
     FaultCode.MAX_SUBSCRIPTIONS_REACHED: "Maximum distinct subscriptions reached",
+    FaultCode.ENGINE_UNAVAILABLE: "Engine unavailable",
     FaultCode.NO_RESPONDENT: "No Command-Respondent",
     FaultCode.RESPONDENT_LEFT: "Command-Respondent left",
     FaultCode.RESPONDENT_TIMEOUT: "Command-Respondent timed out",

@@ -1,0 +1,3 @@
+"""Topic and queue engines: ``memory`` (embedded) and ``redis`` (shared, durable)."""
+
+__all__: list[str] = []
