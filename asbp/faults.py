@@ -50,6 +50,8 @@ class FaultCode(IntEnum):
     MAX_SUBSCRIPTIONS_REACHED = 2004
     #: Extension: the topic and queue engine (Redis) cannot be reached.
     ENGINE_UNAVAILABLE = 2005
+    #: Extension: the queue already holds its maximum number of messages.
+    QUEUE_FULL = 2006
 
     # 21xx: routing faults (extensions).
     #: Extension: no Command-Respondent serves this Command-Name.
@@ -100,6 +102,7 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.MAX_QUEUES_REACHED: "Maximum number of queues reached",
     FaultCode.MAX_SUBSCRIPTIONS_REACHED: "Maximum distinct subscriptions reached",
     FaultCode.ENGINE_UNAVAILABLE: "Engine unavailable",
+    FaultCode.QUEUE_FULL: "Queue full",
     FaultCode.NO_RESPONDENT: "No Command-Respondent",
     FaultCode.RESPONDENT_LEFT: "Command-Respondent left",
     FaultCode.RESPONDENT_TIMEOUT: "Command-Respondent timed out",

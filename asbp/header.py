@@ -231,6 +231,8 @@ def check_value(key: str, value: HeaderValue) -> str | None:
 # draft gives o and t "any size"; the header limit bounds the length, so a
 # chunked conversion costs little and keeps the accessor total.
 _INT_CHUNK: Final = 4000
+#: 10**_INT_CHUNK, computed once: it is a 13,000-bit number.
+_INT_CHUNK_BASE: Final = 10**_INT_CHUNK
 
 
 def parse_uint(text: str) -> int:
@@ -246,10 +248,10 @@ def parse_uint(text: str) -> int:
 
 def format_uint(value: int) -> str:
     """Decimal text of a non-negative int of any size (the inverse of parse_uint)."""
-    if value < 10**_INT_CHUNK:
+    if value < _INT_CHUNK_BASE:
         return int.__str__(value)
     chunks: list[str] = []
-    base = 10**_INT_CHUNK
+    base = _INT_CHUNK_BASE
     while value:
         value, chunk = divmod(value, base)
         chunks.append(f"{chunk:0{_INT_CHUNK}d}")

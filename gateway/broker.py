@@ -1,9 +1,12 @@
 """The Broker: the parts of one broker, wired together, and its housekeeping.
 
-A Broker owns the Channel registry, the Respondent table and the router,
-plus two duties no single transport can do: expiring Commands whose
-Respondent never answers, and expiring stateless HTTP Channels nobody polls.
-It holds no sockets; transports hold those and call the router.
+A Broker owns the Channel registry, the Respondent table, the router, the
+topic and queue engine (``memory`` or ``redis``, from the configuration) and
+the messaging built-ins on top of it, plus the duties no single transport can
+do: expiring Commands whose Respondent never answers, expiring stateless HTTP
+Channels nobody polls, forgetting queue leases that ran out and publishing
+the ``/system/`` consumer counts. It holds no sockets; transports hold those
+and call the router.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from gateway.acl import AccessContext, channel_properties
 from gateway.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.config import GatewayConfig
 from gateway.credentials import AgentCredentials
+from gateway.engines.base import Engine, EngineLimits
+from gateway.messaging import Messaging
 from gateway.outbox import Mailbox, StreamOutbox
 from gateway.routing import Router
 from gateway.trust import agent_trust
 from gateway.tubes import RespondentTable, Tube
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "create_engine"]
 
 
 def _access(
@@ -46,6 +51,26 @@ def _access(
 
 #: Seconds between housekeeping passes, at most.
 _TICK: Final = 1.0
+
+
+def create_engine(config: GatewayConfig, *, broker_id: str) -> Engine:
+    """The engine ``config.engine`` names, with the limits of ``[messaging]``."""
+    messaging = config.messaging
+    limits = EngineLimits(
+        max_queues=messaging.max_queues,
+        ack_timeout=messaging.ack_timeout,
+        default_ttl=messaging.default_ttl,
+        max_deliveries=messaging.max_deliveries,
+        max_queue_depth=messaging.max_queue_depth,
+    )
+    if config.engine == "redis":
+        # Imported here: a memory broker never loads the Redis client.
+        from gateway.engines.redis import RedisEngine
+
+        return RedisEngine(config.redis_url, broker_id=broker_id, limits=limits)
+    from gateway.engines.memory import MemoryEngine
+
+    return MemoryEngine(limits=limits)
 
 
 class Broker:
@@ -77,6 +102,16 @@ class Broker:
             acl=config.acl,
             may_serve=agent_trust(config).may_serve,
         )
+        self.engine = create_engine(config, broker_id=broker_id)
+        self.messaging = Messaging(
+            self.router,
+            self.engine,
+            broker_id=broker_id,
+            limits=config.messaging,
+            frame_limits=config.limits,
+            log=self.log,
+        )
+        self.router.messaging = self.messaging
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False
@@ -84,7 +119,9 @@ class Broker:
     # -- life cycle ----------------------------------------------------------
 
     async def start(self) -> None:
-        """Start housekeeping; call inside the serving event loop."""
+        """Start the engine and housekeeping; call inside the serving event loop."""
+        await self.engine.start()
+        self.messaging.start()
         self._housekeeping = asyncio.create_task(self._keep_house(), name="asbp-housekeeping")
         self.ready = True
         self.log.info("broker.start", extra={"broker": self.broker_id})
@@ -103,6 +140,8 @@ class Broker:
             self.router.close_tube(tube)
         for channel in self.channels:
             self.router.close_channel(channel)
+        await self.messaging.stop()
+        await self.engine.close()
         self.log.info("broker.stop", extra={"broker": self.broker_id})
 
     async def _keep_house(self) -> None:
@@ -111,6 +150,7 @@ class Broker:
             await asyncio.sleep(tick)
             self.router.expire()
             self.expire_idle_channels()
+            self.messaging.tick()
 
     def expire_idle_channels(self) -> int:
         """Close HTTP Channels idle longer than the configured timeout."""

@@ -16,6 +16,7 @@ from asbp import Command, FaultCode
 
 __all__ = [
     "ACCEPTED",
+    "ACK",
     "AUTHENTICATED",
     "CHANNEL",
     "COMMANDS",
@@ -23,14 +24,21 @@ __all__ = [
     "JOIN",
     "LEAVE",
     "LOGOUT",
+    "MESSAGING",
+    "NOTICE",
+    "NOTIFICATION",
     "PING",
+    "POLL",
     "PONG",
     "PREFIX",
+    "PUBLISH",
     "REFUSED",
     "REGISTER",
     "SUBJECT_ENDED",
+    "SUBSCRIBE",
     "TUBE",
     "UNREGISTER",
+    "UNSUBSCRIBE",
     "fault_command",
     "sniff_command_id",
 ]
@@ -73,6 +81,28 @@ REFUSED: Final = "asbp.refused"
 LOGOUT: Final = "asbp.logout"
 #: Broker → Application-Agent: the Subject ``s`` it authenticated has ended.
 SUBJECT_ENDED: Final = "asbp.subject.ended"
+
+# Topics and queues (docs/protocol.md, "Topics and queues"); gateway.messaging
+# handles them, for User-Agents and Application-Agents alike.
+
+#: Anyone → broker: publish the body to ``destination`` (``type`` TOPIC or QUEUE).
+PUBLISH: Final = "asbp.publish"
+#: Anyone → broker: receive what is published to ``destination`` (TOPIC: a name or
+#: a regular expression; QUEUE; VIRTUAL_QUEUE: ``name@pattern``).
+SUBSCRIBE: Final = "asbp.subscribe"
+#: Anyone → broker: end a subscription made with SUBSCRIBE.
+UNSUBSCRIBE: Final = "asbp.unsubscribe"
+#: Anyone → broker: take up to ``count`` messages from a queue now (pull).
+POLL: Final = "asbp.poll"
+#: Anyone → broker: a queue message was handled (``receipt``); it leaves the queue.
+ACK: Final = "asbp.ack"
+#: Broker → subscriber: one message, for one of its subscriptions.
+NOTIFICATION: Final = "asbp.notification"
+#: Broker → publisher: a delivery notice (``event`` queued or dequeued).
+NOTICE: Final = "asbp.notice"
+#: The names gateway.messaging answers: the five requests, and the two names only
+#: the broker sends (a client that sends one gets fault 1202, as in Sapo).
+MESSAGING: Final = frozenset({PUBLISH, SUBSCRIBE, UNSUBSCRIBE, POLL, ACK, NOTIFICATION, NOTICE})
 
 _U_SNIFF: Final = re.compile(rb"(?:^|,)u=(0|[1-9][0-9]{0,4})(?=[,;])")
 

@@ -23,6 +23,7 @@ __all__ = [
     "ChannelLimits",
     "EngineName",
     "GatewayConfig",
+    "MessagingLimits",
     "ServerName",
     "TlsConfig",
     "TubeLimits",
@@ -77,6 +78,40 @@ class TubeLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class MessagingLimits:
+    """Bounds on topics, queues and subscriptions (docs/protocol.md, "Topics and queues")."""
+
+    #: Distinct queues and virtual queues in the engine; a publish or subscribe that
+    #: would create one more gets fault 2003.
+    max_queues: int = 10_000
+    #: Seconds a consumer has to acknowledge a queue message before it is delivered
+    #: again, to any consumer.
+    ack_timeout: float = 30.0
+    #: Seconds a queue message lives when its publisher gave no ``ttl``.
+    default_ttl: float = 7 * 24 * 3600.0
+    #: Deliveries after which an unacknowledged queue message is discarded (a poison
+    #: message).
+    max_deliveries: int = 20
+    #: Messages one queue holds (leased and delayed ones included); a publish past
+    #: it gets fault 2003, and a full virtual queue drops topic copies.
+    max_queue_depth: int = 100_000
+    #: Distinct subscriptions (topic names, topic patterns, queues and virtual queues)
+    #: held at this broker; one more gets fault 2004.
+    max_subscriptions: int = 10_000
+    #: Queue messages one subscriber holds unacknowledged at most; also the most one
+    #: ``asbp.poll`` takes.
+    prefetch: int = 16
+    #: Messaging Commands (publish, subscribe, poll, ...) of one Channel or Tube that
+    #: wait for the engine at once; one more gets fault 2106.
+    max_pending: int = 256
+    #: Seconds an ``asbp.poll`` may wait for a message at most.
+    max_poll_wait: float = 25.0
+    #: Seconds between the broker's periodic publications of its consumer counts on
+    #: the ``/system/stats/`` topics (they are also published on every change).
+    system_topic_interval: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything a broker needs to start."""
 
@@ -104,6 +139,8 @@ class GatewayConfig:
     channels: ChannelLimits = field(default_factory=ChannelLimits)
     #: Per-Tube bounds.
     tubes: TubeLimits = field(default_factory=TubeLimits)
+    #: Topics, queues and subscriptions.
+    messaging: MessagingLimits = field(default_factory=MessagingLimits)
     #: The ``aud`` every agent credential must carry.
     audience: str = "asbp-broker"
     #: Application-Agent identities and their public keys, as the ``[agents]``

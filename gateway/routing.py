@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
@@ -52,9 +52,12 @@ from gateway.channels import Channel, ChannelRegistry
 from gateway.config import ChannelLimits, TubeLimits
 from gateway.tubes import RespondentTable, Tube
 
-__all__ = ["InFlight", "Router"]
+__all__ = ["InFlight", "MessagingHooks", "Router"]
 
 _CHANNEL_BUILTINS: Final = frozenset({builtins.PING, builtins.COMMANDS, builtins.LOGOUT})
+#: The messaging built-ins a sender may use (notifications and notices only
+#: ever come from the broker).
+_MESSAGING_REQUESTS: Final = builtins.MESSAGING - {builtins.NOTIFICATION, builtins.NOTICE}
 #: Built-ins that exist only while Subjects are on.
 _SUBJECT_BUILTINS: Final = frozenset({builtins.LOGOUT, builtins.AUTHENTICATED, builtins.REFUSED})
 _TUBE_BUILTINS: Final = frozenset(
@@ -89,6 +92,32 @@ def _without_pair(header: bytes, key: bytes) -> bytes | None:
     if start == 0:
         return header[stop + 1 :]  # and the comma after it, if any
     return header[:start] + header[stop:]
+
+
+class MessagingHooks(Protocol):
+    """What the router asks of topics and queues (gateway.messaging.Messaging)."""
+
+    def channel_command(self, channel: Channel, command: Command, name: str) -> None:
+        """A messaging built-in (builtins.MESSAGING) from a User-Agent."""
+        ...
+
+    def tube_command(self, tube: Tube, command: Command, name: str) -> None:
+        """A messaging built-in from an Application-Agent."""
+        ...
+
+    def channel_closed(self, channel: Channel) -> None:
+        """A Channel closed: its subscriptions end, its leases are released."""
+        ...
+
+    def tube_closed(self, tube: Tube) -> None:
+        """A Tube closed: likewise."""
+        ...
+
+    def fault_sent(
+        self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
+    ) -> None:
+        """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
 
 
 @dataclass(eq=False, slots=True)
@@ -160,6 +189,8 @@ class Router:
         # Without an allow-list, any name but the Authenticate-Command, which
         # must be granted explicitly: credentials go only to trusted agents.
         self._may_serve = may_serve or (lambda agent, name: name != authenticate_command)
+        #: Topics and queues; the broker sets it once its engine exists.
+        self.messaging: MessagingHooks | None = None
 
     # -- delivery ------------------------------------------------------------
 
@@ -212,6 +243,8 @@ class Router:
             "channel.fault",
             extra={"channel": channel.id, "code": int(code), "command": cause, "reason": message},
         )
+        if self.messaging is not None:
+            self.messaging.fault_sent(code, message, cause=cause, agent=None)
         self.send(
             channel, builtins.fault_command(code, message, command_id=command_id, cause=cause)
         )
@@ -236,6 +269,8 @@ class Router:
                 "reason": message,
             },
         )
+        if self.messaging is not None:
+            self.messaging.fault_sent(code, message, cause=cause, agent=tube.agent_id)
         self.send_tube(
             tube, builtins.fault_command(code, message, command_id=command_id, cause=cause)
         )
@@ -269,7 +304,7 @@ class Router:
                 command_id=command_id,
             )
             return
-        if name in _CHANNEL_BUILTINS:
+        if name in _CHANNEL_BUILTINS or name in builtins.MESSAGING:
             self._channel_builtin(channel, command, name)
             return
         auth = self.auth
@@ -406,6 +441,18 @@ class Router:
 
     def _channel_builtin(self, channel: Channel, command: Command, name: str) -> None:
         command_id = command.command_id
+        if name in builtins.MESSAGING:
+            if self.messaging is None:
+                self.fault(
+                    channel,
+                    FaultCode.NO_RESPONDENT,
+                    "topics and queues are not enabled at this broker",
+                    command_id=command_id,
+                    cause=name,
+                )
+            else:
+                self.messaging.channel_command(channel, command, name)
+            return
         if name == builtins.LOGOUT:
             if self.auth is None:
                 self.fault(
@@ -422,6 +469,8 @@ class Router:
             reply = Command({"c": builtins.PONG}, command.body)
         else:
             usable = _CHANNEL_BUILTINS if self.auth else _CHANNEL_BUILTINS - _SUBJECT_BUILTINS
+            if self.messaging is not None:
+                usable = usable | _MESSAGING_REQUESTS
             names = sorted(usable) + self.respondents.names()
             reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
         if command_id is not None:
@@ -434,6 +483,8 @@ class Router:
             return
         if self.auth is not None:
             self.auth.channel_closed(channel)
+        if self.messaging is not None:
+            self.messaging.channel_closed(channel)
         for command_id in list(channel.in_flight):
             entry = self._in_flight.get((channel.id, command_id))
             if entry is not None:
@@ -541,6 +592,8 @@ class Router:
         self.respondents.detach(tube)
         if self.auth is not None:
             self.auth.tube_closed(tube)
+        if self.messaging is not None:
+            self.messaging.tube_closed(tube)
         stranded = [e for e in self._in_flight.values() if e.tube is tube]
         for entry in stranded:
             self._finish(entry)
@@ -575,7 +628,7 @@ class Router:
             return
         name = command.name
         addressed = "d" in command or "g" in command
-        if name in _TUBE_BUILTINS and not addressed:
+        if (name in _TUBE_BUILTINS or name in builtins.MESSAGING) and not addressed:
             self._tube_builtin(tube, command, name)
             return
         if (
@@ -718,6 +771,18 @@ class Router:
     def _tube_builtin(self, tube: Tube, command: Command, name: str) -> None:
         command_id = command.command_id
         reply: Command
+        if name in builtins.MESSAGING:
+            if self.messaging is None:
+                self.fault_tube(
+                    tube,
+                    FaultCode.NO_RESPONDENT,
+                    "topics and queues are not enabled at this broker",
+                    command_id=command_id,
+                    cause=name,
+                )
+            else:
+                self.messaging.tube_command(tube, command, name)
+            return
         if name in (builtins.AUTHENTICATED, builtins.REFUSED):
             if self.auth is None:
                 self.fault_tube(
@@ -734,6 +799,8 @@ class Router:
             reply = Command({"c": builtins.PONG}, command.body)
         elif name == builtins.COMMANDS:
             usable = _TUBE_BUILTINS if self.auth else _TUBE_BUILTINS - _SUBJECT_BUILTINS
+            if self.messaging is not None:
+                usable = usable | _MESSAGING_REQUESTS
             names = sorted(usable) + self.respondents.names()
             reply = Command({"c": builtins.COMMANDS, "m": "application/json"}, orjson.dumps(names))
         elif name in (builtins.REGISTER, builtins.UNREGISTER):

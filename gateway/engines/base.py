@@ -84,11 +84,13 @@ class QueueLimitReached(AsbpError):
 
 
 class QueueFull(QueueLimitReached):
-    """The queue already holds ``EngineLimits.max_queue_depth`` messages.
+    """The queue already holds ``EngineLimits.max_queue_depth`` messages (2006).
 
-    It shares 2003 with its parent (Sapo's table has no "queue full" fault),
-    so a broker that maps QueueLimitReached maps this too.
+    A subclass of QueueLimitReached, so a broker that maps that maps this too,
+    with its own code (Sapo's table has no "queue full" fault).
     """
+
+    code = FaultCode.QUEUE_FULL
 
 
 @dataclass(frozen=True, slots=True)

@@ -406,7 +406,18 @@ async def test_ping_and_commands_for_user_agents(gateway: Gateway) -> None:
         "application/json",
         "2",
     )
-    assert json.loads(commands.body) == ["asbp.commands", "asbp.ping", "find", "order", "quote"]
+    assert json.loads(commands.body) == [
+        "asbp.ack",
+        "asbp.commands",
+        "asbp.ping",
+        "asbp.poll",
+        "asbp.publish",
+        "asbp.subscribe",
+        "asbp.unsubscribe",
+        "find",
+        "order",
+        "quote",
+    ]
 
 
 async def test_ping_and_commands_for_agents(gateway: Gateway) -> None:
@@ -417,12 +428,17 @@ async def test_ping_and_commands_for_agents(gateway: Gateway) -> None:
     commands = await agent.request(Command(c="asbp.commands", u=4))
     assert commands.get("u") == "4"
     assert json.loads(commands.body) == [
+        "asbp.ack",
         "asbp.commands",
         "asbp.join",
         "asbp.leave",
         "asbp.ping",
+        "asbp.poll",
+        "asbp.publish",
         "asbp.register",
+        "asbp.subscribe",
         "asbp.unregister",
+        "asbp.unsubscribe",
         "quote",
     ]
 

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
-from gateway.config import ChannelLimits, GatewayConfig, TlsConfig, TubeLimits
+from gateway.config import ChannelLimits, GatewayConfig, MessagingLimits, TlsConfig, TubeLimits
 from gateway.identity import BROKER_ID_FILE, broker_identity
 from gateway.settings import (
     ConfigError,
@@ -181,6 +181,16 @@ def test_every_environment_variable(tmp_path: Path, tls_files: TlsFiles) -> None
         "ASBP_TUBES__OUTBOX_FRAMES": "14",
         "ASBP_TUBES__OUTBOX_BYTES": "15",
         "ASBP_TUBES__RESPONDENT_TIMEOUT": "16",
+        "ASBP_MESSAGING__MAX_QUEUES": "17",
+        "ASBP_MESSAGING__ACK_TIMEOUT": "0.25",
+        "ASBP_MESSAGING__DEFAULT_TTL": "18",
+        "ASBP_MESSAGING__MAX_DELIVERIES": "19",
+        "ASBP_MESSAGING__MAX_QUEUE_DEPTH": "20",
+        "ASBP_MESSAGING__MAX_SUBSCRIPTIONS": "21",
+        "ASBP_MESSAGING__PREFETCH": "22",
+        "ASBP_MESSAGING__MAX_PENDING": "23",
+        "ASBP_MESSAGING__MAX_POLL_WAIT": "24",
+        "ASBP_MESSAGING__SYSTEM_TOPIC_INTERVAL": "2.5",
         "ASBP_TEST_TIMEOUT_UNIT": "3",  # the test suite's own variable: left alone
         "PATH": "/usr/bin",  # not ours
     }
@@ -208,6 +218,18 @@ def test_every_environment_variable(tmp_path: Path, tls_files: TlsFiles) -> None
             http_idle_timeout=100.0,
         ),
         tubes=TubeLimits(outbox_frames=14, outbox_bytes=15, respondent_timeout=16.0),
+        messaging=MessagingLimits(
+            max_queues=17,
+            ack_timeout=0.25,
+            default_ttl=18.0,
+            max_deliveries=19,
+            max_queue_depth=20,
+            max_subscriptions=21,
+            prefetch=22,
+            max_pending=23,
+            max_poll_wait=24.0,
+            system_topic_interval=2.5,
+        ),
         audience="bus.example.org",
         insecure_dev_tubes=True,
         authenticate_command="sign-in",
@@ -637,6 +659,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "limits": asbp.Limits,
         "channels": ChannelLimits,
         "tubes": TubeLimits,
+        "messaging": MessagingLimits,
     }
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",

@@ -1,0 +1,229 @@
+"""Queue consumers: one task per queue at this broker, feeding its subscribers.
+
+Theory of operation
+-------------------
+Sapo's queues have competing consumers: each message is held by one consumer
+at a time, and one that does not acknowledge within the acknowledgement
+timeout loses it to another. The engine provides the leases (``fetch`` leases
+a message to one consumer until a deadline; ``ack`` removes it; a lease that
+runs out makes it deliverable again); this module decides which subscriber at
+this broker gets each leased message.
+
+For every queue (or virtual queue) that has subscribers here, one
+:class:`QueueConsumer` task loops:
+
+1. Its *capacity* is the room its subscribers have left: ``prefetch`` minus
+   the messages each holds unacknowledged. With no room it waits until an
+   acknowledgement, a release, an expired lease or a new subscriber makes some.
+2. It fetches up to that many messages (at most :data:`BATCH`), waiting up to
+   ``wait`` seconds for one. Other brokers sharing the engine run their own
+   consumer for the same queue; the engine's leases keep them apart.
+3. It hands each message to the subscriber with the fewest unacknowledged
+   messages of this queue (ties taken in turn, so equals share the load) as an
+   ``asbp.notification`` with its ``receipt``. A message nobody here can take
+   any more (they left or filled up meanwhile) is released at once for other
+   consumers.
+
+Leases past their deadline are forgotten by the broker's housekeeping tick
+(the engine has ended them), which frees room. A subscriber that closes
+releases its leases, so the others get them without waiting for the timeout.
+
+A virtual queue carries messages of many topics: for each, the subscriber must
+also be allowed to READ that topic (as for a topic pattern subscription). A
+message no subscriber may read is acknowledged away (and logged) so that it
+cannot block the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from asbp import AsbpError
+from gateway.acl import AccessContext, DestinationType
+from gateway.engines.base import Delivery, Engine
+from gateway.messaging.notifications import notification
+from gateway.messaging.subscriptions import Endpoint
+
+__all__ = ["BATCH", "QueueConsumer"]
+
+#: Messages fetched at once, at most.
+BATCH: Final = 64
+#: Seconds to wait before fetching again after the engine failed.
+RETRY: Final = 1.0
+
+
+class QueueConsumer:
+    """Feeds one queue's messages to this broker's subscribers of it.
+
+    Args:
+        engine: where the queue lives.
+        queue: its full name (``name@pattern`` for a virtual queue).
+        kind: QUEUE or VIRTUAL_QUEUE.
+        consumer: who the engine leases to (this broker).
+        prefetch: unacknowledged messages per subscriber, at most.
+        wait: seconds one fetch waits for a message.
+        may_read: for a virtual queue, whether a subscriber (by its access
+            context) may read a message of this topic.
+        log: where failures go.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        queue: str,
+        kind: DestinationType,
+        *,
+        consumer: str,
+        prefetch: int,
+        wait: float,
+        may_read: Callable[[AccessContext, str], bool],
+        log: logging.Logger,
+    ) -> None:
+        self.queue = queue
+        self.kind = kind
+        #: Subscribers, with the access context each subscribed with.
+        self.members: dict[Endpoint, AccessContext] = {}
+        self._engine = engine
+        self._consumer = consumer
+        self._prefetch = prefetch
+        self._wait = wait
+        self._may_read = may_read
+        self._log = log
+        self._room = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._turn = 0
+
+    # -- members -------------------------------------------------------------
+
+    def add(self, endpoint: Endpoint, access: AccessContext) -> None:
+        """``endpoint`` consumes this queue from now on; starts the task if needed."""
+        self.members[endpoint] = access
+        endpoint.queues[self.queue] = self
+        self.wake()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"asbp-consumer:{self.queue}")
+            self._task.add_done_callback(self._finished)
+
+    def remove(self, endpoint: Endpoint) -> None:
+        """``endpoint`` stops consuming; the task ends once nobody is left."""
+        self.members.pop(endpoint, None)
+        endpoint.queues.pop(self.queue, None)
+        self.wake()
+
+    def wake(self) -> None:
+        """Room may have appeared (an acknowledgement, a release, a new member)."""
+        self._room.set()
+
+    @property
+    def running(self) -> bool:
+        """Whether the task is still running."""
+        return self._task is not None
+
+    async def stop(self) -> None:
+        """Cancel the task (the broker is stopping)."""
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- the loop --------------------------------------------------------------
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if self._task is task:
+            self._task = None
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error(
+                "consumer.failed", extra={"queue": self.queue}, exc_info=task.exception()
+            )
+
+    def _capacity(self) -> int:
+        prefetch, queue = self._prefetch, self.queue
+        return sum(
+            max(0, prefetch - endpoint.held.get(queue, 0))
+            for endpoint in self.members
+            if not endpoint.closed
+        )
+
+    async def _run(self) -> None:
+        while self.members:
+            capacity = self._capacity()
+            if capacity <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            try:
+                deliveries = await self._engine.fetch(
+                    self.queue, self._consumer, count=min(capacity, BATCH), wait=self._wait
+                )
+            except AsbpError as exc:
+                self._log.warning(
+                    "consumer.fetch_failed",
+                    extra={"queue": self.queue, "code": int(exc.code), "reason": exc.message},
+                )
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), RETRY)
+                continue
+            if deliveries:
+                await self._hand(deliveries)
+
+    async def _hand(self, deliveries: list[Delivery]) -> None:
+        release: list[str] = []
+        unreadable: list[str] = []
+        for delivery in deliveries:
+            endpoint = self._pick(delivery)
+            if endpoint is None:
+                (unreadable if self._unreadable(delivery) else release).append(delivery.receipt)
+                continue
+            endpoint.hold(delivery.receipt, self.queue, delivery.deadline)
+            endpoint.send(
+                notification(
+                    delivery.message, subscription=self.queue, kind=self.kind, delivery=delivery
+                )
+            )
+        try:
+            if release:
+                await self._engine.release(self.queue, release)
+            if unreadable:
+                self._log.warning(
+                    "acl.denied",
+                    extra={"queue": self.queue, "discarded": len(unreadable), "privilege": "READ"},
+                )
+                await self._engine.ack(self.queue, unreadable)
+        except AsbpError as exc:
+            # The leases run out by themselves; the messages are delivered again then.
+            self._log.warning(
+                "consumer.release_failed",
+                extra={"queue": self.queue, "code": int(exc.code), "reason": exc.message},
+            )
+
+    def _pick(self, delivery: Delivery) -> Endpoint | None:
+        """The member with the fewest messages of this queue held, taking ties in turn."""
+        members = list(self.members.items())
+        if not members:
+            return None
+        start = self._turn % len(members)
+        self._turn += 1
+        best: Endpoint | None = None
+        best_held = self._prefetch
+        topic = delivery.message.destination
+        for endpoint, access in members[start:] + members[:start]:
+            held = endpoint.held.get(self.queue, 0)
+            if endpoint.closed or held >= best_held:
+                continue
+            if self.kind is DestinationType.VIRTUAL_QUEUE and not self._may_read(access, topic):
+                continue
+            best, best_held = endpoint, held
+        return best
+
+    def _unreadable(self, delivery: Delivery) -> bool:
+        """A virtual-queue message that no member may read (so none ever will)."""
+        if self.kind is not DestinationType.VIRTUAL_QUEUE or not self.members:
+            return False
+        topic = delivery.message.destination
+        return not any(self._may_read(access, topic) for access in self.members.values())

@@ -1,0 +1,727 @@
+"""Topics and queues for Channels and Tubes: the messaging built-ins.
+
+Theory of operation
+-------------------
+The router hands this module every ``asbp.publish``, ``asbp.subscribe``,
+``asbp.unsubscribe``, ``asbp.poll`` and ``asbp.ack``, from User-Agents and
+Application-Agents alike, and tells it when a Channel or Tube closes. The
+router never awaits, and engine calls do; so each Command goes through three
+steps:
+
+1. **On sight** (synchronously, inside the router's call): the Command is read
+   into a request (gateway.messaging.requests: faults 2001, 2002, 1203), its
+   size is checked (1101: every notification of it must fit the frame limit),
+   and the access-control lists are asked (3201). A Command refused here is
+   answered at once.
+2. **In order**: the accepted Command joins its sender's queue of operations
+   (:class:`~gateway.messaging.subscriptions.Endpoint`), which one task per
+   sender works through, awaiting the engine. So one sender's publications
+   are stored in the order sent, and its replies come in that order too (a
+   fault on sight can overtake them). At most ``max_pending`` Commands per
+   sender wait; one more is fault 2106. A poll, which may wait for messages,
+   starts in its turn and then runs beside the queue.
+3. **Answered**: a Command with ``u`` gets ``asbp.accepted`` once the broker
+   has taken responsibility: after the engine stored a queue message (Sapo;
+   the DCE model's "Persistence"), after the engine took a topic message,
+   once a subscription is in place. A failure is a fault with the same ``u``.
+
+Messages flow back by two paths:
+
+* **Topics**: the engine calls :meth:`Messaging._on_topic` for every topic
+  message of every broker sharing it. It is matched against this broker's
+  subscriptions (gateway.messaging.subscriptions.Topics); each matching
+  subscription gets one notification, encoded once and left in each member's
+  outbox (never awaited). If one client's subscriptions match a message
+  twice, it gets two notifications, each naming its subscription, as Sapo's
+  Notification does. No subscriber: the message is dropped.
+* **Queues**: one task per queue with subscribers here
+  (gateway.messaging.consumers) leases messages and hands them out.
+
+Delivery notices come from the engine with the ``notify`` address given at
+publication, ``<broker>/<c|t>/<Channel- or Tube id>/<u>``: only this broker's
+notices reach it (the engine routes on the prefix), and the rest names the
+client and the publication's ``u``. A notice that arrives before the
+publication's ``asbp.accepted`` waits for it, so a publisher always learns the
+message id first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import asbp
+from asbp import AsbpError, Command, FaultCode
+from gateway import builtins
+from gateway.acl import AccessContext, DestinationType, Privilege
+from gateway.config import MessagingLimits
+from gateway.engines.base import (
+    DEFAULT_PRIORITY,
+    DeliveryNotice,
+    Engine,
+    Message,
+)
+from gateway.messaging.consumers import QueueConsumer
+from gateway.messaging.notifications import (
+    accepted,
+    notice,
+    notification,
+    notification_size,
+)
+from gateway.messaging.requests import (
+    Destination,
+    read_ack,
+    read_poll,
+    read_publish,
+    read_subscription,
+)
+from gateway.messaging.subscriptions import Endpoint, Operation, Topics
+from gateway.messaging.system_topics import SystemTopics
+
+if TYPE_CHECKING:
+    from gateway.channels import Channel
+    from gateway.routing import Router
+    from gateway.tubes import Tube
+
+__all__ = ["FETCH_WAIT", "MessageTooLarge", "Messaging", "TooManyPending", "TooManySubscriptions"]
+
+#: Seconds one fetch of a queue consumer waits for a message before it looks again.
+FETCH_WAIT: Final = 1.0
+#: Seconds the broker gives its last releases of leases when it stops.
+STOP_GRACE: Final = 5.0
+
+
+class TooManySubscriptions(AsbpError):
+    """Sapo 2004: one more distinct subscription would pass ``max_subscriptions``."""
+
+    code = FaultCode.MAX_SUBSCRIPTIONS_REACHED
+
+
+class MessageTooLarge(AsbpError):
+    """Sapo 1101: a notification of this message would not fit the frame limit."""
+
+    code = FaultCode.INVALID_MESSAGE_SIZE
+
+
+class TooManyPending(AsbpError):
+    """2106: the sender has ``max_pending`` messaging Commands waiting already."""
+
+    code = FaultCode.TOO_MANY_IN_FLIGHT
+
+
+class Messaging:
+    """The messaging built-ins of one broker.
+
+    Args:
+        router: delivers to Channels and Tubes, sends faults, holds the ACL.
+        engine: topics, queues and virtual queues (started by the caller).
+        broker_id: this broker, in notice addresses and system topics.
+        limits: subscriptions, prefetch, pending Commands, poll wait.
+        frame_limits: the codec limits every notification must fit.
+        log: the broker's logger.
+        clock: wall-clock seconds, as the engine uses.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        engine: Engine,
+        *,
+        broker_id: str,
+        limits: MessagingLimits,
+        frame_limits: asbp.Limits,
+        log: logging.Logger,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self._router = router
+        self._acl = router.acl
+        self._broker_id = broker_id
+        self._notify_prefix = broker_id + "/"
+        self._limits = limits
+        self._frame_limits = frame_limits
+        self._log = log
+        self._clock = clock
+        self._endpoints: dict[str, Endpoint] = {}
+        self._topics = Topics()
+        self._queues: dict[str, QueueConsumer] = {}
+        #: Consumers whose last subscriber left while their task was fetching: the
+        #: task ends once the fetch returns (releasing what it got), or at stop().
+        self._orphans: set[QueueConsumer] = set()
+        #: Notices for publications whose asbp.accepted has not been sent yet.
+        self._held_notices: dict[str, list[DeliveryNotice]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.system = SystemTopics(
+            engine, broker_id=broker_id, interval=limits.system_topic_interval, log=log, clock=clock
+        )
+
+    # -- life cycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Listen to the engine and start publishing system topics (inside the loop)."""
+        self.engine.listen(self._on_topic)
+        self.engine.on_notice(self._on_notice)
+        self.system.start()
+
+    async def stop(self) -> None:
+        """Stop consumers and workers; release every lease still held (best effort).
+
+        Call after every Channel and Tube is closed, before the engine closes.
+        """
+        for consumer in [*self._queues.values(), *self._orphans]:
+            await consumer.stop()
+        self._queues.clear()
+        self._orphans.clear()
+        for endpoint in list(self._endpoints.values()):
+            self._close(endpoint)
+        pending = list(self._background)
+        if pending:
+            # Publications sent before the close still reach the engine, and leases are
+            # released, within a grace period; whatever is left then is cancelled.
+            _, late = await asyncio.wait(pending, timeout=STOP_GRACE)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        await self.system.stop()
+
+    def tick(self) -> None:
+        """Housekeeping: forget ended leases, publish consumer counts when due."""
+        now = self._clock()
+        for endpoint in self._endpoints.values():
+            if endpoint.leases:
+                for queue in endpoint.expired(now):
+                    consumer = self._queues.get(queue)
+                    if consumer is not None:
+                        consumer.wake()
+        self._orphans = {c for c in self._orphans if c.running}
+        self.system.tick(
+            ((s.name, len(s.members)) for s in self._topics.all()),
+            ((name, len(c.members)) for name, c in self._queues.items()),
+        )
+
+    # -- the router's hooks --------------------------------------------------------
+
+    def channel_command(self, channel: Channel, command: Command, name: str) -> None:
+        """A messaging built-in from a User-Agent."""
+        endpoint = self._endpoints.get("c/" + channel.id)
+        if endpoint is None:
+            endpoint = Endpoint(
+                "c/" + channel.id,
+                functools.partial(self._router.deliver, channel),
+                functools.partial(self._router.fault, channel),
+            )
+            self._endpoints[endpoint.key] = endpoint
+        access = channel.access
+        if "s" in command:
+            auth = self._router.auth
+            if auth is None:
+                self._router.fault(
+                    channel,
+                    FaultCode.ACCESS_DENIED,
+                    "Subject-Identifier 's' does not belong to this Channel",
+                    command_id=command.command_id,
+                    cause=name,
+                )
+                return
+            subject = auth.resolve(channel, command)
+            if subject is None:
+                return
+            access = subject.access
+        self._command(endpoint, access, command, name)
+
+    def tube_command(self, tube: Tube, command: Command, name: str) -> None:
+        """A messaging built-in from an Application-Agent."""
+        endpoint = self._endpoints.get("t/" + tube.id)
+        if endpoint is None:
+            endpoint = Endpoint(
+                "t/" + tube.id,
+                functools.partial(self._router.send_tube_frame, tube),
+                functools.partial(self._router.fault_tube, tube),
+                agent_id=tube.agent_id,
+            )
+            self._endpoints[endpoint.key] = endpoint
+        self._command(endpoint, tube.access, command, name)
+
+    def channel_closed(self, channel: Channel) -> None:
+        """The Channel closed: its subscriptions end and its leases are released."""
+        endpoint = self._endpoints.pop("c/" + channel.id, None)
+        if endpoint is not None:
+            self._close(endpoint)
+
+    def tube_closed(self, tube: Tube) -> None:
+        """The Tube closed: likewise."""
+        endpoint = self._endpoints.pop("t/" + tube.id, None)
+        if endpoint is not None:
+            self._close(endpoint)
+
+    def fault_sent(
+        self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
+    ) -> None:
+        """The broker sent a fault: record it on ``/system/faults/<broker>``."""
+        self.system.fault(
+            code,
+            message,
+            cause=cause,
+            to="user-agent" if agent is None else "application-agent",
+            agent=agent,
+        )
+
+    # -- on sight --------------------------------------------------------------------
+
+    def _command(
+        self, endpoint: Endpoint, access: AccessContext, command: Command, name: str
+    ) -> None:
+        command_id = command.command_id
+        try:
+            if endpoint.pending >= self._limits.max_pending:
+                raise TooManyPending(
+                    f"{endpoint.pending} messaging Commands already wait for the engine "
+                    "on this connection"
+                )
+            operation = self._operation(endpoint, access, command, name)
+        except AsbpError as exc:
+            self._fault(endpoint, exc.code, exc.message, command_id, name)
+            return
+        endpoint.operations.append(operation)
+        endpoint.pending += 1
+        if endpoint.worker is None:
+            endpoint.worker = worker = asyncio.create_task(
+                self._work(endpoint), name=f"asbp-messaging:{endpoint.key}"
+            )
+            # Tracked until done, even after its endpoint is forgotten: stop() lets the
+            # publications of closed Channels reach the engine.
+            self._background.add(worker)
+            worker.add_done_callback(self._background.discard)
+
+    def _operation(
+        self, endpoint: Endpoint, access: AccessContext, command: Command, name: str
+    ) -> Operation:
+        """Read, check and prepare one Command (the "on sight" step)."""
+        if name == builtins.PUBLISH:
+            return self._publish_operation(endpoint, access, command)
+        if name in (builtins.SUBSCRIBE, builtins.UNSUBSCRIBE):
+            return self._subscription_operation(endpoint, access, command, name)
+        if name == builtins.POLL:
+            poll = read_poll(
+                command, max_count=self._limits.prefetch, max_wait=self._limits.max_poll_wait
+            )
+            self._require(access, poll.destination, Privilege.READ)
+            run = functools.partial(
+                self._poll, endpoint, access, poll.destination, poll.count, poll.wait,
+                command.command_id,
+            )  # fmt: skip
+            return Operation(name, command.command_id, run, detached=True)
+        if name == builtins.ACK:
+            ack = read_ack(command)
+            self._require(access, ack.destination, Privilege.READ)
+            run = functools.partial(
+                self._ack, endpoint, ack.destination, ack.receipts, command.command_id
+            )
+            return Operation(name, command.command_id, run, after_close=True)
+        raise AsbpError(
+            f"{name} is sent by the broker, never to it", code=FaultCode.UNEXPECTED_MESSAGE_TYPE
+        )
+
+    def _publish_operation(
+        self, endpoint: Endpoint, access: AccessContext, command: Command
+    ) -> Operation:
+        command_id = command.command_id
+        publish = read_publish(command)
+        destination = publish.destination
+        self._require(access, destination, Privilege.WRITE)
+        headers = dict(publish.headers)
+        if endpoint.agent_id is not None:
+            headers["a"] = endpoint.agent_id
+        self._check_size(destination.name, publish.payload, headers)
+        now = self._clock()
+        if publish.delay is not None:
+            not_before: float | None = now + publish.delay
+        elif publish.not_before_ms is not None:
+            not_before = publish.not_before_ms / 1000
+        else:
+            not_before = None
+        notify = None
+        if publish.notices:
+            # "<broker>/<c|t>/<id>/<u>": the engine routes on the broker, we on the rest.
+            notify = (
+                f"{self._notify_prefix}{endpoint.key}/{'' if command_id is None else command_id}"
+            )
+        message = Message(
+            id=uuid.uuid4().hex,
+            destination=destination.name,
+            payload=publish.payload,
+            timestamp=now,
+            expiration=None if publish.ttl is None else now + publish.ttl,
+            priority=DEFAULT_PRIORITY if publish.priority is None else publish.priority,
+            not_before=not_before,
+            notify=notify,
+            notices=publish.notices,
+            headers=headers,
+        )
+        run = functools.partial(self._publish, endpoint, destination, message, command_id)
+        return Operation(builtins.PUBLISH, command_id, run, after_close=True)
+
+    def _subscription_operation(
+        self, endpoint: Endpoint, access: AccessContext, command: Command, name: str
+    ) -> Operation:
+        command_id = command.command_id
+        destination = read_subscription(command).destination
+        if name == builtins.UNSUBSCRIBE:
+            run = functools.partial(self._unsubscribe, endpoint, destination, command_id)
+            return Operation(name, command_id, run)
+        if destination.type is not DestinationType.TOPIC or destination.exact:
+            # A topic pattern is checked per topic delivered instead: its text is not a
+            # name the policy could judge.
+            self._require(access, destination, Privilege.READ)
+        run = functools.partial(self._subscribe, endpoint, access, destination, command_id)
+        return Operation(name, command_id, run)
+
+    def _require(
+        self, access: AccessContext, destination: Destination, privilege: Privilege
+    ) -> None:
+        acl = self._acl
+        if acl is None:
+            return
+        decision = acl.check(access, destination.type, destination.name, privilege)
+        if not decision.allowed:
+            self._log.warning(
+                "acl.denied",
+                extra={
+                    "who": access.channel_id,
+                    "type": destination.type.value,
+                    "destination": destination.name,
+                    "privilege": privilege.value,
+                    "reason": acl.describe(decision),
+                },
+            )
+            verb = "publishing to" if privilege is Privilege.WRITE else "consuming from"
+            raise AsbpError(
+                f"{verb} {destination.type.value} {destination.name!r} is denied",
+                code=FaultCode.ACCESS_DENIED,
+            )
+
+    def _may_read(self, access: AccessContext, topic: str) -> bool:
+        acl = self._acl
+        return (
+            acl is None or acl.check(access, DestinationType.TOPIC, topic, Privilege.READ).allowed
+        )
+
+    def _check_size(self, destination: str, payload: bytes, headers: dict[str, str]) -> None:
+        header = notification_size(destination, payload, headers)
+        limits = self._frame_limits
+        if header > limits.max_header_bytes or header + len(payload) > limits.max_frame_bytes:
+            room = max(0, limits.max_frame_bytes - header)
+            raise MessageTooLarge(
+                f"a notification of this message would pass the frame limit of "
+                f"{limits.max_frame_bytes} bytes; its payload may be {room} bytes at most"
+            )
+
+    def _fault(
+        self,
+        endpoint: Endpoint,
+        code: FaultCode,
+        message: str,
+        command_id: int | None,
+        cause: str,
+    ) -> None:
+        endpoint.fault(code, message, command_id=command_id, cause=cause)
+
+    # -- in order ----------------------------------------------------------------------
+
+    async def _work(self, endpoint: Endpoint) -> None:
+        try:
+            while endpoint.operations:
+                operation = endpoint.operations.popleft()
+                if endpoint.closed and not operation.after_close:
+                    endpoint.pending -= 1
+                    continue
+                if operation.detached:
+                    task = asyncio.create_task(self._execute(endpoint, operation))
+                    endpoint.polls.add(task)
+                    task.add_done_callback(endpoint.polls.discard)
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                    continue
+                await self._execute(endpoint, operation)
+        finally:
+            endpoint.worker = None
+
+    async def _execute(self, endpoint: Endpoint, operation: Operation) -> None:
+        try:
+            await operation.run()
+        except AsbpError as exc:
+            if not endpoint.closed:
+                self._fault(endpoint, exc.code, exc.message, operation.command_id, operation.name)
+        except Exception:
+            # Not an ASBP error: an engine bug or an unwrapped driver error. The sender
+            # still gets an answer (never silence), and the log gets the traceback.
+            self._log.exception(
+                "messaging.failed", extra={"endpoint": endpoint.key, "command": operation.name}
+            )
+            if not endpoint.closed:
+                self._fault(
+                    endpoint,
+                    FaultCode.ENGINE_UNAVAILABLE,
+                    "the engine failed; the operation may not have happened",
+                    operation.command_id,
+                    operation.name,
+                )
+        finally:
+            endpoint.pending -= 1
+
+    def _reply(self, endpoint: Endpoint, command: Command) -> None:
+        if not endpoint.closed:
+            endpoint.send(asbp.encode(command))
+
+    async def _publish(
+        self,
+        endpoint: Endpoint,
+        destination: Destination,
+        message: Message,
+        command_id: int | None,
+    ) -> None:
+        if message.notify is not None:
+            self._held_notices[message.id] = []
+        try:
+            if destination.type is DestinationType.QUEUE:
+                await self.engine.enqueue(message)
+            else:
+                await self.engine.publish(message)
+        except BaseException:
+            self._held_notices.pop(message.id, None)
+            raise
+        if command_id is not None:
+            self._reply(endpoint, accepted(builtins.PUBLISH, command_id, id=message.id))
+        for held in self._held_notices.pop(message.id, ()):
+            self._on_notice(held)
+
+    def _distinct(self) -> int:
+        return len(self._topics) + len(self._queues)
+
+    def _room_for(self, name: str, exists: bool) -> None:
+        if not exists and self._distinct() >= self._limits.max_subscriptions:
+            raise TooManySubscriptions(
+                f"this broker holds {self._limits.max_subscriptions} distinct subscriptions; "
+                f"{name!r} would be one more"
+            )
+
+    async def _subscribe(
+        self,
+        endpoint: Endpoint,
+        access: AccessContext,
+        destination: Destination,
+        command_id: int | None,
+    ) -> None:
+        if endpoint.closed:
+            return
+        name = destination.name
+        if destination.type is DestinationType.TOPIC:
+            self._room_for(name, self._topics.get(name) is not None)
+            if self._topics.add(endpoint, destination, access):
+                subscription = self._topics.get(name)
+                assert subscription is not None
+                self.system.topic_count(name, len(subscription.members))
+        else:
+            self._room_for(name, name in self._queues)
+            if destination.type is DestinationType.VIRTUAL_QUEUE:
+                await self.engine.declare_virtual_queue(*destination.queue_parts)
+                if _closed(endpoint):  # while the engine worked
+                    return
+                # The await let others in: the limit is checked again.
+                self._room_for(name, name in self._queues)
+            consumer = self._queues.get(name)
+            if consumer is None:
+                consumer = QueueConsumer(
+                    self.engine,
+                    name,
+                    destination.type,
+                    consumer=self._broker_id,
+                    prefetch=self._limits.prefetch,
+                    wait=FETCH_WAIT,
+                    may_read=self._may_read,
+                    log=self._log,
+                )
+                self._queues[name] = consumer
+            new = endpoint not in consumer.members
+            consumer.add(endpoint, access)
+            if new:
+                self.system.queue_count(name, len(consumer.members))
+        if command_id is not None:
+            self._reply(endpoint, accepted(builtins.SUBSCRIBE, command_id))
+
+    async def _unsubscribe(
+        self, endpoint: Endpoint, destination: Destination, command_id: int | None
+    ) -> None:
+        self._leave(endpoint, destination.name)
+        if command_id is not None:
+            self._reply(endpoint, accepted(builtins.UNSUBSCRIBE, command_id))
+
+    def _leave(self, endpoint: Endpoint, name: str) -> None:
+        subscription = self._topics.remove(endpoint, name)
+        if subscription is not None:
+            self.system.topic_count(name, len(subscription.members))
+        consumer = endpoint.queues.get(name)
+        if consumer is not None:
+            consumer.remove(endpoint)
+            if not consumer.members and self._queues.get(name) is consumer:
+                del self._queues[name]
+                if consumer.running:
+                    self._orphans.add(consumer)
+            self.system.queue_count(name, len(consumer.members))
+
+    async def _poll(
+        self,
+        endpoint: Endpoint,
+        access: AccessContext,
+        destination: Destination,
+        count: int,
+        wait: float,
+        command_id: int | None,
+    ) -> None:
+        queue = destination.name
+        deliveries = await self.engine.fetch(
+            queue, f"{self._broker_id}/{endpoint.key}", count=count, wait=wait
+        )
+        unreadable: list[str] = []
+        delivered = 0
+        for delivery in deliveries:
+            topic = delivery.message.destination
+            if destination.type is DestinationType.VIRTUAL_QUEUE and not self._may_read(
+                access, topic
+            ):
+                unreadable.append(delivery.receipt)
+                continue
+            if endpoint.closed:
+                self._spawn(self._release(queue, [delivery.receipt]))
+                continue
+            endpoint.hold(delivery.receipt, queue, delivery.deadline)
+            endpoint.send(
+                notification(
+                    delivery.message,
+                    subscription=queue,
+                    kind=destination.type,
+                    delivery=delivery,
+                    command_id=command_id,
+                )
+            )
+            delivered += 1
+        if unreadable:
+            self._log.warning(
+                "acl.denied",
+                extra={"queue": queue, "discarded": len(unreadable), "privilege": "READ"},
+            )
+            await self.engine.ack(queue, unreadable)
+        if command_id is not None:
+            self._reply(endpoint, accepted(builtins.POLL, command_id, count=delivered))
+
+    async def _ack(
+        self,
+        endpoint: Endpoint,
+        destination: Destination,
+        receipts: tuple[str, ...],
+        command_id: int | None,
+    ) -> None:
+        queue = destination.name
+        live = await self.engine.ack(queue, receipts)
+        for receipt in receipts:
+            endpoint.drop(receipt)
+        consumer = self._queues.get(queue)
+        if consumer is not None:
+            consumer.wake()
+        if command_id is not None:
+            self._reply(endpoint, accepted(builtins.ACK, command_id, count=live))
+
+    # -- closing ------------------------------------------------------------------------
+
+    def _close(self, endpoint: Endpoint) -> None:
+        if endpoint.closed:
+            return
+        endpoint.closed = True
+        for name in [*endpoint.topics, *endpoint.queues]:
+            self._leave(endpoint, name)
+        for task in list(endpoint.polls):
+            task.cancel()
+        kept = [o for o in endpoint.operations if o.after_close]
+        endpoint.pending -= len(endpoint.operations) - len(kept)
+        endpoint.operations.clear()
+        endpoint.operations.extend(kept)
+        for queue, receipts in endpoint.leases_by_queue().items():
+            for receipt in receipts:
+                endpoint.drop(receipt)
+            self._spawn(self._release(queue, receipts))
+
+    async def _release(self, queue: str, receipts: list[str]) -> None:
+        try:
+            await self.engine.release(queue, receipts)
+        except AsbpError as exc:
+            # The leases run out by themselves; the messages are delivered again then.
+            self._log.warning(
+                "messaging.release_failed",
+                extra={"queue": queue, "code": int(exc.code), "reason": exc.message},
+            )
+        consumer = self._queues.get(queue)
+        if consumer is not None:
+            consumer.wake()
+
+    def _spawn(self, work: Awaitable[object]) -> None:
+        async def run() -> object:
+            return await work
+
+        task: asyncio.Task[object] = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- from the engine ---------------------------------------------------------------
+
+    def _on_topic(self, message: Message) -> None:
+        topic = message.destination
+        for subscription in self._topics.matching(topic):
+            frame: bytes | None = None
+            for endpoint, access in list(subscription.members.items()):
+                if endpoint.closed:
+                    continue
+                if subscription.pattern is not None and not self._may_read(access, topic):
+                    continue
+                if frame is None:
+                    frame = notification(
+                        message, subscription=subscription.name, kind=DestinationType.TOPIC
+                    )
+                endpoint.send(frame)
+
+    def _on_notice(self, event: DeliveryNotice) -> None:
+        held = self._held_notices.get(event.message_id)
+        if held is not None:
+            held.append(event)
+            return
+        address = event.notify
+        if not address.startswith(self._notify_prefix):
+            return
+        key, _, raw_id = address[len(self._notify_prefix) :].rpartition("/")
+        endpoint = self._endpoints.get(key)
+        if endpoint is None or endpoint.closed:
+            return
+        command_id = int(raw_id) if raw_id.isdigit() else None
+        endpoint.send(notice(event, command_id=command_id))
+
+    # -- observation ------------------------------------------------------------------
+
+    def topic_subscribers(self, name: str) -> int:
+        """This broker's members of the topic subscription ``name`` (for tests, stats)."""
+        subscription = self._topics.get(name)
+        return 0 if subscription is None else len(subscription.members)
+
+    def queue_consumers(self, name: str) -> int:
+        """This broker's consumers of the queue ``name``."""
+        consumer = self._queues.get(name)
+        return 0 if consumer is None else len(consumer.members)
+
+
+def _closed(endpoint: Endpoint) -> bool:
+    """Whether ``endpoint`` is closed (a call, so the type checker reads it afresh)."""
+    return endpoint.closed

@@ -1,0 +1,194 @@
+"""Who receives what at this broker: endpoints and topic subscriptions.
+
+An :class:`Endpoint` is the messaging side of one Channel or Tube: where its
+notifications go, the topic subscriptions and queues it holds, the queue
+messages leased to it and not yet acknowledged, and the queue of its messaging
+Commands that wait for the engine. User-Agents and Application-Agents are
+alike here; only the ``send`` function differs.
+
+:class:`Topics` holds the broker's topic subscriptions: exact names in a
+dictionary (one lookup per message), patterns in a second one scanned per
+message (one ``fullmatch`` each, linear in the name because
+``compile_destination`` refused the patterns that backtrack). Each
+subscription keeps its members with the access context they subscribed with,
+so a pattern subscription's READ can be checked per topic delivered (Sapo
+checks the delivered name, not the pattern's text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.acl import AccessContext
+from gateway.messaging.requests import Destination
+
+if TYPE_CHECKING:
+    from gateway.messaging.consumers import QueueConsumer
+
+__all__ = ["Endpoint", "Lease", "Operation", "TopicSubscription", "Topics"]
+
+
+@dataclass(eq=False, slots=True)
+class Lease:
+    """A queue message leased to an endpoint, not yet acknowledged."""
+
+    queue: str
+    #: When the engine ends the lease (epoch seconds).
+    deadline: float
+
+
+@dataclass(eq=False, slots=True)
+class Operation:
+    """One messaging Command waiting for its turn with the engine."""
+
+    #: The Command-Name, for faults and logs.
+    name: str
+    #: The Command's ``u``.
+    command_id: int | None
+    #: Does the work; an AsbpError it raises becomes a fault to the sender.
+    run: Callable[[], Awaitable[None]]
+    #: Whether it still runs after its Channel or Tube closed: publications do
+    #: (the client sent them; only the answer is lost), subscriptions do not.
+    after_close: bool = False
+    #: Whether it starts in its turn and then runs beside the queue (a poll).
+    detached: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Endpoint:
+    """The messaging side of one Channel or Tube."""
+
+    #: ``c/<Channel-Identifier>`` or ``t/<Tube id>``: its part of a notice address.
+    key: str
+    #: Leaves an encoded Command for the client (never blocks).
+    send: Callable[[bytes], object]
+    #: Sends the client a fault: ``fault(code, message, command_id=…, cause=…)``.
+    fault: Callable[..., None]
+    #: The verified Application-Agent-Identifier of a Tube; carried as ``a``.
+    agent_id: str | None = None
+    #: Its topic subscriptions, by name or pattern.
+    topics: dict[str, TopicSubscription] = field(default_factory=dict)
+    #: The queues (and virtual queues) it consumes, by full name.
+    queues: dict[str, QueueConsumer] = field(default_factory=dict)
+    #: Unacknowledged queue messages, by receipt.
+    leases: dict[str, Lease] = field(default_factory=dict)
+    #: Unacknowledged queue messages, counted per queue.
+    held: dict[str, int] = field(default_factory=dict)
+    #: Its messaging Commands waiting for the engine, oldest first.
+    operations: deque[Operation] = field(default_factory=deque)
+    #: Commands accepted and not yet finished (queued, running, or polling).
+    pending: int = 0
+    #: The task working through ``operations``, while there are any.
+    worker: asyncio.Task[None] | None = None
+    #: Polls waiting for messages (they run beside ``operations``).
+    polls: set[asyncio.Task[None]] = field(default_factory=set)
+    closed: bool = False
+
+    def hold(self, receipt: str, queue: str, deadline: float) -> None:
+        """Record a lease delivered to this endpoint."""
+        if receipt not in self.leases:
+            self.leases[receipt] = Lease(queue, deadline)
+            self.held[queue] = self.held.get(queue, 0) + 1
+
+    def drop(self, receipt: str) -> Lease | None:
+        """Forget a lease (acknowledged, released or expired)."""
+        lease = self.leases.pop(receipt, None)
+        if lease is not None:
+            left = self.held[lease.queue] - 1
+            if left:
+                self.held[lease.queue] = left
+            else:
+                del self.held[lease.queue]
+        return lease
+
+    def expired(self, now: float) -> set[str]:
+        """Forget leases the engine has ended; returns their queues."""
+        queues: set[str] = set()
+        for receipt, lease in list(self.leases.items()):
+            if lease.deadline <= now:
+                self.drop(receipt)
+                queues.add(lease.queue)
+        return queues
+
+    def leases_by_queue(self) -> dict[str, list[str]]:
+        """Every live receipt, grouped by queue."""
+        grouped: dict[str, list[str]] = {}
+        for receipt, lease in self.leases.items():
+            grouped.setdefault(lease.queue, []).append(receipt)
+        return grouped
+
+
+@dataclass(eq=False, slots=True)
+class TopicSubscription:
+    """One distinct topic subscription at this broker, and its members."""
+
+    #: The topic name or pattern, as subscribed.
+    name: str
+    #: The compiled pattern; None for an exact name.
+    pattern: re.Pattern[str] | None
+    #: Who subscribed, with the access context each subscribed with.
+    members: dict[Endpoint, AccessContext] = field(default_factory=dict)
+
+
+class Topics:
+    """The broker's topic subscriptions."""
+
+    __slots__ = ("_exact", "_patterns")
+
+    def __init__(self) -> None:
+        self._exact: dict[str, TopicSubscription] = {}
+        self._patterns: dict[str, TopicSubscription] = {}
+
+    def __len__(self) -> int:
+        return len(self._exact) + len(self._patterns)
+
+    def get(self, name: str) -> TopicSubscription | None:
+        """The subscription to ``name`` (a topic or a pattern), if any."""
+        return self._exact.get(name) or self._patterns.get(name)
+
+    def add(self, endpoint: Endpoint, destination: Destination, access: AccessContext) -> bool:
+        """Subscribe ``endpoint``; True if the subscription is new to it.
+
+        The caller checks the limit on distinct subscriptions first.
+        """
+        table = self._exact if destination.pattern is None else self._patterns
+        subscription = table.get(destination.name)
+        if subscription is None:
+            subscription = TopicSubscription(destination.name, destination.pattern)
+            table[destination.name] = subscription
+        new = endpoint not in subscription.members
+        subscription.members[endpoint] = access
+        endpoint.topics[destination.name] = subscription
+        return new
+
+    def remove(self, endpoint: Endpoint, name: str) -> TopicSubscription | None:
+        """Unsubscribe ``endpoint`` from ``name``; the subscription, if it held it."""
+        subscription = endpoint.topics.pop(name, None)
+        if subscription is None:
+            return None
+        subscription.members.pop(endpoint, None)
+        if not subscription.members:
+            table = self._exact if subscription.pattern is None else self._patterns
+            table.pop(name, None)
+        return subscription
+
+    def matching(self, topic: str) -> list[TopicSubscription]:
+        """Every subscription that ``topic`` matches: its exact name, then patterns."""
+        found: list[TopicSubscription] = []
+        exact = self._exact.get(topic)
+        if exact is not None:
+            found.append(exact)
+        for subscription in self._patterns.values():
+            assert subscription.pattern is not None
+            if subscription.pattern.fullmatch(topic) is not None:
+                found.append(subscription)
+        return found
+
+    def all(self) -> list[TopicSubscription]:
+        """Every subscription."""
+        return [*self._exact.values(), *self._patterns.values()]
