@@ -22,6 +22,11 @@ properties hold it to that on:
 
 The number of examples follows the Hypothesis profile in use, scaled for
 the properties where most random frames are refused and teach little.
+
+test_speedups.py holds the C accelerator to the same contract with the
+strategies and vector lists below (and to reading everything READ holds),
+and tests/asbp/conftest.py runs ``test_decode_is_the_reference`` with the
+accelerator on and off, like the rest of the suite.
 """
 
 from __future__ import annotations

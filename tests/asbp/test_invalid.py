@@ -618,3 +618,8 @@ def test_oversized_bytes_like_frames_are_refused_before_copying(kind: type) -> N
     with pytest.raises(FrameTooLarge) as info:
         decode(kind(b"c=a;" + b"x" * 20), limits=SMALL)
     assert info.value.offset == SMALL.max_frame_bytes
+
+
+def test_limits_beyond_a_c_integer_are_no_limit() -> None:
+    huge = Limits(max_header_bytes=2**63, max_frame_bytes=2**64)
+    assert decode(b"c='a;b';x", limits=huge).name == "a;b"
