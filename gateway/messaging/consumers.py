@@ -15,7 +15,7 @@ For every queue (or virtual queue) that has subscribers here, one
 1. Its *capacity* is the room its subscribers have left: ``prefetch`` minus
    the messages each holds unacknowledged. With no room it waits until an
    acknowledgement, a release, an expired lease or a new subscriber makes some.
-2. It fetches up to that many messages (at most :data:`BATCH`), waiting up to
+2. It fetches that many messages at once (at most :data:`BATCH`), waiting up to
    ``wait`` seconds for one. Other brokers sharing the engine run their own
    consumer for the same queue; the engine's leases keep them apart.
 3. It hands each message to the subscriber with the fewest unacknowledged
@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from asbp import AsbpError
 from gateway.acl import AccessContext, DestinationType
@@ -48,12 +48,30 @@ from gateway.engines.base import Delivery, Engine
 from gateway.messaging.notifications import notification
 from gateway.messaging.subscriptions import Endpoint
 
-__all__ = ["BATCH", "QueueConsumer"]
+__all__ = ["BATCH", "QueueConsumer", "cancel_and_wait"]
 
-#: Messages fetched at once, at most.
-BATCH: Final = 64
+#: Messages fetched at once, at most (also the Redis engine's most per fetch). A
+#: fetch asks for the room all subscribers have left, up to this: one round trip
+#: per batch, not per message, and no subscriber left waiting for its share.
+BATCH: Final = 1000
 #: Seconds to wait before fetching again after the engine failed.
 RETRY: Final = 1.0
+#: Seconds to wait for a cancelled task to end before cancelling it again.
+CANCEL_AGAIN: Final = 0.1
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again if it goes on.
+
+    A cancellation can be lost: Python 3.11's ``asyncio.wait_for`` (which
+    redis-py's connections use to write) returns its result, swallowing the
+    cancellation, when both arrive together. The task then runs on, and a fetch
+    that waits in a loop would never end: the broker would hang stopping. So
+    the task is asked again until it is done.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=CANCEL_AGAIN)
 
 
 class QueueConsumer:
@@ -124,12 +142,10 @@ class QueueConsumer:
         return self._task is not None
 
     async def stop(self) -> None:
-        """Cancel the task (the broker is stopping)."""
+        """Cancel the task (the broker is stopping) and wait for it to end."""
         task = self._task
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     # -- the loop --------------------------------------------------------------
 
@@ -175,8 +191,10 @@ class QueueConsumer:
     async def _hand(self, deliveries: list[Delivery]) -> None:
         release: list[str] = []
         unreadable: list[str] = []
+        # Taken once per batch: a member that leaves meanwhile is closed, and skipped.
+        members = list(self.members.items())
         for delivery in deliveries:
-            endpoint = self._pick(delivery)
+            endpoint = self._pick(delivery, members)
             if endpoint is None:
                 (unreadable if self._unreadable(delivery) else release).append(delivery.receipt)
                 continue
@@ -202,17 +220,22 @@ class QueueConsumer:
                 extra={"queue": self.queue, "code": int(exc.code), "reason": exc.message},
             )
 
-    def _pick(self, delivery: Delivery) -> Endpoint | None:
+    def _pick(
+        self, delivery: Delivery, members: list[tuple[Endpoint, AccessContext]]
+    ) -> Endpoint | None:
         """The member with the fewest messages of this queue held, taking ties in turn."""
-        members = list(self.members.items())
         if not members:
             return None
-        start = self._turn % len(members)
-        self._turn += 1
+        if len(members) == 1:
+            turn = members
+        else:
+            start = self._turn % len(members)
+            self._turn += 1
+            turn = members[start:] + members[:start]
         best: Endpoint | None = None
         best_held = self._prefetch
         topic = delivery.message.destination
-        for endpoint, access in members[start:] + members[:start]:
+        for endpoint, access in turn:
             held = endpoint.held.get(self.queue, 0)
             if endpoint.closed or held >= best_held:
                 continue

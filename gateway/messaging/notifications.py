@@ -16,16 +16,29 @@ documented in docs/protocol.md ("Topics and queues"):
     ``event`` (``queued`` or ``dequeued``), ``reason`` (for dequeued:
     ``consumed``, ``expired`` or ``discarded``), ``id``, ``destination`` (the
     queue), ``ts``, and the ``u`` of the publication when it had one.
+
+Notifications and acceptances are written straight to bytes, not through
+``Command`` and ``asbp.encode``: one of each goes out per queue message, and
+building a Command re-validates every value (about 10 µs a notification, the
+largest cost of a delivery). Every value written is already valid: names,
+payloads and the publisher's keys were checked when the publication was read
+(gateway.messaging.requests, and the codec before it); ids, times, counts and
+receipts are the broker's or the engine's own. Only the token form is left to
+decide, with the grammar's rule (:func:`asbp.grammar.is_bare`), exactly as
+``asbp.encode`` does; tests/gateway/test_messaging_requests.py holds the two
+to the same bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Final
 
 import asbp
 from asbp import Command
+from asbp.grammar import is_bare
 from gateway import builtins
 from gateway.acl import DestinationType
 from gateway.engines.base import Delivery, DeliveryNotice, Message, NoticeEvent
@@ -51,6 +64,29 @@ def milliseconds(seconds: float) -> int:
     return math.floor(seconds * 1000)
 
 
+@functools.lru_cache(maxsize=1024)
+def _name_token(value: str) -> str:
+    """A destination or subscription as a Value-Token; cached, as few recur often."""
+    return _token(value)
+
+
+def _token(value: str) -> str:
+    """``value`` as ``asbp.encode`` writes it: bare when the grammar allows, else quoted.
+
+    ``value`` is known to be carriable (no quote, CR or LF): see the module docstring.
+    """
+    if value.isalnum() or is_bare(value):
+        return value
+    return f"'{value}'"
+
+
+def _frame(text: str, body: bytes) -> bytes:
+    """A header's text and a body as one frame (the "+" marker for non-ASCII text)."""
+    if text.isascii():
+        return text.encode("ascii") + b";" + body
+    return b"+" + text.encode("utf-8") + b";" + body
+
+
 def notification(
     message: Message,
     *,
@@ -60,24 +96,29 @@ def notification(
     command_id: int | None = None,
 ) -> bytes:
     """The encoded ``asbp.notification`` of ``message`` for one subscription."""
-    header: dict[str, asbp.HeaderInput] = {
-        "c": builtins.NOTIFICATION,
-        "destination": message.destination,
-        "subscription": subscription,
-        "type": kind.value,
-        "id": message.id,
-        "ts": milliseconds(message.timestamp),
-        "priority": message.priority,
-    }
+    parts = [
+        _NOTIFICATION_START,
+        _name_token(message.destination),
+        ",subscription=",
+        _name_token(subscription),
+        ",type=",
+        kind.value,
+        ",id=",
+        _token(message.id),
+        f",ts={math.floor(message.timestamp * 1000)},priority={message.priority}",
+    ]
     if message.expiration is not None:
-        header["exp"] = milliseconds(message.expiration)
+        parts.append(f",exp={math.floor(message.expiration * 1000)}")
     if delivery is not None:
-        header["receipt"] = delivery.receipt
-        header["deliveries"] = delivery.delivery_count
+        parts += (",receipt=", _token(delivery.receipt), f",deliveries={delivery.delivery_count}")
     if command_id is not None:
-        header["u"] = command_id
-    header.update(message.headers)
-    return asbp.encode(Command(header, message.payload))
+        parts.append(f",u={command_id}")
+    for key, value in message.headers.items():
+        parts += (",", key, "=", _token(value))
+    return _frame("".join(parts), message.payload)
+
+
+_NOTIFICATION_START: Final = f"c={builtins.NOTIFICATION},destination="
 
 
 def notification_size(destination: str, payload: bytes, headers: Mapping[str, str]) -> int:
@@ -111,6 +152,12 @@ def notice(event: DeliveryNotice, *, command_id: int | None) -> bytes:
     return asbp.encode(Command(header))
 
 
-def accepted(cause: str, command_id: int, **keys: asbp.HeaderInput) -> Command:
-    """``asbp.accepted`` for the messaging Command ``cause`` that carried ``u``."""
-    return Command({"c": builtins.ACCEPTED, "u": command_id, "cause": cause, **keys})
+def accepted(cause: str, command_id: int, **keys: str | int) -> bytes:
+    """The encoded ``asbp.accepted`` for the messaging Command ``cause`` that carried ``u``.
+
+    ``keys`` are the broker's own (a message id, a count).
+    """
+    text = f"c={builtins.ACCEPTED},u={command_id},cause={_token(cause)}"
+    for key, value in keys.items():
+        text += f",{key}={value if type(value) is int else _token(str(value))}"
+    return _frame(text, b"")

@@ -169,6 +169,15 @@ def check_name(name: str, what: str = "a destination name") -> None:
     """
     if not name:
         raise InvalidDestinationName(f"{what} must not be empty")
+    # ASCII (most names): printable and without a space is exactly "no whitespace,
+    # control or formatting character" (ASCII has no Cf or Cs characters), and its
+    # length is its length in bytes. Anything else takes the full check.
+    if name.isascii() and name.isprintable() and " " not in name:
+        if len(name) > MAX_DESTINATION_BYTES:
+            raise InvalidDestinationName(
+                f"{what} may be {MAX_DESTINATION_BYTES} bytes (UTF-8) at most"
+            )
+        return
     if len(name.encode("utf-8", "surrogatepass")) > MAX_DESTINATION_BYTES:
         raise InvalidDestinationName(f"{what} may be {MAX_DESTINATION_BYTES} bytes (UTF-8) at most")
     for char in name:
@@ -288,14 +297,17 @@ def read_publish(command: Command) -> Publish:
             "a virtual queue cannot be published to: publish to the TOPIC its pattern matches"
         )
     destination = _queue(name) if kind is DestinationType.QUEUE else Destination(kind, name)
-    priority = _integer(command, "priority", 0, 9)
-    ttl = _seconds(command, "ttl", positive=True) if "ttl" in command else None
-    delay = _seconds(command, "delay", positive=False) if "delay" in command else None
-    not_before_ms = _integer(command, "not_before", 0, 10**16)
+    # One publication per queue message: the keys a publication usually lacks are
+    # looked up once each, and read only when present.
+    header = command.header
+    priority = _integer(command, "priority", 0, 9) if "priority" in header else None
+    ttl = _seconds(command, "ttl", positive=True) if "ttl" in header else None
+    delay = _seconds(command, "delay", positive=False) if "delay" in header else None
+    not_before_ms = _integer(command, "not_before", 0, 10**16) if "not_before" in header else None
     if delay is not None and not_before_ms is not None:
         raise InvalidHeaderValue("not_before", "give 'delay' or 'not_before', not both")
     notices: frozenset[NoticeEvent] = frozenset()
-    raw = command.get("notice")
+    raw = header.get("notice")
     if raw is not None:
         for item in (raw,) if isinstance(raw, str) else raw:
             events = _NOTICES.get(item)
@@ -304,7 +316,7 @@ def read_publish(command: Command) -> Publish:
             notices |= events
     headers = {}
     for key in CARRIED_KEYS:
-        value = command.get(key)
+        value = header.get(key)
         if isinstance(value, str):
             headers[key] = value
     return Publish(

@@ -13,17 +13,54 @@ steps:
    size is checked (1101: every notification of it must fit the frame limit),
    and the access-control lists are asked (3201). A Command refused here is
    answered at once.
-2. **In order**: the accepted Command joins its sender's queue of operations
-   (:class:`~gateway.messaging.subscriptions.Endpoint`), which one task per
-   sender works through, awaiting the engine. So one sender's publications
-   are stored in the order sent, and its replies come in that order too (a
-   fault on sight can overtake them). At most ``max_pending`` Commands per
-   sender wait; one more is fault 2106. A poll, which may wait for messages,
-   starts in its turn and then runs beside the queue.
-3. **Answered**: a Command with ``u`` gets ``asbp.accepted`` once the broker
-   has taken responsibility: after the engine stored a queue message (Sapo;
-   the DCE model's "Persistence"), after the engine took a topic message,
-   once a subscription is in place. A failure is a fault with the same ``u``.
+2. **In order**: the accepted Command becomes an
+   :class:`~gateway.messaging.subscriptions.Operation` of its sender's
+   :class:`~gateway.messaging.subscriptions.Endpoint`, of one of two kinds:
+
+   * *Pipelined* (queue publications, acknowledgements): the engine call
+     starts at once, without waiting for the calls ahead of it, and the
+     operation joins the sender's ``in_flight`` FIFO. The call's first step
+     runs inside the router's call (gateway.messaging.eager), so calls reach
+     the engine in the order the Commands arrived, and a call that finishes
+     there (the memory engine's) costs no task. The engines carry out calls in
+     the order they were made (the Redis engine writes concurrent calls in one
+     pipeline, merging the enqueues to one queue, and the acknowledgements of
+     one queue, into one script call each), so a sender that keeps many
+     Commands outstanding costs one round trip per batch, not per Command, and
+     its messages are still stored in the order sent.
+   * *In turn* (topic publications, subscribe, unsubscribe, poll): starts once
+     every Command ahead of it has been answered, and the Commands behind it
+     wait in ``operations`` until it is done, worked through by one task per
+     sender. So a subscription is in place after everything sent before it
+     took effect and before anything sent after it starts. A poll's fetch is
+     made in its turn; the poll then waits for messages beside the Commands
+     sent after it. Topic publications are in turn because the Redis engine's
+     ``publish`` may first await its virtual-queue cache, so two concurrent
+     calls could reach Redis out of order.
+
+   At most ``max_pending`` Commands per sender are unanswered (waiting, in
+   flight, or polling); one more is fault 2106 (backpressure: a sender that
+   keeps sending without reading its answers is refused, not buffered).
+3. **Answered**, in the order sent: a Command with ``u`` gets
+   ``asbp.accepted`` once the broker has taken responsibility: after the engine
+   stored a queue message (Sapo; the DCE model's "Persistence"), after the
+   engine took a topic message, once a subscription is in place. The answers
+   of pipelined Commands leave from the head of ``in_flight``: each once its
+   own engine call is done *and* every Command ahead of it has been answered.
+   A fault on sight (step 1) is sent at once and may overtake them; a poll's
+   acceptance comes when the poll ends.
+
+   **Faults are per Command.** An engine call that fails faults its own
+   Command (with its ``u``), in its place in the order, and no other: the
+   Commands behind it were handed to the engine already and stand or fall on
+   their own (a publication behind one refused by a full queue is stored if
+   the queue has room for it; when Redis is lost, every call of the batch
+   fails, each with its own 2005). No later Command is faulted for an earlier
+   one's failure, because none depends on another's outcome: they name their
+   own destinations and receipts. It is also what running them one after
+   another gave, since a fault never stopped the Commands behind it. A
+   publisher that must not leave a gap in what it stored waits for each
+   answer before sending the next, or publishes again from the faulted one.
 
 Messages flow back by two paths:
 
@@ -50,8 +87,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -66,7 +103,8 @@ from gateway.engines.base import (
     Engine,
     Message,
 )
-from gateway.messaging.consumers import QueueConsumer
+from gateway.messaging.consumers import QueueConsumer, cancel_and_wait
+from gateway.messaging.eager import start_eagerly
 from gateway.messaging.notifications import (
     accepted,
     notice,
@@ -88,7 +126,14 @@ if TYPE_CHECKING:
     from gateway.routing import Router
     from gateway.tubes import Tube
 
-__all__ = ["FETCH_WAIT", "MessageTooLarge", "Messaging", "TooManyPending", "TooManySubscriptions"]
+__all__ = [
+    "FETCH_WAIT",
+    "MessageTooLarge",
+    "Messaging",
+    "TooManyPending",
+    "TooManySubscriptions",
+    "message_id",
+]
 
 #: Seconds one fetch of a queue consumer waits for a message before it looks again.
 FETCH_WAIT: Final = 1.0
@@ -155,7 +200,7 @@ class Messaging:
         self._orphans: set[QueueConsumer] = set()
         #: Notices for publications whose asbp.accepted has not been sent yet.
         self._held_notices: dict[str, list[DeliveryNotice]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self.system = SystemTopics(
             engine, broker_id=broker_id, interval=limits.system_topic_interval, log=log, clock=clock
         )
@@ -185,9 +230,7 @@ class Messaging:
             # released, within a grace period; whatever is left then is cancelled.
             _, late = await asyncio.wait(pending, timeout=STOP_GRACE)
             for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late)
+                await cancel_and_wait(task)
         await self.system.stop()
 
     def tick(self) -> None:
@@ -288,8 +331,11 @@ class Messaging:
         except AsbpError as exc:
             self._fault(endpoint, exc.code, exc.message, command_id, name)
             return
-        endpoint.operations.append(operation)
         endpoint.pending += 1
+        if operation.pipelined and endpoint.worker is None:
+            self._start(endpoint, operation)  # nothing waits for its turn: go now
+            return
+        endpoint.operations.append(operation)
         if endpoint.worker is None:
             endpoint.worker = worker = asyncio.create_task(
                 self._work(endpoint), name=f"asbp-messaging:{endpoint.key}"
@@ -320,10 +366,17 @@ class Messaging:
         if name == builtins.ACK:
             ack = read_ack(command)
             self._require(access, ack.destination, Privilege.READ)
-            run = functools.partial(
-                self._ack, endpoint, ack.destination, ack.receipts, command.command_id
+            queue = ack.destination.name
+            return Operation(
+                name,
+                command.command_id,
+                functools.partial(self.engine.ack, queue, ack.receipts),
+                answer=functools.partial(
+                    self._acknowledged, endpoint, queue, ack.receipts, command.command_id
+                ),
+                pipelined=True,
+                after_close=True,
             )
-            return Operation(name, command.command_id, run, after_close=True)
         raise AsbpError(
             f"{name} is sent by the broker, never to it", code=FaultCode.UNEXPECTED_MESSAGE_TYPE
         )
@@ -353,7 +406,7 @@ class Messaging:
                 f"{self._notify_prefix}{endpoint.key}/{'' if command_id is None else command_id}"
             )
         message = Message(
-            id=uuid.uuid4().hex,
+            id=message_id(),
             destination=destination.name,
             payload=publish.payload,
             timestamp=now,
@@ -364,8 +417,22 @@ class Messaging:
             notices=publish.notices,
             headers=headers,
         )
-        run = functools.partial(self._publish, endpoint, destination, message, command_id)
-        return Operation(builtins.PUBLISH, command_id, run, after_close=True)
+        queued = destination.type is DestinationType.QUEUE
+        run = functools.partial(self.engine.enqueue if queued else self.engine.publish, message)
+        abandon = None
+        if notify is not None:
+            # Notices that arrive before the acceptance wait for it (_on_notice).
+            self._held_notices[message.id] = []
+            abandon = functools.partial(self._held_notices.pop, message.id, None)
+        return Operation(
+            builtins.PUBLISH,
+            command_id,
+            run,
+            answer=functools.partial(self._published, endpoint, message.id, command_id),
+            abandon=abandon,
+            pipelined=queued,
+            after_close=True,
+        )
 
     def _subscription_operation(
         self, endpoint: Endpoint, access: AccessContext, command: Command, name: str
@@ -434,19 +501,92 @@ class Messaging:
 
     # -- in order ----------------------------------------------------------------------
 
+    def _start(self, endpoint: Endpoint, operation: Operation) -> None:
+        """Start a pipelined operation's engine call; answer it once it and those ahead are done.
+
+        The call's first step runs now (:func:`~gateway.messaging.eager.start_eagerly`):
+        a call that finishes at once (the memory engine's) with nothing ahead of it is
+        answered at once, without a task.
+        """
+        call = start_eagerly(operation.run())
+        operation.task = call
+        if call.done():
+            if not endpoint.in_flight:
+                endpoint.pending -= 1
+                self._settle(endpoint, operation, call)
+                return
+            endpoint.in_flight.append(operation)  # answered after those ahead of it
+            return
+        endpoint.in_flight.append(operation)
+        # Tracked until done, even after its endpoint is forgotten: stop() lets the
+        # publications of closed Channels reach the engine.
+        self._background.add(call)
+        call.add_done_callback(functools.partial(self._call_done, endpoint))
+
+    def _call_done(self, endpoint: Endpoint, call: asyncio.Future[Any]) -> None:
+        """An engine call ended: answer every operation at the head that is done."""
+        self._background.discard(call)
+        in_flight = endpoint.in_flight
+        while in_flight:
+            operation = in_flight[0]
+            done = operation.task
+            assert done is not None
+            if not done.done():
+                break  # answered after the one ahead of it, which is still running
+            in_flight.popleft()
+            endpoint.pending -= 1
+            self._settle(endpoint, operation, done)
+        if not in_flight and endpoint.idle is not None:
+            idle, endpoint.idle = endpoint.idle, None
+            if not idle.done():
+                idle.set_result(None)
+
+    def _settle(self, endpoint: Endpoint, operation: Operation, call: asyncio.Future[Any]) -> None:
+        """Answer a pipelined operation whose engine call is done."""
+        if call.cancelled():  # stop() gave up on it: nobody is left to answer
+            if operation.abandon is not None:
+                operation.abandon()
+            return
+        error = call.exception()
+        if error is None:
+            assert operation.answer is not None
+            operation.answer(call.result())
+            return
+        if operation.abandon is not None:
+            operation.abandon()
+        self._failed(endpoint, operation, error)
+
     async def _work(self, endpoint: Endpoint) -> None:
+        """Work through ``endpoint.operations``: in turn, or starting pipelined ones."""
+        operations = endpoint.operations
         try:
-            while endpoint.operations:
-                operation = endpoint.operations.popleft()
+            while operations:
+                operation = operations[0]  # left in place while it waits: _close sees it
                 if endpoint.closed and not operation.after_close:
+                    operations.popleft()
                     endpoint.pending -= 1
                     continue
+                if operation.pipelined:
+                    operations.popleft()
+                    self._start(endpoint, operation)
+                    continue
+                if endpoint.in_flight:
+                    # In turn: everything ahead is answered first.
+                    idle = endpoint.idle
+                    if idle is None:
+                        idle = endpoint.idle = asyncio.get_running_loop().create_future()
+                    await idle
+                    continue
+                operations.popleft()
                 if operation.detached:
-                    task = asyncio.create_task(self._execute(endpoint, operation))
-                    endpoint.polls.add(task)
-                    task.add_done_callback(endpoint.polls.discard)
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
+                    # Its first step now (the fetch is in place before anything sent
+                    # after it starts), the rest beside the others.
+                    poll = start_eagerly(self._execute(endpoint, operation), task=True)
+                    if not poll.done():
+                        endpoint.polls.add(poll)
+                        poll.add_done_callback(endpoint.polls.discard)
+                        self._background.add(poll)
+                        poll.add_done_callback(self._background.discard)
                     continue
                 await self._execute(endpoint, operation)
         finally:
@@ -454,52 +594,57 @@ class Messaging:
 
     async def _execute(self, endpoint: Endpoint, operation: Operation) -> None:
         try:
-            await operation.run()
-        except AsbpError as exc:
-            if not endpoint.closed:
-                self._fault(endpoint, exc.code, exc.message, operation.command_id, operation.name)
-        except Exception:
-            # Not an ASBP error: an engine bug or an unwrapped driver error. The sender
-            # still gets an answer (never silence), and the log gets the traceback.
-            self._log.exception(
-                "messaging.failed", extra={"endpoint": endpoint.key, "command": operation.name}
-            )
-            if not endpoint.closed:
-                self._fault(
-                    endpoint,
-                    FaultCode.ENGINE_UNAVAILABLE,
-                    "the engine failed; the operation may not have happened",
-                    operation.command_id,
-                    operation.name,
-                )
+            result = await operation.run()
+        except BaseException as exc:
+            if operation.abandon is not None:
+                operation.abandon()
+            if not isinstance(exc, Exception):  # cancelled: the broker is stopping
+                raise
+            self._failed(endpoint, operation, exc)
+        else:
+            if operation.answer is not None:
+                operation.answer(result)
         finally:
             endpoint.pending -= 1
 
-    def _reply(self, endpoint: Endpoint, command: Command) -> None:
+    def _failed(self, endpoint: Endpoint, operation: Operation, error: BaseException) -> None:
+        """Fault ``operation``'s Command (and only it) for ``error``."""
+        if isinstance(error, AsbpError):
+            if not endpoint.closed:
+                self._fault(
+                    endpoint, error.code, error.message, operation.command_id, operation.name
+                )
+            return
+        # Not an ASBP error: an engine bug or an unwrapped driver error. The sender
+        # still gets an answer (never silence), and the log gets the traceback.
+        self._log.error(
+            "messaging.failed",
+            extra={"endpoint": endpoint.key, "command": operation.name},
+            exc_info=error,
+        )
         if not endpoint.closed:
-            endpoint.send(asbp.encode(command))
+            self._fault(
+                endpoint,
+                FaultCode.ENGINE_UNAVAILABLE,
+                "the engine failed; the operation may not have happened",
+                operation.command_id,
+                operation.name,
+            )
 
-    async def _publish(
-        self,
-        endpoint: Endpoint,
-        destination: Destination,
-        message: Message,
-        command_id: int | None,
+    def _reply(self, endpoint: Endpoint, frame: bytes) -> None:
+        if not endpoint.closed:
+            endpoint.send(frame)
+
+    def _published(
+        self, endpoint: Endpoint, message_id: str, command_id: int | None, _: None
     ) -> None:
-        if message.notify is not None:
-            self._held_notices[message.id] = []
-        try:
-            if destination.type is DestinationType.QUEUE:
-                await self.engine.enqueue(message)
-            else:
-                await self.engine.publish(message)
-        except BaseException:
-            self._held_notices.pop(message.id, None)
-            raise
+        """A publication's engine call succeeded: accept it, then release its notices."""
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.PUBLISH, command_id, id=message.id))
-        for held in self._held_notices.pop(message.id, ()):
-            self._on_notice(held)
+            self._reply(endpoint, accepted(builtins.PUBLISH, command_id, id=message_id))
+        held = self._held_notices.pop(message_id, None)
+        if held:
+            for notice_held in held:
+                self._on_notice(notice_held)
 
     def _distinct(self) -> int:
         return len(self._topics) + len(self._queues)
@@ -620,15 +765,15 @@ class Messaging:
         if command_id is not None:
             self._reply(endpoint, accepted(builtins.POLL, command_id, count=delivered))
 
-    async def _ack(
+    def _acknowledged(
         self,
         endpoint: Endpoint,
-        destination: Destination,
+        queue: str,
         receipts: tuple[str, ...],
         command_id: int | None,
+        live: int,
     ) -> None:
-        queue = destination.name
-        live = await self.engine.ack(queue, receipts)
+        """An acknowledgement's engine call succeeded: forget the leases, make room, accept."""
         for receipt in receipts:
             endpoint.drop(receipt)
         consumer = self._queues.get(queue)
@@ -720,6 +865,22 @@ class Messaging:
         """This broker's consumers of the queue ``name``."""
         consumer = self._queues.get(name)
         return 0 if consumer is None else len(consumer.members)
+
+
+def message_id() -> str:
+    """A new message id: a random (version 4) UUID's 32 hex digits.
+
+    What ``uuid.uuid4().hex`` returns, for a quarter of its cost (one per
+    publication; the UUID object is never needed).
+    """
+    bits = int.from_bytes(os.urandom(16), "big")
+    bits = (bits & _NOT_VERSION_OR_VARIANT) | _VERSION_4_RFC_4122
+    return f"{bits:032x}"
+
+
+# The version nibble (bits 76-79) and the variant's two bits (62-63), as uuid.UUID sets them.
+_NOT_VERSION_OR_VARIANT: Final = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_4_RFC_4122: Final = (4 << 76) | (0x8000 << 48)
 
 
 def _closed(endpoint: Endpoint) -> bool:

@@ -2,9 +2,10 @@
 
 An :class:`Endpoint` is the messaging side of one Channel or Tube: where its
 notifications go, the topic subscriptions and queues it holds, the queue
-messages leased to it and not yet acknowledged, and the queue of its messaging
-Commands that wait for the engine. User-Agents and Application-Agents are
-alike here; only the ``send`` function differs.
+messages leased to it and not yet acknowledged, and its messaging Commands:
+those whose engine call is under way (``in_flight``, answered in order) and
+those waiting for their turn (``operations``). User-Agents and
+Application-Agents are alike here; only the ``send`` function differs.
 
 :class:`Topics` holds the broker's topic subscriptions: exact names in a
 dictionary (one lookup per message), patterns in a second one scanned per
@@ -20,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.acl import AccessContext
 from gateway.messaging.requests import Destination
@@ -44,19 +45,39 @@ class Lease:
 
 @dataclass(eq=False, slots=True)
 class Operation:
-    """One messaging Command waiting for its turn with the engine."""
+    """One messaging Command accepted on sight, waiting for the engine or under way.
+
+    Two kinds (gateway.messaging.service, "In order"):
+
+    - *pipelined* (queue publications, acknowledgements): ``run`` starts as
+      soon as the Command's turn comes, without waiting for the engine calls
+      ahead of it; ``answer`` gets its result once every Command ahead has been
+      answered.
+    - *in turn* (the others): ``run`` starts once every Command ahead has been
+      answered; ``answer`` (if any) gets its result at once.
+    """
 
     #: The Command-Name, for faults and logs.
     name: str
     #: The Command's ``u``.
     command_id: int | None
-    #: Does the work; an AsbpError it raises becomes a fault to the sender.
-    run: Callable[[], Awaitable[None]]
-    #: Whether it still runs after its Channel or Tube closed: publications do
-    #: (the client sent them; only the answer is lost), subscriptions do not.
+    #: The engine call, or the whole work; an AsbpError it raises becomes a fault
+    #: to the sender (after ``abandon``).
+    run: Callable[[], Coroutine[Any, Any, Any]]
+    #: Takes ``run``'s result and answers.
+    answer: Callable[[Any], None] | None = None
+    #: Undoes what was prepared for ``answer`` when ``run`` failed.
+    abandon: Callable[[], object] | None = None
+    #: Whether ``run`` starts without waiting for the Commands ahead to be answered.
+    pipelined: bool = False
+    #: Whether it still runs after its Channel or Tube closed: publications and
+    #: acknowledgements do (the client sent them; only the answer is lost),
+    #: subscriptions do not.
     after_close: bool = False
     #: Whether it starts in its turn and then runs beside the queue (a poll).
     detached: bool = False
+    #: Pipelined, once started: the engine call.
+    task: asyncio.Future[Any] | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -79,14 +100,19 @@ class Endpoint:
     leases: dict[str, Lease] = field(default_factory=dict)
     #: Unacknowledged queue messages, counted per queue.
     held: dict[str, int] = field(default_factory=dict)
-    #: Its messaging Commands waiting for the engine, oldest first.
+    #: Pipelined Commands whose engine call started, oldest first: answered from
+    #: the head, each once its call and every one ahead of it are done.
+    in_flight: deque[Operation] = field(default_factory=deque)
+    #: Commands waiting for their turn, oldest first (behind an in-turn Command).
     operations: deque[Operation] = field(default_factory=deque)
-    #: Commands accepted and not yet finished (queued, running, or polling).
+    #: Commands accepted and not yet answered (waiting, in flight, or polling).
     pending: int = 0
     #: The task working through ``operations``, while there are any.
     worker: asyncio.Task[None] | None = None
+    #: Set by the worker while it waits for ``in_flight`` to empty; resolved then.
+    idle: asyncio.Future[None] | None = None
     #: Polls waiting for messages (they run beside ``operations``).
-    polls: set[asyncio.Task[None]] = field(default_factory=set)
+    polls: set[asyncio.Future[None]] = field(default_factory=set)
     closed: bool = False
 
     def hold(self, receipt: str, queue: str, deadline: float) -> None:

@@ -6,7 +6,8 @@ microseconds per message that a broker pays on every hop.
 
 Each connection has two tasks. The one that ASGI gave us reads messages and
 hands them to the router, which never blocks; a writer task drains the
-connection's outbox. A reader that falls behind fills its outbox, and the
+connection's outbox (while it waits, the outbox hands frames to its ``send``
+directly: see ``_write``). A reader that falls behind fills its outbox, and the
 router closes it with fault 2105 instead of letting it hold memory.
 """
 
@@ -15,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from asbp import Command, FaultCode, encode
 from gateway import builtins
@@ -59,23 +60,95 @@ def _is_text(frame: bytes) -> bool:
     return True
 
 
+async def _finish(steps: Generator[Any, None, object], waiting_on: Any) -> None:
+    """Run the rest of an awaitable whose first step ran outside any task.
+
+    ``steps`` is its ``__await__()``; that first step suspended on
+    ``waiting_on``, the asyncio future it awaits (None for a bare yield, as in
+    ``asyncio.sleep(0)``). This task awaits that future in its stead, then
+    resumes it, until it returns: what ``asyncio.Task`` would have done with
+    it from the start.
+    """
+    while True:
+        try:
+            if waiting_on is None:
+                await asyncio.sleep(0)
+            else:
+                # As a Task does with a future it is handed: the flag set when the
+                # future was yielded is cleared, or awaiting it again would fail.
+                waiting_on._asyncio_future_blocking = False
+                await waiting_on
+        except BaseException as exc:
+            # The future's own outcome reaches the coroutine when it resumes (its
+            # await of that future raises it); anything else, such as this task's
+            # cancellation, is thrown into it.
+            own = waiting_on is not None and waiting_on.done()
+            own = own and (waiting_on.cancelled() or waiting_on.exception() is exc)
+            if not own:
+                try:
+                    waiting_on = steps.throw(exc)
+                except StopIteration:
+                    return
+                continue
+        try:
+            waiting_on = steps.send(None)
+        except StopIteration:
+            return
+
+
 async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None:
-    """Drain ``outbox`` to the peer until it closes, then close the socket."""
+    """Drain ``outbox`` to the peer until it closes, then close the socket.
+
+    While this task waits for frames, the outbox hands them to ``send_now``
+    instead of waking it (StreamOutbox.send_directly): ``send_now`` runs the
+    ASGI ``send`` coroutine's first step on the spot. An ASGI server's
+    ``send`` of a WebSocket message writes to its transport and returns
+    without suspending unless the transport is paused (the reader is slow) or
+    busy, so a fan-out to a thousand subscribers costs a thousand such calls,
+    as ``websockets.broadcast`` does, instead of a thousand task wake-ups. A
+    ``send`` that does suspend is finished by a task of its own (``stalled``);
+    from then on ``send_now`` declines, so the next frames wake this task,
+    which waits for ``stalled`` (and meets its failure, if it failed) before
+    sending them: frames keep their order. A ``send`` that fails in its first
+    step is left to this task too: it meets the same failure in its own
+    ``send`` and handles it as before.
+    """
     channel = peer if isinstance(peer, Channel) else None
+    stalled: asyncio.Task[None] | None = None
+    direct = True
+
+    def message(frame: bytes) -> dict[str, Any]:
+        if channel is not None and channel.prefers_text and _is_text(frame):
+            return {"type": "websocket.send", "text": frame.decode("utf-8")}
+        return {"type": "websocket.send", "bytes": frame}
+
+    def send_now(frame: bytes) -> bool:
+        nonlocal stalled, direct
+        if not direct or stalled is not None:
+            return False
+        steps = send(message(frame)).__await__()
+        try:
+            waiting_on = steps.send(None)
+        except StopIteration:
+            return True
+        except Exception:
+            # Not here, inside a fan-out: this task meets it again in its own send.
+            direct = False
+            return False
+        stalled = asyncio.ensure_future(_finish(steps, waiting_on))
+        return True
+
+    outbox.send_directly(send_now)
     try:
         while True:
             batch = await outbox.take()
+            if stalled is not None:
+                await stalled
+                stalled = None
             if not batch:
                 break
-            if channel is not None and channel.prefers_text:
-                for frame in batch:
-                    if _is_text(frame):
-                        await send({"type": "websocket.send", "text": frame.decode("utf-8")})
-                    else:
-                        await send({"type": "websocket.send", "bytes": frame})
-            else:
-                for frame in batch:
-                    await send({"type": "websocket.send", "bytes": frame})
+            for frame in batch:
+                await send(message(frame))
         fault = peer.fault
         if fault is FaultCode.SLOW_CONSUMER:
             reason = f"{int(fault)} {fault.description}"
@@ -84,6 +157,13 @@ async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None
             await send({"type": "websocket.close", "code": CLOSE_GOING_AWAY})
     except OSError:  # pragma: no cover - the peer vanished mid-send; nothing to tell it
         pass
+    finally:
+        outbox.send_directly(None)
+        if stalled is not None:
+            if not stalled.done():
+                stalled.cancel()
+            elif not stalled.cancelled():
+                stalled.exception()  # retrieved: the peer is gone, whatever it was
 
 
 async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:

@@ -10,7 +10,7 @@ import asbp
 from asbp import AsbpError, Command
 from gateway.acl import DestinationType
 from gateway.engines.base import Delivery, DeliveryNotice, Message, NoticeEvent
-from gateway.messaging.notifications import notice, notification, notification_size
+from gateway.messaging.notifications import accepted, notice, notification, notification_size
 from gateway.messaging.requests import (
     MAX_DESTINATION_BYTES,
     is_pattern,
@@ -156,6 +156,92 @@ def test_a_notification_of_a_queue_delivery() -> None:
     # The size bound holds with the longest subscription and receipt.
     header = len(frame) - len(b"p")
     assert header <= notification_size("/orders/1", b"p", message.headers)
+
+
+def reference_notification(
+    message: Message,
+    subscription: str,
+    kind: DestinationType,
+    delivery: Delivery | None,
+    command_id: int | None,
+) -> bytes:
+    """What ``notification`` writes, through Command and asbp.encode (the slow, sure way)."""
+    header: dict[str, asbp.HeaderInput] = {
+        "c": "asbp.notification",
+        "destination": message.destination,
+        "subscription": subscription,
+        "type": kind.value,
+        "id": message.id,
+        "ts": int(message.timestamp * 1000),
+        "priority": message.priority,
+    }
+    if message.expiration is not None:
+        header["exp"] = int(message.expiration * 1000)
+    if delivery is not None:
+        header["receipt"] = delivery.receipt
+        header["deliveries"] = delivery.delivery_count
+    if command_id is not None:
+        header["u"] = command_id
+    header.update(message.headers)
+    return asbp.encode(Command(header, message.payload))
+
+
+@pytest.mark.parametrize(
+    ("destination", "subscription", "kind", "headers"),
+    [
+        ("/news/sport", "/news/sport", DestinationType.TOPIC, {}),
+        # Pattern characters that need quotes (+, [, ], comma) and some that do not.
+        ("/a+b", "/a\\+.*", DestinationType.TOPIC, {"m": "text/plain"}),
+        ("/x", "/[a-z],(y|z)", DestinationType.TOPIC, {}),
+        # Non-ASCII: the UTF-8 marker.
+        ("/café", "/caf.*", DestinationType.TOPIC, {"e": "UTF-8"}),
+        ("jobs", "jobs", DestinationType.QUEUE, {"m": "text/plain; charset=utf-8", "a": "billing"}),
+        ("/orders/1", "vq@/orders/.*", DestinationType.VIRTUAL_QUEUE, {"z": "application/gzip"}),
+        ("q", "q", DestinationType.QUEUE, {"f": "1.3.6.1.4.1", "m": "text/x; a=b"}),
+    ],
+)
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_notification_is_what_the_codec_would_write(
+    destination: str,
+    subscription: str,
+    kind: DestinationType,
+    headers: dict[str, str],
+    queued: bool,
+) -> None:
+    message = Message(
+        id="0123456789abcdef" * 2,
+        destination=destination,
+        payload=b"body; with = separators",
+        timestamp=1_763_712_000.1239,
+        expiration=1_763_712_060.5 if queued else None,
+        priority=9,
+        headers=headers,
+    )
+    receipts = ["r.1", "3:1763712000123-0:2:a1b2c3:1", "with space", "a+b"]
+    for receipt in receipts if queued else [None]:
+        delivery = None if receipt is None else Delivery(message, subscription, 3, 9.0, receipt)
+        for command_id in (None, 0, 65535):
+            frame = notification(
+                message,
+                subscription=subscription,
+                kind=kind,
+                delivery=delivery,
+                command_id=command_id,
+            )
+            expected = reference_notification(message, subscription, kind, delivery, command_id)
+            assert frame == expected
+
+
+def test_acceptances() -> None:
+    assert accepted("asbp.publish", 7, id="ab" * 16) == asbp.encode(
+        Command({"c": "asbp.accepted", "u": 7, "cause": "asbp.publish", "id": "ab" * 16})
+    )
+    assert accepted("asbp.ack", 0, count=12) == asbp.encode(
+        Command({"c": "asbp.accepted", "u": 0, "cause": "asbp.ack", "count": 12})
+    )
+    assert accepted("asbp.subscribe", 65535) == asbp.encode(
+        Command({"c": "asbp.accepted", "u": 65535, "cause": "asbp.subscribe"})
+    )
 
 
 def test_notices() -> None:
