@@ -93,7 +93,7 @@ class MessagingLimits:
     #: message).
     max_deliveries: int = 20
     #: Messages one queue holds (leased and delayed ones included); a publish past
-    #: it gets fault 2003, and a full virtual queue drops topic copies.
+    #: it gets fault 2006, and a full virtual queue drops topic copies.
     max_queue_depth: int = 100_000
     #: Distinct subscriptions (topic names, topic patterns, queues and virtual queues)
     #: held at this broker; one more gets fault 2004.
