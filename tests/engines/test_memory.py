@@ -214,7 +214,7 @@ async def test_one_enqueue_wakes_one_waiter() -> None:
     await anyio.wait_all_tasks_blocked()
 
     await engine.enqueue(make_message(QUEUE))
-    await asyncio.sleep(0)  # one turn of the loop: woken waiters run
+    await anyio.wait_all_tasks_blocked()  # the woken waiter finishes; the others block
     assert sum(task.done() for task in waiting) == 1
     results = await asyncio.gather(*waiting)
     assert sorted(len(result) for result in results) == [0, 0, 1]
