@@ -1,0 +1,99 @@
+"""The event record: its fields, their types, and its one serialisation.
+
+Both stores hold the same bytes for an event: one JSON object (``orjson``), as a
+line of an NDJSON file or as the ``e`` field of a Redis Stream entry, so a reader
+needs one parser. Fields are never renamed or retyped; new ones may be added, and
+readers ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import orjson
+
+__all__ = [
+    "DESTINATION_KINDS",
+    "FIELDS",
+    "OUTCOMES",
+    "SOURCE_KINDS",
+    "STREAM_FIELD",
+    "DestinationKind",
+    "Event",
+    "Outcome",
+    "SourceKind",
+]
+
+SourceKind = Literal["channel", "agent", "course"]
+#: ``broker``: a built-in Command the broker answers itself (``asbp.ping``,
+#: ``asbp.subscribe``...); messaging built-ins record the topic or queue instead.
+DestinationKind = Literal[
+    "agent", "channel", "group", "topic", "queue", "virtual_queue", "broker", "course"
+]
+Outcome = Literal["delivered", "fault"]
+
+SOURCE_KINDS: Final[tuple[SourceKind, ...]] = ("channel", "agent", "course")
+DESTINATION_KINDS: Final[tuple[DestinationKind, ...]] = (
+    "agent",
+    "channel",
+    "group",
+    "topic",
+    "queue",
+    "virtual_queue",
+    "broker",
+    "course",
+)
+OUTCOMES: Final[tuple[Outcome, ...]] = ("delivered", "fault")
+
+#: The field of a Redis Stream entry that holds the event's JSON.
+STREAM_FIELD: Final = b"e"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One routed Command.
+
+    Attributes:
+        time: when the broker received the Command, Unix seconds (UTC).
+        broker: the Broker-Identifier of the broker that routed it.
+        source_kind: what sent it.
+        source: the Channel-Identifier, the Application-Agent identity or the
+            Course name.
+        subject: the Subject-Identifier (``s``) it carried, if any.
+        command: the Command name (``c``); ``None`` when the frame never decoded.
+        header_bytes: the header's size, the terminating ``;`` included.
+        body_bytes: the body's size.
+        destination_kind: where it was routed; ``None`` when refused before routing.
+        destination: the agent identity, Channel-Identifier, group, topic, queue or
+            built-in name, if any.
+        agent: the Application-Agent on either end: the identity that served a
+            Channel's Command, or the one that sent from its Tube.
+        outcome: ``delivered`` once handed on (to an outbox, the engine or a
+            built-in), ``fault`` when answered with a fault.
+        fault: the fault code when ``outcome`` is ``fault``.
+        latency_us: microseconds from receipt to hand-off (or to the fault).
+    """
+
+    time: float
+    broker: str
+    source_kind: SourceKind
+    source: str
+    subject: str | None
+    command: str | None
+    header_bytes: int
+    body_bytes: int
+    destination_kind: DestinationKind | None
+    destination: str | None
+    agent: str | None
+    outcome: Outcome
+    fault: int | None
+    latency_us: int
+
+    def to_json(self) -> bytes:
+        """The event's one serialisation: a JSON object, no trailing newline."""
+        return orjson.dumps(self)
+
+
+#: The fields in order, for documentation and for readers building a schema.
+FIELDS: Final[tuple[str, ...]] = tuple(Event.__dataclass_fields__)
