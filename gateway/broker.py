@@ -5,8 +5,9 @@ topic and queue engine (``memory`` or ``redis``, from the configuration) and
 the messaging built-ins on top of it, plus the duties no single transport can
 do: expiring Commands whose Respondent never answers, expiring stateless HTTP
 Channels nobody polls, forgetting queue leases that ran out and publishing
-the ``/system/`` consumer counts. It holds no sockets; transports hold those
-and call the router.
+the ``/system/`` consumer counts. It also keeps the event log (one record per
+routed Command, gateway.eventlog), whose store follows the engine. It holds no
+sockets; transports hold those and call the router.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from gateway.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.config import GatewayConfig
 from gateway.credentials import AgentCredentials
 from gateway.engines.base import Engine, EngineLimits
+from gateway.eventlog.files import FileStore
+from gateway.eventlog.recorder import Recorder, Store
+from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.outbox import Mailbox, StreamOutbox
 from gateway.routing import Router
 from gateway.trust import agent_trust
 from gateway.tubes import RespondentTable, Tube
 
-__all__ = ["Broker", "create_engine"]
+__all__ = ["Broker", "create_engine", "create_event_log"]
 
 
 def _access(
@@ -73,6 +77,32 @@ def create_engine(config: GatewayConfig, *, broker_id: str) -> Engine:
     return MemoryEngine(limits=limits)
 
 
+def create_event_log(
+    config: GatewayConfig, *, broker_id: str, log: logging.Logger
+) -> Recorder | None:
+    """The event log ``config.event_log`` asks for, in the store of ``config.engine``.
+
+    ``None`` when it is off. Nothing is opened yet: files are created on the first
+    write, and the Redis connection on the first batch.
+    """
+    settings = config.event_log
+    if settings.mode == "off":
+        return None
+    store: Store
+    if config.engine == "redis":
+        # Imported here: a memory broker never loads the Redis client.
+        from gateway.eventlog.stream import StreamStore
+
+        store = StreamStore(config.redis_url, max_events=settings.max_events)
+    else:
+        store = FileStore(
+            config.data_dir / FILES_DIRECTORY,
+            max_file_bytes=settings.file_bytes,
+            max_files=settings.files,
+        )
+    return Recorder(store, broker_id=broker_id, log=log, capacity=settings.buffer)
+
+
 class Broker:
     """One broker: registries, router and housekeeping."""
 
@@ -112,6 +142,9 @@ class Broker:
             log=self.log,
         )
         self.router.messaging = self.messaging
+        #: The event log; None when ``event_log.mode`` is off.
+        self.event_log = create_event_log(config, broker_id=broker_id, log=self.log)
+        self.router.recorder = self.event_log
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False
@@ -122,6 +155,8 @@ class Broker:
         """Start the engine and housekeeping; call inside the serving event loop."""
         await self.engine.start()
         self.messaging.start()
+        if self.event_log is not None:
+            self.event_log.start()
         self._housekeeping = asyncio.create_task(self._keep_house(), name="asbp-housekeeping")
         self.ready = True
         self.log.info("broker.start", extra={"broker": self.broker_id})
@@ -142,6 +177,9 @@ class Broker:
             self.router.close_channel(channel)
         await self.messaging.stop()
         await self.engine.close()
+        if self.event_log is not None:
+            # Last: everything routed until now is in the buffer, and gets written.
+            await self.event_log.stop()
         self.log.info("broker.stop", extra={"broker": self.broker_id})
 
     async def _keep_house(self) -> None:

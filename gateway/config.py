@@ -22,6 +22,8 @@ from gateway.acl import Acl
 __all__ = [
     "ChannelLimits",
     "EngineName",
+    "EventLogConfig",
+    "EventLogMode",
     "GatewayConfig",
     "MessagingLimits",
     "ServerName",
@@ -33,6 +35,7 @@ MiB = 1024 * 1024
 
 ServerName = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
+EventLogMode = Literal["on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,26 @@ class MessagingLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class EventLogConfig:
+    """The event log: one record per routed Command (docs/spark.md, "The event log")."""
+
+    #: ``on`` records every Command the broker routes, in the engine's store: rotating
+    #: NDJSON files in ``data_dir/events/`` with ``memory``, the capped Redis Stream
+    #: ``asbp:events`` with ``redis``. ``off`` records nothing.
+    mode: EventLogMode = "on"
+    #: Events waiting in memory to be written, at most; past it new events are dropped
+    #: and counted (a warning is logged), so routing never waits for the log.
+    buffer: int = 65_536
+    #: Bytes of one NDJSON file (``memory`` engine) before the log starts the next.
+    file_bytes: int = 64 * MiB
+    #: NDJSON files kept (``memory`` engine); past it the oldest is deleted.
+    files: int = 8
+    #: Entries the Redis Stream keeps (``redis`` engine), approximately: older ones are
+    #: trimmed as new ones are added (``XADD MAXLEN ~``).
+    max_events: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything a broker needs to start."""
 
@@ -141,6 +164,8 @@ class GatewayConfig:
     tubes: TubeLimits = field(default_factory=TubeLimits)
     #: Topics, queues and subscriptions.
     messaging: MessagingLimits = field(default_factory=MessagingLimits)
+    #: The log of routed Commands.
+    event_log: EventLogConfig = field(default_factory=EventLogConfig)
     #: The ``aud`` every agent credential must carry.
     audience: str = "asbp-broker"
     #: Application-Agent identities and their public keys, as the ``[agents]``

@@ -117,6 +117,7 @@ _FLAGS: Final = {
     "data_dir": "--data-dir",
     "engine": "--engine",
     "redis_url": "--redis-url",
+    "event_log.mode": "--event-log",
     "insecure_dev_tubes": "--insecure-dev-tubes",
     "authenticate_command": "--authenticate-command",
     "failed_handshakes_per_minute": "--failed-handshakes-per-minute",
@@ -521,7 +522,7 @@ def _check(setting: Setting, value: object, source: str) -> None:
         raise ConfigError("must not be empty", source=source)
     if setting.key == "port" and isinstance(value, int) and not 0 <= value <= 65535:
         raise ConfigError(f"must be between 0 and 65535, not {value}", source=source)
-    limit = setting.table in ("limits", "channels", "tubes", "messaging")
+    limit = setting.table in ("limits", "channels", "tubes", "messaging", "event_log")
     limit = limit or setting.key == "failed_handshakes_per_minute"
     if limit and isinstance(value, int | float) and value <= 0:
         raise ConfigError(f"must be positive, not {value}", source=source)
@@ -1015,9 +1016,9 @@ exits with status 2. The one exception is `ASBP_TEST_TIMEOUT_UNIT`, which belong
 the test suite.
 
 - **File:** top-level keys, then one table per group: `[tls]`, `[limits]`,
-  `[channels]`, `[tubes]`, `[messaging]`, `[agents.<identity>]` and `[security]`.
-  Relative paths in the file resolve against the file's directory. `[agents]` and
-  `[security]` can only be set in the file.
+  `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[agents.<identity>]` and
+  `[security]`. Relative paths in the file resolve against the file's directory.
+  `[agents]` and `[security]` can only be set in the file.
 - **Environment:** `ASBP_` and the key in capitals; inside a table, the table and the
   key are joined by a double underscore (`ASBP_CHANNELS__LONG_POLL_TIMEOUT`), except
   for `ASBP_TLS_CERTFILE` and `ASBP_TLS_KEYFILE`. Booleans are `1`/`0`, `true`/`false`,

@@ -16,9 +16,12 @@ import orjson
 __all__ = [
     "DESTINATION_KINDS",
     "FIELDS",
+    "FILES_DIRECTORY",
+    "FILE_GLOB",
     "OUTCOMES",
     "SOURCE_KINDS",
     "STREAM_FIELD",
+    "STREAM_KEY",
     "DestinationKind",
     "Event",
     "Outcome",
@@ -48,6 +51,13 @@ OUTCOMES: Final[tuple[Outcome, ...]] = ("delivered", "fault")
 
 #: The field of a Redis Stream entry that holds the event's JSON.
 STREAM_FIELD: Final = b"e"
+#: The Redis Stream the ``redis`` engine's brokers log to (all of them, one stream).
+STREAM_KEY: Final = "asbp:events"
+#: The ``memory`` engine's log: this directory under ``data_dir``...
+FILES_DIRECTORY: Final = "events"
+#: ...holding NDJSON files named ``events-<UTC time, to the microsecond>.ndjson``
+#: (``events-20261121T091500123456Z.ndjson``), so sorting the names sorts by time.
+FILE_GLOB: Final = "events-*.ndjson"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,23 @@ class Event:
     def to_json(self) -> bytes:
         """The event's one serialisation: a JSON object, no trailing newline."""
         return orjson.dumps(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Event:
+        """Read back what :meth:`to_json` wrote; fields this version does not know
+        are ignored.
+
+        Raises:
+            orjson.JSONDecodeError: ``data`` is not JSON (a ``ValueError``).
+            TypeError: it is not an object, or lacks one of :data:`FIELDS`.
+        """
+        value = orjson.loads(data)
+        if not isinstance(value, dict):
+            raise TypeError(f"an event is a JSON object, not {type(value).__name__}")
+        missing = [name for name in FIELDS if name not in value]
+        if missing:
+            raise TypeError(f"an event needs {', '.join(missing)}")
+        return cls(**{name: value[name] for name in FIELDS})
 
 
 #: The fields in order, for documentation and for readers building a schema.

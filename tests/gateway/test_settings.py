@@ -22,7 +22,14 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
-from gateway.config import ChannelLimits, GatewayConfig, MessagingLimits, TlsConfig, TubeLimits
+from gateway.config import (
+    ChannelLimits,
+    EventLogConfig,
+    GatewayConfig,
+    MessagingLimits,
+    TlsConfig,
+    TubeLimits,
+)
 from gateway.identity import BROKER_ID_FILE, broker_identity
 from gateway.settings import (
     ConfigError,
@@ -660,6 +667,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "channels": ChannelLimits,
         "tubes": TubeLimits,
         "messaging": MessagingLimits,
+        "event_log": EventLogConfig,
     }
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",
