@@ -37,6 +37,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,17 +50,22 @@ Ready = Callable[[int], None]
 # -- applications ------------------------------------------------------------
 
 
-def broker_app(agent_id: str, agent_key: Path, broker_id: str) -> Any:
+def broker_app(
+    agent_id: str, agent_key: Path, broker_id: str, *, data_dir: Path, event_log: str = "on"
+) -> Any:
     from gateway.app import create_app
-    from gateway.config import GatewayConfig
+    from gateway.config import EventLogConfig, GatewayConfig
 
     config = GatewayConfig(
         host=HOST,
         port=0,
         broker_id=broker_id,
+        data_dir=data_dir,
         insecure_dev_tubes=True,
         agents={agent_id: {"public_key": str(agent_key)}},
         agents_base_dir=agent_key.parent,
+        # On by default, as a broker runs; off to measure what the log costs.
+        event_log=EventLogConfig(mode=event_log),
     )
     return create_app(config)
 
@@ -218,12 +224,20 @@ async def _main(args: argparse.Namespace) -> None:
     if args.target == "raw":
         await run_raw(sock, _announce, stop)
         return
-    if args.target == "broker":
-        app = broker_app(args.agent_id, Path(args.agent_key), args.broker_id)
-    else:
-        app = bare_relay_app()
     run = run_hypercorn if args.server == "hypercorn" else run_uvicorn
-    await run(app, sock, _announce, stop)
+    if args.target != "broker":
+        await run(bare_relay_app(), sock, _announce, stop)
+        return
+    # The event log's files go to a private directory, gone with the server.
+    with tempfile.TemporaryDirectory(prefix="asbp-bench-") as data_dir:
+        app = broker_app(
+            args.agent_id,
+            Path(args.agent_key),
+            args.broker_id,
+            data_dir=Path(data_dir),
+            event_log=args.event_log,
+        )
+        await run(app, sock, _announce, stop)
 
 
 def main() -> None:
@@ -233,6 +247,7 @@ def main() -> None:
     parser.add_argument("--agent-id", default="bench-agent")
     parser.add_argument("--agent-key", help="the agent's public key (PEM file)")
     parser.add_argument("--broker-id", default="bench-broker")
+    parser.add_argument("--event-log", choices=["on", "off"], default="on")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:

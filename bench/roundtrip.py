@@ -100,6 +100,10 @@ class Sample:
 # -- the server process --------------------------------------------------------
 
 
+#: The brokers' event log, on or off (--event-log); a list so main() can set it.
+EVENT_LOG: list[str] = ["on"]
+
+
 class ServerProcess:
     """A bench/_servers.py subprocess; stopped by closing its stdin."""
 
@@ -118,6 +122,7 @@ class ServerProcess:
             assert self.agent_key is not None
             args += ["--agent-id", AGENT_ID, "--agent-key", str(self.agent_key)]
             args += ["--broker-id", "bench-" + uuid.uuid4().hex[:8]]
+            args += ["--event-log", EVENT_LOG[0]]
         if self.cprofile is not None:
             args += ["--cprofile", str(self.cprofile)]
         self.proc = await asyncio.create_subprocess_exec(
@@ -631,6 +636,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100, help="requests outstanding (100)")
     parser.add_argument("--quick", action="store_true", help="a short run (numbers are rough)")
     parser.add_argument(
+        "--event-log",
+        choices=["on", "off"],
+        default="on",
+        help="the brokers' event log (on, as brokers run by default)",
+    )
+    parser.add_argument(
         "--profile",
         nargs="+",
         default=[],
@@ -657,6 +668,7 @@ def main() -> None:
     parser.add_argument("--keep-profile", type=Path, metavar="DIR", help="copy raw profiles here")
     parser.add_argument("--json", metavar="PATH", help="write every sample here as JSON")
     args = parser.parse_args()
+    EVENT_LOG[0] = args.event_log
     if args.quick:
         args.trips, args.warmup, args.requests = 300, 50, 3000
         args.profile_seconds = min(args.profile_seconds, 3)
