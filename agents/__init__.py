@@ -18,8 +18,10 @@ Modules, one concept each: ``agent`` (the Application-Agent), ``respondent``
 handlers), ``tube`` (one reconnecting Tube), ``addressing`` (which broker a
 Channel is at), ``user_agent`` (the User-Agent), ``channel`` (its WebSocket
 and HTTP transports), ``multipart`` (the long-poll response reader),
-``backoff``, ``control`` (the broker's built-in names), ``credentials``,
-``errors`` (the exception tree).
+``streams`` (reassembling a reply sent in ``t``/``o`` parts), ``backoff``,
+``control`` (the broker's built-in names), ``credentials``, ``errors`` (the
+exception tree). ``agents.spark`` (Spark jobs on the bus) needs the ``spark``
+extra and is never imported from here.
 """
 
 from __future__ import annotations
