@@ -21,7 +21,10 @@ Queue
     one consumer at a time; a lease not acknowledged (``ack``) before its
     deadline ends and the message is delivered again, to any consumer, with
     ``delivery_count`` one higher. Messages wait for consumers until they
-    expire.
+    expire. An expired message leaves (with its EXPIRED notice) when a fetch
+    meets it, or at the engine's periodic sweep, within about a second of its
+    expiration even if nobody consumes the queue; one that expires while
+    leased stays with its consumer until the lease ends.
 Virtual queue
     ``name@pattern``: a durable queue fed by every topic message whose name
     fully matches ``pattern``; consumed like a queue under its full name.
@@ -40,7 +43,7 @@ the broker turns it into a fault, never into a lost Command.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -232,10 +235,14 @@ class Engine(Protocol):
 
     # -- queues -------------------------------------------------------------
 
-    async def enqueue(self, message: Message) -> None:
+    def enqueue(self, message: Message) -> Awaitable[None]:
         """Store ``message`` in the queue ``message.destination``.
 
-        Returns once stored; a QUEUED notice follows if it was asked for.
+        Done once stored; a QUEUED notice follows if it was asked for. An
+        awaitable rather than a coroutine function, so that an engine may return
+        a future: the broker calls it once per queue publication and cares for
+        what a coroutine costs. Either way the call is made (and ordered after
+        the calls before it) when ``enqueue`` is called, not when awaited.
 
         Raises:
             QueueLimitReached: the queue is new and there are max_queues already.
@@ -255,20 +262,22 @@ class Engine(Protocol):
         """
         ...
 
-    async def ack(self, queue: str, receipts: Sequence[str]) -> int:
+    def ack(self, queue: str, receipts: Sequence[str]) -> Awaitable[int]:
         """Acknowledge leases: their messages leave the queue (CONSUMED notices).
 
-        Returns how many receipts were still live (a late ack of a lease that
-        already ended does nothing: the message was or will be redelivered).
+        An awaitable (as ``enqueue`` returns) of how many receipts were still
+        live (a late ack of a lease that already ended does nothing: the
+        message was or will be redelivered).
         """
         ...
 
-    async def release(self, queue: str, receipts: Sequence[str]) -> int:
+    def release(self, queue: str, receipts: Sequence[str]) -> Awaitable[int]:
         """End leases early without acknowledging: deliverable again at once.
 
-        Returns how many receipts were still live. The ended delivery still
-        counts: a message released after its max_deliveries-th delivery is
-        discarded (DISCARDED notice), as when such a lease runs out.
+        An awaitable (as ``enqueue`` returns) of how many receipts were still
+        live. The ended delivery still counts: a message released after its
+        max_deliveries-th delivery is discarded (DISCARDED notice), as when such
+        a lease runs out.
         """
         ...
 

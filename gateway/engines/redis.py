@@ -16,6 +16,7 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
     asbp:q:Q:l0 .. l9        zset    leases: "<stream id>:<delivery count>:<tag>" by deadline
     asbp:q:Q:dl              zset    delayed messages (msgpack of the fields) by not_before
     asbp:q:Q:wt              string  set while a consumer waits for Q
+    asbp:expiry              zset    queues by when they next need the sweep
     channels: asbp:topics, asbp:notices:<broker id>, asbp:wake:Q
 
 Every suffix has two characters, so no two queues' keys can collide whatever
@@ -49,6 +50,27 @@ used XAUTOCLAIM with a minimum idle time; the sorted set replaces it because
 The delivery count itself is the pending list's counter, read back with
 XPENDING after each XCLAIM. ``ack`` is XACK + XDEL of every live receipt, by
 priority, in one script.
+
+*Expiry.* A fetch removes the expired messages it meets; the *sweep* removes
+the others, so that a queue nobody consumes still loses its expired messages
+(and their publishers get the EXPIRED notice) near their expiration, as the
+memory engine's periodic sweep does. ``asbp:expiry`` holds every queue with
+something in it, scored by the earliest time its sweep could find work: a
+message's expiration, a delayed message's due time, the end of a lease (the
+lease decides until then: a message that expired while leased leaves when its
+lease ends, unless acknowledged). ``enqueue`` and the virtual-queue copies lower
+a queue's score to their messages' times (``ZADD LT``, once per script call),
+and a release to now. Each engine runs a sweeper task: every
+``sweep_interval`` seconds at most, sooner when the index's earliest score
+comes first, it reads the queues that are due and runs one script per queue
+(:meth:`RedisEngine.sweep`). That script removes the expired messages no
+consumer has read yet (after the group's last delivered id) and those whose
+lease ended, promotes due delayed messages, and sets the queue's next score
+from what is left, or removes the queue from the index when nothing is. It
+examines ``SWEEP_BUDGET`` entries at most, and comes back to a queue at the next
+tick if that was not enough. Every broker sweeps; the scripts are atomic, so
+two sweeps of one queue cost twice, never a duplicate notice. A delayed message
+that expires before it is due leaves when it is due.
 
 *Topics* are one pub/sub channel that every engine subscribes to. Regular
 expression subscriptions live in the broker, which must see every topic
@@ -109,6 +131,7 @@ which may sit in different slots); a single Redis, or one behind Sentinel, is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -136,6 +159,7 @@ from gateway.engines.patterns import (
 )
 from gateway.engines.redis_batch import Batcher, Call
 from gateway.engines.redis_calls import (
+    EXPIRY,
     NOTICES,
     REGISTRY,
     TOPICS,
@@ -150,6 +174,7 @@ from gateway.engines.redis_calls import (
     PublishCall,
     QueueKeys,
     Stored,
+    SweepCall,
     script_command,
 )
 from gateway.engines.redis_codec import (
@@ -163,12 +188,20 @@ from gateway.engines.redis_codec import (
 from gateway.engines.redis_pubsub import Subscriber, Wakeups
 from gateway.engines.redis_scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
 
-__all__ = ["MAX_FETCH", "RedisEngine"]
+__all__ = ["DEFAULT_SWEEP_INTERVAL", "MAX_FETCH", "SWEEP_BUDGET", "RedisEngine"]
 
 _log = logging.getLogger(__name__)
 
 #: The most messages one ``fetch`` leases (a larger ``count`` is cut to it).
 MAX_FETCH: Final = 1000
+#: Seconds between two sweeps for expired messages, at most (as the memory engine's).
+DEFAULT_SWEEP_INTERVAL: Final = 1.0
+#: Seconds between two sweeps, at least: the pause when a sweep left work due.
+MIN_SWEEP_PAUSE: Final = 0.01
+#: Queues one sweep looks at, at most (the rest at the next one).
+SWEEP_QUEUES: Final = 100
+#: Entries one queue's sweep examines, at most.
+SWEEP_BUDGET: Final = 1000
 #: Seconds to connect, and to wait for a reply, before Redis counts as unavailable.
 CONNECT_TIMEOUT: Final = 5.0
 COMMAND_TIMEOUT: Final = 10.0
@@ -193,6 +226,8 @@ class RedisEngine:
         clock: wall-clock seconds since the epoch.
         consumer_prefix: the consumer name Redis records this engine's leases
             under (default: ``broker_id``).
+        sweep_interval: seconds between sweeps for expired messages, at most;
+            None: no sweeper task (tests that call :meth:`sweep` themselves).
     """
 
     def __init__(
@@ -203,6 +238,7 @@ class RedisEngine:
         limits: EngineLimits = EngineLimits(),  # noqa: B008  # frozen, so sharing it is safe
         clock: Callable[[], float] = time.time,
         consumer_prefix: str | None = None,
+        sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         self._url = url
         self._broker_id = broker_id
@@ -221,6 +257,9 @@ class RedisEngine:
         self._vq_version: bytes | None = None
         self._vq_matcher = TopicMatcher()
         self._vq_loading: asyncio.Future[None] | None = None
+        self._sweep_interval = sweep_interval
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- life cycle --------------------------------------------------------
 
@@ -239,6 +278,7 @@ class RedisEngine:
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=COMMAND_TIMEOUT,
         )
+        self._loop = asyncio.get_running_loop()
         self._client = client
         self._batcher = Batcher(client, SCRIPTS)
         subscriber = Subscriber(self._new_connection, self._on_message, self._on_reconnect)
@@ -250,12 +290,21 @@ class RedisEngine:
         except BaseException:
             await self.close()
             raise
+        if self._sweep_interval is not None:
+            self._sweeper = asyncio.create_task(
+                self._sweep_periodically(self._sweep_interval), name="redis sweep"
+            )
 
     async def close(self) -> None:
         """Write what was submitted, stop listening and disconnect (idempotent).
 
         A ``fetch`` still waiting wakes up and raises EngineUnavailable.
         """
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         if self._batcher is not None:
             await self._batcher.close()
         if self._wakeups is not None:
@@ -304,23 +353,33 @@ class RedisEngine:
 
     # -- queues ------------------------------------------------------------
 
-    async def enqueue(self, message: Message) -> None:
-        """Store ``message`` in its queue; returns once Redis has it (and, with AOF, fsynced it).
+    def enqueue(self, message: Message) -> asyncio.Future[None]:
+        """Store ``message`` in its queue; done once Redis has it (and, with AOF, fsynced it).
 
-        Raises:
+        A plain method returning the future the batcher settles, not a coroutine:
+        the broker makes one call per queue publication, and a coroutine, with the
+        task or callbacks that drive it, would cost more than the rest of the call.
+        The call is submitted before this returns, so calls made one after another
+        reach Redis in that order.
+
+        Raises (from the future):
             QueueLimitReached: the queue is new and there are max_queues already.
             QueueFull: the queue holds max_queue_depth messages already.
             ValueError: the priority is outside 0 to 9.
             EngineUnavailable: Redis cannot be reached.
         """
+        future: asyncio.Future[None] = self._running_loop().create_future()
         queue = message.destination
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        stored = self._stored_fields(message)
-        keys = self._keys(queue)
-        self._submit_call(
-            EnqueueCall(queue, keys, stored, future, limits=self._limits, clock=self._clock)
-        )
-        await future
+        try:
+            stored = self._stored_fields(message)
+            self._submit_call(
+                EnqueueCall(
+                    queue, self._keys(queue), stored, future, limits=self._limits, clock=self._clock
+                )
+            )
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     async def fetch(
         self, queue: str, consumer: str, *, count: int = 1, wait: float = 0.0
@@ -371,13 +430,13 @@ class RedisEngine:
             if event is not None and wakeups is not None:
                 wakeups.leave(queue, event)
 
-    async def ack(self, queue: str, receipts: Sequence[str]) -> int:
-        """Acknowledge leases; how many were live."""
-        return await self._settle_leases(queue, receipts, release=False)
+    def ack(self, queue: str, receipts: Sequence[str]) -> asyncio.Future[int]:
+        """Acknowledge leases; how many were live (a future, as ``enqueue`` returns)."""
+        return self._settle_leases(queue, receipts, release=False)
 
-    async def release(self, queue: str, receipts: Sequence[str]) -> int:
+    def release(self, queue: str, receipts: Sequence[str]) -> asyncio.Future[int]:
         """End leases early; their messages are deliverable again at once."""
-        return await self._settle_leases(queue, receipts, release=True)
+        return self._settle_leases(queue, receipts, release=True)
 
     # -- virtual queues ----------------------------------------------------
 
@@ -393,6 +452,63 @@ class RedisEngine:
         args = (full_name, pattern, self._limits.max_queues)
         await self._command(script_command(DECLARE, (REGISTRY, VQUEUES, VQ_VERSION), args))
         self._vq_version = None  # our cache is stale now: reload before the next publish
+
+    # -- expiry ------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        """Remove the expired messages of every queue that is due (see "Expiry").
+
+        What the sweeper task runs; tests with a fake clock call it directly.
+        Returns how many messages it removed.
+
+        Raises:
+            EngineUnavailable: Redis cannot be reached.
+        """
+        removed, _ = await self._sweep_once()
+        return removed
+
+    async def _sweep_once(self) -> tuple[int, float | None]:
+        """One sweep: (messages removed, the earliest score left, None if none)."""
+        now = self._clock()
+        due = await self._command(
+            ("ZRANGEBYSCORE", EXPIRY, "-inf", repr(now), "LIMIT", 0, SWEEP_QUEUES)
+        )
+        calls = []
+        for raw_name in due:
+            name = raw_name.decode()
+            call = SweepCall(name, self._keys(name), budget=SWEEP_BUDGET, clock=self._clock)
+            calls.append(self._submit(call))
+        # Submitted now, so it shares the sweeps' pipeline and sees their scores.
+        earliest = self._submit(CommandCall(("ZRANGE", EXPIRY, 0, 0, "WITHSCORES")))
+        *swept, first = await asyncio.gather(*calls, earliest)
+        removed = sum(result[0] for result in swept)
+        if not first:
+            return removed, None
+        # [member, score] (RESP2), or [[member, score]] (RESP3)
+        return removed, float(first[0][1] if isinstance(first[0], list) else first[1])
+
+    async def _sweep_periodically(self, interval: float) -> None:
+        failing = False
+        while True:
+            pause = interval
+            try:
+                _, earliest = await self._sweep_once()
+            except EngineUnavailable as exc:
+                # Redis is away: the next tick tries again. Said once per outage, not
+                # once a second.
+                _log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "redis.sweep_failed",
+                    extra={"reason": str(exc)},
+                )
+                failing = True
+            except Exception:  # a bug: logged, and the sweeper lives on (fetches still expire)
+                _log.exception("redis.sweep_failed")
+            else:
+                failing = False
+                if earliest is not None:
+                    pause = min(pause, max(MIN_SWEEP_PAUSE, earliest - self._clock()))
+            await asyncio.sleep(pause)
 
     # -- observation -------------------------------------------------------
 
@@ -410,6 +526,17 @@ class RedisEngine:
         return sorted(member.decode() for member in members)
 
     # -- internals ---------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the engine started in, without asking asyncio each time.
+
+        ``asyncio.get_running_loop`` makes a system call (``getpid``) on every
+        call; ``enqueue`` runs once per queue publication.
+        """
+        loop = self._loop
+        if loop is None:
+            loop = asyncio.get_running_loop()  # not started: fails (EngineUnavailable) later
+        return loop
 
     def _keys(self, queue: str) -> QueueKeys:
         keys = self._keys_cache.get(queue)
@@ -444,11 +571,14 @@ class RedisEngine:
     async def _command(self, command: tuple[Any, ...]) -> Any:
         return await self._submit(CommandCall(command))
 
-    async def _settle_leases(self, queue: str, receipts: Sequence[str], *, release: bool) -> int:
+    def _settle_leases(
+        self, queue: str, receipts: Sequence[str], *, release: bool
+    ) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = self._running_loop().create_future()
         parsed = [found for text in receipts if (found := parse_receipt(text)) is not None]
         if not parsed:
-            return 0
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            future.set_result(0)
+            return future
         call = LeasesCall(
             queue,
             self._keys(queue),
@@ -458,8 +588,11 @@ class RedisEngine:
             limits=self._limits,
             clock=self._clock,
         )
-        self._submit_call(call)
-        return await future
+        try:
+            self._submit_call(call)
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     async def _load_virtual_queues(self) -> None:
         """Load the virtual queues into the cache; concurrent callers share one load.

@@ -14,14 +14,16 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final, Generic, TypeVar
 
 from gateway.engines.base import Delivery, EngineLimits, NoticeEvent, QueueFull
 from gateway.engines.redis_batch import Call, fail_future, reply_error, settle_future
 from gateway.engines.redis_codec import Receipt, receipt, unpack_message
-from gateway.engines.redis_scripts import ACK, ENQUEUE, FETCH, PUBLISH, RELEASE, Script
+from gateway.engines.redis_scripts import ACK, ENQUEUE, FETCH, PUBLISH, RELEASE, SWEEP, Script
 
 __all__ = [
+    "EXPIRY",
     "FETCH_SLACK",
     "KEY_PREFIX",
     "MAX_PER_SCRIPT",
@@ -39,6 +41,7 @@ __all__ = [
     "PublishCall",
     "QueueKeys",
     "Stored",
+    "SweepCall",
     "script_command",
 ]
 
@@ -56,6 +59,8 @@ TOPICS: Final = KEY_PREFIX + "topics"
 NOTICES: Final = KEY_PREFIX + "notices:"
 #: Prefix of a queue's wake-up channel (then the queue name).
 WAKE: Final = KEY_PREFIX + "wake:"
+#: Queues by when they next need the sweep (a sorted set; see gateway.engines.redis).
+EXPIRY: Final = KEY_PREFIX + "expiry"
 #: Entries a fetch script may look at beyond ``count`` (expired, delayed, discarded).
 FETCH_SLACK: Final = 1000
 #: Messages per enqueue, or receipts per ack, in one script call (merged calls are split).
@@ -74,7 +79,7 @@ T = TypeVar("T")
 class QueueKeys:
     """One queue's keys and wake-up channel, in the orders the scripts take them."""
 
-    __slots__ = ("block", "fetch", "wake")
+    __slots__ = ("block", "fetch", "release", "sweep", "wake")
 
     def __init__(self, queue: str) -> None:
         base = f"{KEY_PREFIX}q:{queue}:"
@@ -86,6 +91,10 @@ class QueueKeys:
         )
         #: The block, then l0..l9: fetch, ack, release.
         self.fetch: tuple[str, ...] = (*self.block, *(f"{base}l{p}" for p in _PRIORITIES))
+        #: Release: fetch's, then the expiry index.
+        self.release: tuple[str, ...] = (*self.fetch, EXPIRY)
+        #: Sweep: the expiry index, then fetch's.
+        self.sweep: tuple[str, ...] = (EXPIRY, *self.fetch)
         #: The wake-up channel.
         self.wake = WAKE + queue
 
@@ -164,9 +173,10 @@ class EnqueueCall(Call):
         head = (
             "EVALSHA",
             ENQUEUE.sha,
-            1 + len(keys.block),
+            2 + len(keys.block),
             REGISTRY,
             *keys.block,
+            EXPIRY,
             self._queue,
             keys.wake,
             limits.max_queues,
@@ -175,7 +185,7 @@ class EnqueueCall(Call):
         )
         stored = self._stored
         return [
-            head + tuple(value for entry in stored[i : i + MAX_PER_SCRIPT] for value in entry)
+            (*head, *chain.from_iterable(stored[i : i + MAX_PER_SCRIPT]))
             for i in range(0, len(stored), MAX_PER_SCRIPT)
         ]
 
@@ -229,6 +239,7 @@ class PublishCall(FutureCall[bool]):
         for name, queue_keys in targets:
             keys += queue_keys.block
             copies += (name, queue_keys.wake)
+        keys.append(EXPIRY)
         self._keys = keys
         self._head = (version, TOPICS, topic)
         self._tail = (limits.max_queue_depth, *stored, *copies)
@@ -368,8 +379,9 @@ class LeasesCall(Call):
             )
         ]
         step = 5 * MAX_PER_SCRIPT
+        script_keys = keys.release if self._release else keys.fetch
         return [
-            script_command(script, keys.fetch, (*head, *flat[i : i + step]))
+            script_command(script, script_keys, (*head, *flat[i : i + step]))
             for i in range(0, len(flat), step)
         ]
 
@@ -389,3 +401,28 @@ class LeasesCall(Call):
     def fail(self, error: BaseException) -> None:
         for _, future in self._waiters:
             fail_future(future, error)
+
+
+class SweepCall(FutureCall[tuple[int, bool]]):
+    """One queue's sweep; the result is (messages removed, budget ran out)."""
+
+    __slots__ = ("_budget", "_clock", "_keys", "_queue")
+
+    def __init__(self, queue: str, keys: QueueKeys, *, budget: int, clock: Clock) -> None:
+        super().__init__()
+        self._queue = queue
+        self._keys = keys
+        self._budget = budget
+        self._clock = clock
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        args = (self._queue, _now(self._clock), self._budget)
+        return (script_command(SWEEP, self._keys.sweep, args),)
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        error = reply_error(replies[0])
+        if error is not None:
+            self.fail(error)
+        else:
+            removed, more = replies[0]
+            settle_future(self.future, (int(removed), bool(more)))

@@ -17,6 +17,7 @@ apart leases of two queues whose streams hold the same id.
 
 from __future__ import annotations
 
+import re
 from typing import Final, NamedTuple
 
 import orjson
@@ -139,10 +140,6 @@ def parse_notice(data: bytes) -> DeliveryNotice:
     )
 
 
-def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
 class Receipt(NamedTuple):
     """A parsed receipt."""
 
@@ -160,15 +157,12 @@ def receipt(priority: int, stream_id: str, delivery_count: int, tag: str, notice
 
 def parse_receipt(text: str) -> Receipt | None:
     """The receipt ``text`` names, or None if it is not one this engine made."""
-    parts = text.split(":")
-    if len(parts) != 4:
+    found = _RECEIPT.fullmatch(text)
+    if found is None:
         return None
-    priority, stream_id, count, tag = parts
-    noticed = priority.endswith("n")
-    if noticed:
-        priority = priority[:-1]
-    milliseconds, dash, sequence = stream_id.partition("-")
-    fields = (priority, count, milliseconds, sequence)
-    if not (len(priority) == 1 and dash and tag and all(map(_digits, fields))):
-        return None
-    return Receipt(int(priority), stream_id, count, tag, noticed)
+    priority, noticed, stream_id, count, tag = found.groups()
+    return Receipt(int(priority), stream_id, count, tag, bool(noticed))
+
+
+# ASCII digits only ([0-9], not \d: "٣" is a digit to Python, not to Redis).
+_RECEIPT: Final = re.compile(r"([0-9])(n?):([0-9]+-[0-9]+):([0-9]+):([^:]+)")

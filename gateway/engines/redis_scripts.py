@@ -43,6 +43,7 @@ __all__ = [
     "PUBLISH",
     "RELEASE",
     "SCRIPTS",
+    "SWEEP",
     "Script",
 ]
 
@@ -142,6 +143,15 @@ local function store(b, queue, now, made, p, nb, x, h, payload, n)
   notice(n, 'Q', 'queued', queue, now)
 end
 
+-- The earlier of ``soonest`` and when a message just stored needs the sweep:
+-- its expiration, or when it is due if it is delayed (promote expires it then).
+local function sooner(soonest, nb, x, now)
+  local t = tonumber(x)
+  if nb ~= '' and tonumber(nb) > tonumber(now) then t = tonumber(nb) end
+  if not soonest or t < soonest then return t end
+  return soonest
+end
+
 -- Tell consumers waiting on the queue (any broker) that something changed.
 local function wake(b, channel)
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
@@ -158,7 +168,8 @@ def _script(name: str, body: str) -> Script:
 
 
 #: Store messages in one queue.
-#: KEYS: registry, then the queue's block (delayed, waiting, s0..s9).
+#: KEYS: registry, then the queue's block (delayed, waiting, s0..s9), then the
+#: expiry index.
 #: ARGV: queue, wake channel, max_queues, max_queue_depth, now, then six per
 #: message: priority, not_before ('' = none), expiration, header, payload, notice spec.
 #: Returns how many it stored, the first ones, as many as max_queue_depth leaves
@@ -178,17 +189,21 @@ promote(2, queue, now, made, 1000)
 local room = tonumber(ARGV[4]) - depth(2)
 if room <= 0 then return redis.error_reply('QFULL ' .. queue) end
 local count = math.min((#ARGV - 5) / 6, room)
+local soonest = nil
 for i = 6, 5 + 6 * count, 6 do
   store(2, queue, now, made, tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
         ARGV[i + 4], ARGV[i + 5])
+  soonest = sooner(soonest, ARGV[i + 1], ARGV[i + 2], now)
 end
+if soonest then redis.call('ZADD', KEYS[14], 'LT', soonest, queue) end
 wake(2, ARGV[2])
 return count
 """,
 )
 
 #: Publish a topic message and copy it into matching virtual queues.
-#: KEYS: the virtual-queue version counter, then one block per virtual queue.
+#: KEYS: the virtual-queue version counter, then one block per virtual queue,
+#: then the expiry index.
 #: ARGV: cached version, topic channel, origin tag + header as published, now,
 #: max_queue_depth, then the stored form (priority, not_before, expiration,
 #: header, payload, notice spec), then two per virtual queue: its full name,
@@ -206,6 +221,7 @@ for i = 12, #ARGV, 2 do
   if depth(b) < limit then
     promote(b, ARGV[i], ARGV[4], made, 1000)
     store(b, ARGV[i], ARGV[4], made, tonumber(ARGV[6]), ARGV[7], ARGV[8], h, payload, ARGV[11])
+    redis.call('ZADD', KEYS[#KEYS], 'LT', sooner(nil, ARGV[7], ARGV[8], ARGV[4]), ARGV[i])
     wake(b, ARGV[i + 1])
   end
 end
@@ -380,8 +396,9 @@ return out
 )
 
 #: End leases without acknowledging. ARGV as ACK's, with max_deliveries and
-#: the wake channel third and fourth (the receipts start at the fifth). A lease
-#: that was the max_deliveries-th delivery ends the message (DISCARDED).
+#: the wake channel third and fourth (the receipts start at the fifth); KEYS as
+#: ACK's, then the expiry index. A lease that was the max_deliveries-th delivery
+#: ends the message (DISCARDED).
 RELEASE: Final = _script(
     "release",
     """
@@ -404,8 +421,101 @@ for p, leases in pairs(live) do
     end
   end
 end
-if woken then wake(1, channel) end
+if woken then
+  wake(1, channel)
+  -- Released messages may expire before the queue's time in the index: look soon.
+  redis.call('ZADD', KEYS[23], 'LT', now_s, queue)
+end
 return out
+""",
+)
+
+#: Remove one queue's expired messages that no fetch is about to meet, and
+#: compute when the queue next needs a sweep (see gateway.engines.redis, "Expiry").
+#: KEYS: the expiry index, the queue's block (delayed, waiting, s0..s9), l0..l9.
+#: ARGV: queue, now, budget (entries examined at most).
+#: Returns {removed, more}: ``more`` is 1 when the budget ran out.
+SWEEP: Final = _script(
+    "sweep",
+    """
+local queue, now_s = ARGV[1], ARGV[2]
+local now = tonumber(now_s)
+local budget = tonumber(ARGV[3])
+local removed, next_n = 0, nil
+local function soon(t)
+  t = tonumber(t)
+  if t and (not next_n or t < next_n) then next_n = t end
+end
+local function delete(stream, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('XDEL', stream, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- Due delayed messages join their streams, or leave if they expired.
+budget = budget - promote(2, queue, now_s, {}, budget)
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+soon(first[2])
+
+for p = 0, 9 do
+  if budget <= 0 then break end
+  local stream, leases = KEYS[4 + p], KEYS[14 + p]
+  -- Ended leases: an expired message leaves; another waits for a fetch until it expires.
+  local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_s, 'LIMIT', 0, budget)
+  budget = budget - #ended
+  for _, member in ipairs(ended) do
+    local id = string.sub(member, 1, string.find(member, ':', 1, true) - 1)
+    local entry = redis.call('XRANGE', stream, id, id)[1]
+    if not entry then
+      redis.call('ZREM', leases, member)  -- its message is gone already
+    elseif tonumber(entry[2][6]) <= now then
+      redis.call('ZREM', leases, member)
+      drop(stream, {id})
+      notice(entry[2][8], 'X', 'expired', queue, now_s)
+      removed = removed + 1
+    else
+      soon(entry[2][6])
+    end
+  end
+  -- Live leases: the lease decides until it ends.
+  local live = redis.call('ZRANGEBYSCORE', leases, '(' .. now_s, '+inf', 'LIMIT', 0, 1,
+                          'WITHSCORES')
+  soon(live[2])
+  -- Entries no consumer has read yet: after the group's last delivered id.
+  if budget > 0 and redis.call('EXISTS', stream) == 1 then
+    local last = '0-0'
+    for _, group in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local fields = {}
+      for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
+      if fields['name'] == GROUP then last = fields['last-delivered-id'] end
+    end
+    local entries = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', budget)
+    budget = budget - #entries
+    local expired = {}
+    for _, entry in ipairs(entries) do
+      local f = entry[2]
+      if tonumber(f[6]) <= now then
+        expired[#expired + 1] = entry[1]
+        notice(f[8], 'X', 'expired', queue, now_s)
+      else
+        soon(f[6])
+      end
+    end
+    delete(stream, expired)
+    removed = removed + #expired
+  end
+end
+
+if budget <= 0 then
+  redis.call('ZADD', KEYS[1], now_s, queue)  -- not done: again at the next sweep
+  return {removed, 1}
+end
+if next_n then
+  redis.call('ZADD', KEYS[1], next_n, queue)
+else
+  redis.call('ZREM', KEYS[1], queue)  -- nothing left that could expire
+end
+return {removed, 0}
 """,
 )
 
@@ -440,4 +550,14 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
 DEPTH: Final = _script("depth", "return depth(1)\n")
 
 #: Every script, for SCRIPT LOAD.
-SCRIPTS: Final = (ENQUEUE, PUBLISH, FETCH, ACK, RELEASE, DECLARE, LOAD_VIRTUAL_QUEUES, DEPTH)
+SCRIPTS: Final = (
+    ENQUEUE,
+    PUBLISH,
+    FETCH,
+    ACK,
+    RELEASE,
+    SWEEP,
+    DECLARE,
+    LOAD_VIRTUAL_QUEUES,
+    DEPTH,
+)

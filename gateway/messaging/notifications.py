@@ -51,6 +51,7 @@ __all__ = [
     "notice",
     "notification",
     "notification_size",
+    "published",
 ]
 
 #: Header bytes of a notification beyond its destination, subscription and the
@@ -74,10 +75,16 @@ def _token(value: str) -> str:
     """``value`` as ``asbp.encode`` writes it: bare when the grammar allows, else quoted.
 
     ``value`` is known to be carriable (no quote, CR or LF): see the module docstring.
+    Letters and digits, with ``:``, ``-`` and ``.`` between them (ids, receipts),
+    are bare by the grammar's rule; that is checked without the regular expression.
     """
-    if value.isalnum() or is_bare(value):
+    if value.isalnum() or _plain(value) or is_bare(value):
         return value
     return f"'{value}'"
+
+
+def _plain(value: str) -> bool:
+    return value.replace(":", "").replace("-", "").replace(".", "").isalnum()
 
 
 def _frame(text: str, body: bytes) -> bytes:
@@ -161,3 +168,15 @@ def accepted(cause: str, command_id: int, **keys: str | int) -> bytes:
     for key, value in keys.items():
         text += f",{key}={value if type(value) is int else _token(str(value))}"
     return _frame(text, b"")
+
+
+def published(command_id: int, message_id: str) -> bytes:
+    """``accepted(PUBLISH, command_id, id=message_id)`` for one of the broker's own ids.
+
+    One goes out per publication; a message id is 32 hex digits (always a bare
+    token), so the frame is formatted in one step.
+    """
+    return _PUBLISHED % (command_id, message_id.encode("ascii"))
+
+
+_PUBLISHED: Final = f"c={builtins.ACCEPTED},u=%d,cause={builtins.PUBLISH},id=%s;".encode()

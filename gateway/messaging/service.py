@@ -89,7 +89,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import asbp
@@ -110,6 +110,7 @@ from gateway.messaging.notifications import (
     notice,
     notification,
     notification_size,
+    published,
 )
 from gateway.messaging.requests import (
     Destination,
@@ -388,9 +389,9 @@ class Messaging:
         publish = read_publish(command)
         destination = publish.destination
         self._require(access, destination, Privilege.WRITE)
-        headers = dict(publish.headers)
+        headers = publish.headers  # read_publish's own dict: nobody else holds it
         if endpoint.agent_id is not None:
-            headers["a"] = endpoint.agent_id
+            headers = {**headers, "a": endpoint.agent_id}
         self._check_size(destination.name, publish.payload, headers)
         now = self._clock()
         if publish.delay is not None:
@@ -479,7 +480,7 @@ class Messaging:
             acl is None or acl.check(access, DestinationType.TOPIC, topic, Privilege.READ).allowed
         )
 
-    def _check_size(self, destination: str, payload: bytes, headers: dict[str, str]) -> None:
+    def _check_size(self, destination: str, payload: bytes, headers: Mapping[str, str]) -> None:
         header = notification_size(destination, payload, headers)
         limits = self._frame_limits
         if header > limits.max_header_bytes or header + len(payload) > limits.max_frame_bytes:
@@ -506,9 +507,20 @@ class Messaging:
 
         The call's first step runs now (:func:`~gateway.messaging.eager.start_eagerly`):
         a call that finishes at once (the memory engine's) with nothing ahead of it is
-        answered at once, without a task.
+        answered at once, without a task. An engine call that returns a future (the
+        Redis engine's) was made already, and its future is awaited as it is.
         """
-        call = start_eagerly(operation.run())
+        try:
+            awaitable = operation.run()
+        except Exception as exc:  # raised before it could return an awaitable
+            call: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            call.set_exception(exc)
+        else:
+            if isinstance(awaitable, asyncio.Future):
+                call = awaitable
+            else:
+                assert isinstance(awaitable, Coroutine), awaitable
+                call = start_eagerly(awaitable)
         operation.task = call
         if call.done():
             if not endpoint.in_flight:
@@ -517,23 +529,30 @@ class Messaging:
                 return
             endpoint.in_flight.append(operation)  # answered after those ahead of it
             return
-        endpoint.in_flight.append(operation)
+        in_flight = endpoint.in_flight
+        in_flight.append(operation)
         # Tracked until done, even after its endpoint is forgotten: stop() lets the
         # publications of closed Channels reach the engine.
         self._background.add(call)
-        call.add_done_callback(functools.partial(self._call_done, endpoint))
+        if len(in_flight) == 1:
+            # Only the head's call is watched: once it is done, _call_done answers it
+            # and every one behind it that is done too, then watches the next head.
+            # The engine settles a batch at once, so a batch costs one callback.
+            call.add_done_callback(functools.partial(self._call_done, endpoint))
 
-    def _call_done(self, endpoint: Endpoint, call: asyncio.Future[Any]) -> None:
-        """An engine call ended: answer every operation at the head that is done."""
-        self._background.discard(call)
+    def _call_done(self, endpoint: Endpoint, _: asyncio.Future[Any]) -> None:
+        """The head's engine call ended: answer every operation at the head that is done."""
         in_flight = endpoint.in_flight
         while in_flight:
             operation = in_flight[0]
             done = operation.task
             assert done is not None
             if not done.done():
-                break  # answered after the one ahead of it, which is still running
+                # Answered after the one ahead of it; watched from now on, as the head.
+                done.add_done_callback(functools.partial(self._call_done, endpoint))
+                break
             in_flight.popleft()
+            self._background.discard(done)
             endpoint.pending -= 1
             self._settle(endpoint, operation, done)
         if not in_flight and endpoint.idle is not None:
@@ -640,7 +659,7 @@ class Messaging:
     ) -> None:
         """A publication's engine call succeeded: accept it, then release its notices."""
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.PUBLISH, command_id, id=message_id))
+            self._reply(endpoint, published(command_id, message_id))
         held = self._held_notices.pop(message_id, None)
         if held:
             for notice_held in held:
@@ -870,17 +889,36 @@ class Messaging:
 def message_id() -> str:
     """A new message id: a random (version 4) UUID's 32 hex digits.
 
-    What ``uuid.uuid4().hex`` returns, for a quarter of its cost (one per
-    publication; the UUID object is never needed).
+    What ``uuid.uuid4().hex`` returns, for a fraction of its cost (one per
+    publication; the UUID object is never needed). The random bits come from
+    ``os.urandom`` as ``uuid4`` takes them, a few kilobytes per system call.
     """
-    bits = int.from_bytes(os.urandom(16), "big")
-    bits = (bits & _NOT_VERSION_OR_VARIANT) | _VERSION_4_RFC_4122
-    return f"{bits:032x}"
+    global _random_hex, _random_at
+    at = _random_at
+    if at >= len(_random_hex):
+        _random_hex, at = os.urandom(_RANDOM_BYTES).hex(), 0
+    _random_at = at + 32
+    digits = _random_hex[at : at + 32]
+    # The version nibble is 4; the variant's two top bits are 10 (RFC 4122).
+    return f"{digits[:12]}4{digits[13:16]}{_VARIANT[digits[16]]}{digits[17:]}"
 
 
-# The version nibble (bits 76-79) and the variant's two bits (62-63), as uuid.UUID sets them.
-_NOT_VERSION_OR_VARIANT: Final = ~((0xF000 << 64) | (0xC000 << 48))
-_VERSION_4_RFC_4122: Final = (4 << 76) | (0x8000 << 48)
+# Random hex digits, used 32 at a time. Module state, but only a pool of random
+# bits: nothing observable depends on who drew which.
+_RANDOM_BYTES: Final = 4096
+_random_hex = ""
+_random_at = 0
+#: A hex digit with its top two bits set to the variant's 10.
+_VARIANT: Final = {f"{d:x}": f"{8 | (d & 3):x}" for d in range(16)}
+
+
+def _forget_random() -> None:
+    """A forked child draws its own bits: two processes must never share ids."""
+    global _random_hex, _random_at
+    _random_hex, _random_at = "", 0
+
+
+os.register_at_fork(after_in_child=_forget_random)
 
 
 def _closed(endpoint: Endpoint) -> bool:

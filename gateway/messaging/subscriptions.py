@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +62,8 @@ class Operation:
     #: The Command's ``u``.
     command_id: int | None
     #: The engine call, or the whole work; an AsbpError it raises becomes a fault
-    #: to the sender (after ``abandon``).
-    run: Callable[[], Coroutine[Any, Any, Any]]
+    #: to the sender (after ``abandon``). Pipelined, a coroutine or a future.
+    run: Callable[[], Awaitable[Any]]
     #: Takes ``run``'s result and answers.
     answer: Callable[[Any], None] | None = None
     #: Undoes what was prepared for ``answer`` when ``run`` failed.

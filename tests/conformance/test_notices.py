@@ -10,7 +10,7 @@ import pytest
 
 from gateway.engines.base import DeliveryNotice, Engine, EngineLimits, NoticeEvent
 
-from . import FakeClock, Recorder, make_message, notify_address
+from . import FakeClock, Recorder, ids, make_message, notify_address
 from .conftest import Engines
 
 pytestmark = pytest.mark.anyio
@@ -93,6 +93,26 @@ async def test_any_dequeued_event_asks_for_every_reason(engines: Engines) -> Non
     assert await engine.release(QUEUE, [delivery.receipt]) == 1  # its one delivery is spent
     await notices.wait_count(2)
     assert notices.items[1] == DeliveryNotice(poison.id, QUEUE, DISCARDED, ADDRESS, clock())
+
+
+async def test_an_expired_message_is_noticed_without_any_fetch(engines: Engines) -> None:
+    # Nobody consumes the queue: the engine's own sweep removes the message once it
+    # expires, and the publisher hears of it then, not at some later fetch.
+    clock = FakeClock()
+    engine = await engines.one(clock=clock)
+    notices: Recorder[DeliveryNotice] = Recorder()
+    engine.on_notice(notices)
+    expiring = make_message(QUEUE, clock, expiration=clock() + 5, notify=ADDRESS, notices={EXPIRED})
+    lasting = make_message(QUEUE, clock, expiration=clock() + 50, notify=ADDRESS, notices={EXPIRED})
+    await engine.enqueue(expiring)
+    await engine.enqueue(lasting)
+
+    clock.advance(5)
+
+    await notices.wait_count(1)  # within the sweep interval; no call on the engine
+    assert notices.items == [DeliveryNotice(expiring.id, QUEUE, EXPIRED, ADDRESS, clock())]
+    assert await engine.depth(QUEUE) == 1
+    assert ids(await engine.fetch(QUEUE, "consumer", count=10)) == [lasting.id]
 
 
 async def test_no_notice_unless_asked(engines: Engines) -> None:

@@ -31,7 +31,7 @@ from gateway.engines.base import (
     Message,
     NoticeEvent,
 )
-from gateway.engines.redis import RedisEngine
+from gateway.engines.redis import SWEEP_BUDGET, RedisEngine
 from gateway.engines.redis_codec import parse_receipt, receipt
 from tests.conformance import FakeClock, Recorder, ids, make_message, notify_address
 from tests.support import RedisServer, T
@@ -380,6 +380,105 @@ async def test_enqueues_in_flight_are_stored_in_the_order_made(make: Make) -> No
     deliveries = await engine.fetch(QUEUE, "consumer", count=1000)
     deliveries += await engine.fetch(QUEUE, "consumer", count=1000)
     assert ids(deliveries) == ids(messages)
+
+
+# -- the sweep ---------------------------------------------------------------------
+
+
+async def test_the_sweep_removes_what_no_fetch_meets(make: Make, client: Redis) -> None:
+    clock = FakeClock()
+    start = clock()
+    # No sweeper task: the test runs the sweeps itself, so none runs beside them.
+    engine = await make(clock=clock, sweep_interval=None, limits=EngineLimits(ack_timeout=10))
+    notices: Recorder[DeliveryNotice] = Recorder()
+    engine.on_notice(notices)
+    address, expired = notify_address("broker-a"), {NoticeEvent.EXPIRED}
+
+    def expiring(seconds: float, **fields: Any) -> Message:
+        expiration = clock() + seconds
+        return make_message(QUEUE, clock, expiration=expiration, notify=address, **fields)
+
+    leased = expiring(5, notices=expired)
+    ready = expiring(5, notices=expired, priority=9)
+    delayed = expiring(30, notices=expired, not_before=start + 20)
+    await engine.enqueue(leased)
+    [delivery] = await engine.fetch(QUEUE, "consumer")  # leased until start + 10
+    await engine.enqueue(ready)
+    await engine.enqueue(delayed)
+
+    clock.advance(5)
+    assert await engine.sweep() == 1  # the one nobody read; the lease decides for the other
+    await notices.wait_count(1)
+    assert [n.message_id for n in notices.items] == [ready.id]
+    assert await client.zscore("asbp:expiry", QUEUE) == start + 10  # when the lease ends
+
+    clock.advance(5)
+    assert await engine.sweep() == 1  # the lease ended: no fetch needed to see it go
+    await notices.wait_count(2)
+    assert notices.items[1] == DeliveryNotice(
+        leased.id, QUEUE, NoticeEvent.EXPIRED, address, clock()
+    )
+    assert await engine.ack(QUEUE, [delivery.receipt]) == 0
+    assert await client.zscore("asbp:expiry", QUEUE) == start + 20  # when the delayed one is due
+
+    clock.advance(20)
+    await engine.sweep()  # due, and expired by then: it leaves instead of joining its stream
+    await notices.wait_count(3)
+    assert [n.event for n in notices.items] == [NoticeEvent.EXPIRED] * 3
+    assert await engine.depth(QUEUE) == 0
+    assert await client.zcard("asbp:expiry") == 0  # nothing left to watch: memory stays bounded
+
+
+async def test_a_released_message_is_swept_when_it_expired(make: Make) -> None:
+    clock = FakeClock()
+    engine = await make(clock=clock, sweep_interval=None, limits=EngineLimits(ack_timeout=30))
+    expiring = make_message(QUEUE, clock, expiration=clock() + 5)
+    lasting = make_message(QUEUE, clock, expiration=clock() + 100)
+    await engine.enqueue(expiring)
+    [delivery] = await engine.fetch(QUEUE, "consumer")
+    await engine.enqueue(lasting)
+    clock.advance(5)
+    assert await engine.sweep() == 0  # expired, but leased: the lease decides (until +30)
+
+    clock.advance(1)
+    assert await engine.release(QUEUE, [delivery.receipt]) == 1
+
+    assert await engine.sweep() == 1  # the release made the queue due again at once
+    assert ids(await engine.fetch(QUEUE, "consumer", count=10)) == [lasting.id]
+
+
+async def test_the_sweep_comes_back_for_what_its_budget_left(make: Make) -> None:
+    clock = FakeClock()
+    engine = await make(clock=clock, sweep_interval=None)
+    expiration = clock() + 5
+    messages = [make_message(QUEUE, clock, expiration=expiration) for _ in range(SWEEP_BUDGET + 10)]
+    await asyncio.gather(*(engine.enqueue(message) for message in messages))
+    lasting = make_message(QUEUE, clock)
+    await engine.enqueue(lasting)
+
+    clock.advance(5)
+    assert await engine.sweep() == SWEEP_BUDGET
+    assert await engine.sweep() == 10
+    assert await engine.sweep() == 0  # not due again until the lasting one expires
+    assert await engine.depth(QUEUE) == 1
+    assert ids(await engine.fetch(QUEUE, "consumer")) == [lasting.id]
+
+
+async def test_the_sweeper_runs_by_itself(make: Make) -> None:
+    clock = FakeClock()
+    engine = await make(clock=clock, sweep_interval=0.02 * T)
+    notices: Recorder[DeliveryNotice] = Recorder()
+    engine.on_notice(notices)
+    address = notify_address("broker-a")
+    message = make_message(
+        QUEUE, clock, expiration=clock() + 5, notify=address, notices={NoticeEvent.EXPIRED}
+    )
+    await engine.enqueue(message)
+
+    clock.advance(5)
+
+    await notices.wait_count(1)  # nobody called the engine: its sweeper did it
+    assert await engine.depth(QUEUE) == 0
 
 
 # -- what Redis holds ------------------------------------------------------------

@@ -10,7 +10,13 @@ import asbp
 from asbp import AsbpError, Command
 from gateway.acl import DestinationType
 from gateway.engines.base import Delivery, DeliveryNotice, Message, NoticeEvent
-from gateway.messaging.notifications import accepted, notice, notification, notification_size
+from gateway.messaging.notifications import (
+    accepted,
+    notice,
+    notification,
+    notification_size,
+    published,
+)
 from gateway.messaging.requests import (
     MAX_DESTINATION_BYTES,
     is_pattern,
@@ -19,6 +25,7 @@ from gateway.messaging.requests import (
     read_publish,
     read_subscription,
 )
+from gateway.messaging.service import message_id
 
 
 def command(name: str, body: bytes = b"", **keys: Any) -> Command:
@@ -242,6 +249,11 @@ def test_acceptances() -> None:
     assert accepted("asbp.subscribe", 65535) == asbp.encode(
         Command({"c": "asbp.accepted", "u": 65535, "cause": "asbp.subscribe"})
     )
+    for command_id in (0, 7, 65535):
+        identifier = message_id()
+        assert published(command_id, identifier) == accepted(
+            "asbp.publish", command_id, id=identifier
+        )
 
 
 def test_notices() -> None:
