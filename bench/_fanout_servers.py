@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -167,7 +168,16 @@ async def _main(args: argparse.Namespace) -> None:
     run = run_hypercorn if args.server == "hypercorn" else run_uvicorn
     if args.target == "broker":
         with tempfile.TemporaryDirectory(prefix="asbp-fanout-") as data_dir:
-            await run(broker_app("bench-fanout", Path(data_dir)), sock, _announce, stop)
+            app = broker_app("bench-fanout", Path(data_dir))
+            # As gateway/server.py serves the broker: start-up frozen, and on Uvicorn
+            # its writes coalesced.
+            gc.freeze()
+            if args.server == "uvicorn":
+                from gateway.transports.coalescing import CoalescingWebSocketProtocol
+
+                await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
+            else:
+                await run(app, sock, _announce, stop)
     elif args.target == "loop":
         await run(loop_app(), sock, _announce, stop)
     else:

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import logging
 import os
 import signal
@@ -135,7 +136,14 @@ async def run_hypercorn(app: Any, sock: socket.socket, ready: Ready, stop: async
     )
 
 
-async def run_uvicorn(app: Any, sock: socket.socket, ready: Ready, stop: asyncio.Event) -> None:
+async def run_uvicorn(
+    app: Any, sock: socket.socket, ready: Ready, stop: asyncio.Event, *, ws: Any = None
+) -> None:
+    """Serve ``app`` on Uvicorn, with ``ws`` as its WebSocket protocol.
+
+    ``None`` is stock ``websockets-sansio`` (the baselines); the broker passes the
+    protocol gateway/server.py runs it with.
+    """
     import uvicorn
 
     port = sock.getsockname()[1]
@@ -152,7 +160,7 @@ async def run_uvicorn(app: Any, sock: socket.socket, ready: Ready, stop: asyncio
     config = uvicorn.Config(
         app,
         http="h11",
-        ws="websockets-sansio",
+        ws="websockets-sansio" if ws is None else ws,
         lifespan="on",
         log_config=None,
         access_log=False,
@@ -237,7 +245,15 @@ async def _main(args: argparse.Namespace) -> None:
             data_dir=Path(data_dir),
             event_log=args.event_log,
         )
-        await run(app, sock, _announce, stop)
+        if args.server == "uvicorn":
+            # As gateway/server.py serves the broker: writes coalesced, start-up frozen.
+            from gateway.transports.coalescing import CoalescingWebSocketProtocol
+
+            gc.freeze()
+            await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
+        else:
+            gc.freeze()
+            await run(app, sock, _announce, stop)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import ipaddress
 import logging
 import math
@@ -158,6 +159,11 @@ async def serve(
         stop = asyncio.Event()
 
         def on_ready() -> None:
+            # What start-up allocated (modules, the app, the engine's scripts) lives as
+            # long as the process: out of the collector's sight, a full collection no
+            # longer walks it. With many connections open, those walks were the
+            # broker's longest pauses (bench/fanout.py p99, bench/queues.py CPU).
+            gc.freeze()
             logger.info(
                 "listening",
                 extra={
@@ -324,6 +330,8 @@ async def _run_uvicorn(
     # Imported here: Uvicorn is optional, and a Hypercorn broker should not need it.
     import uvicorn
 
+    from gateway.transports.coalescing import CoalescingWebSocketProtocol
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             # Returns once listening; a failed lifespan startup calls sys.exit() instead.
@@ -338,7 +346,9 @@ async def _run_uvicorn(
         uvicorn.Config(
             app,
             http="h11",
-            ws="websockets-sansio",  # the legacy "websockets" implementation warns on import
+            # Uvicorn's websockets-sansio protocol (the legacy "websockets" one warns on
+            # import), writing what one loop turn sends in one system call.
+            ws=CoalescingWebSocketProtocol,
             lifespan="on",
             log_config=None,  # gateway.logs configured logging; leave it alone
             access_log=False,

@@ -52,6 +52,8 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 from starlette.types import ASGIApp
 
+from gateway.transports.coalescing import CoalescingWebSocketProtocol
+
 from .timing import T
 from .tls import TlsFiles
 
@@ -323,7 +325,8 @@ def _uvicorn(app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None) -> _Ser
         config = uvicorn.Config(
             app,
             http="h11",
-            ws="websockets-sansio",  # the legacy "websockets" protocol warns on import
+            # As gateway/server.py runs Uvicorn: websockets-sansio, writes coalesced.
+            ws=CoalescingWebSocketProtocol,
             lifespan="auto",
             log_config=None,  # leave the process's logging configuration alone
             access_log=False,
