@@ -59,7 +59,7 @@ from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.authentication import Authenticator
 from gateway.channels import Channel, ChannelRegistry
 from gateway.config import ChannelLimits, TubeLimits
-from gateway.eventlog.recorder import Recorder, Route
+from gateway.eventlog.recorder import CLOCK_NS, Recorder, Route
 from gateway.eventlog.schema import DestinationKind, SourceKind
 from gateway.tubes import RespondentTable, Tube
 
@@ -77,8 +77,11 @@ _MESSAGING_KINDS: Final[dict[str, DestinationKind]] = {
     "QUEUE": "queue",
     "VIRTUAL_QUEUE": "virtual_queue",
 }
-_wall_clock: Final = time.time
-_ns: Final = time.perf_counter_ns
+# The event log's one clock: its events' time and their latency (see Recorder.record).
+_clock_ns: Final = CLOCK_NS
+#: ``Command.get`` for ``c`` and ``s``, which always hold one value: the event log
+#: takes them so (a third of the typed accessors' cost, and ``cast`` is a call).
+_text: Final = cast("Callable[[Command, str], str | None]", Command.get)
 _TUBE_BUILTINS: Final = frozenset(
     {
         builtins.PING,
@@ -343,32 +346,30 @@ class Router:
                 return
             self._route_channel(channel, command, frame)
             return
-        now, began = _wall_clock(), _ns()
+        began = _clock_ns()
         # Reset too: a routing that raised must not leave its route to the next.
         self._source, self._routed, self._fault_code = channel, None, None
         try:
             command = asbp.decode(frame, limits=self._limits)
         except ProtocolError as exc:
             self.fault(channel, exc.code, exc.message, command_id=builtins.sniff_command_id(frame))
-            self._record_undecoded(recorder, "channel", channel.id, None, frame, now, began)
+            self._record_undecoded(recorder, "channel", channel.id, None, frame, began)
             return
         self._route_channel(channel, command, frame)
         # The hot path, inline (see _record for the same with comments).
-        route, fault = self._routed, self._fault_code
-        self._source = self._routed = self._fault_code = None
+        self._source = None
         body_bytes = len(command.body)
         recorder.record(
-            now,
             began,
             "channel",
             channel.id,
             None,
-            cast("str | None", command.get("c")),
-            cast("str | None", command.get("s")),
+            _text(command, "c"),
+            _text(command, "s"),
             len(frame) - body_bytes,
             body_bytes,
-            route,
-            fault,
+            self._routed,
+            self._fault_code,
         )
 
     def channel_command(
@@ -379,10 +380,10 @@ class Router:
         if recorder is None or channel.closed:
             self._route_channel(channel, command, frame)
             return
-        now, began = _wall_clock(), _ns()
+        began = _clock_ns()
         self._source, self._routed, self._fault_code = channel, None, None
         self._route_channel(channel, command, frame)
-        self._record(recorder, "channel", channel.id, None, command, frame, now, began)
+        self._record(recorder, "channel", channel.id, None, command, frame, began)
 
     def _record(
         self,
@@ -392,31 +393,28 @@ class Router:
         agent: str | None,
         command: Command,
         frame: bytes | None,
-        now: float,
         began: int,
     ) -> None:
         """Record the Command just routed; ``agent``: the sender, if an agent."""
-        route, fault = self._routed, self._fault_code
-        self._source = self._routed = self._fault_code = None
+        # Only _source needs clearing: _routed and _fault_code are read only while
+        # it is set, and reset with it when the next Command starts.
+        self._source = None
         body_bytes = len(command.body)
         if frame is not None:
             header_bytes = len(frame) - body_bytes
         else:
             header_bytes = _header_size(command, self._limits)
         recorder.record(
-            now,
             began,
             source_kind,
             source,
             agent,
-            # get() and not the typed accessors: a third of their cost, and ``c``
-            # and ``s`` always hold one value.
-            cast("str | None", command.get("c")),
-            cast("str | None", command.get("s")),
+            _text(command, "c"),
+            _text(command, "s"),
             header_bytes,
             body_bytes,
-            route,
-            fault,
+            self._routed,
+            self._fault_code,
         )
 
     def _record_undecoded(
@@ -426,16 +424,14 @@ class Router:
         source: str,
         agent: str | None,
         frame: bytes,
-        now: float,
         began: int,
     ) -> None:
         """Record a frame that never decoded (and got a fault)."""
         fault = self._fault_code
-        self._source = self._routed = self._fault_code = None
+        self._source = None
         # The header as far as the first ";", if there is one.
         header_bytes = frame.find(b";") + 1 or len(frame)
         recorder.record(
-            now,
             began,
             source_kind,
             source,
@@ -788,7 +784,7 @@ class Router:
                 return
             self._route_tube(tube, command, frame)
             return
-        now, began = _wall_clock(), _ns()
+        began = _clock_ns()
         self._source, self._routed, self._fault_code = tube, None, None
         agent = tube.agent_id
         try:
@@ -797,25 +793,23 @@ class Router:
             self.fault_tube(
                 tube, exc.code, exc.message, command_id=builtins.sniff_command_id(frame)
             )
-            self._record_undecoded(recorder, "agent", agent, agent, frame, now, began)
+            self._record_undecoded(recorder, "agent", agent, agent, frame, began)
             return
         self._route_tube(tube, command, frame)
         # The hot path, inline (see _record for the same with comments).
-        route, fault = self._routed, self._fault_code
-        self._source = self._routed = self._fault_code = None
+        self._source = None
         body_bytes = len(command.body)
         recorder.record(
-            now,
             began,
             "agent",
             agent,
             agent,
-            cast("str | None", command.get("c")),
-            cast("str | None", command.get("s")),
+            _text(command, "c"),
+            _text(command, "s"),
             len(frame) - body_bytes,
             body_bytes,
-            route,
-            fault,
+            self._routed,
+            self._fault_code,
         )
 
     def tube_command(self, tube: Tube, command: Command, frame: bytes | None = None) -> None:
@@ -824,11 +818,11 @@ class Router:
         if recorder is None or tube.closed:
             self._route_tube(tube, command, frame)
             return
-        now, began = _wall_clock(), _ns()
+        began = _clock_ns()
         self._source, self._routed, self._fault_code = tube, None, None
         self._route_tube(tube, command, frame)
         agent = tube.agent_id
-        self._record(recorder, "agent", agent, agent, command, frame, now, began)
+        self._record(recorder, "agent", agent, agent, command, frame, began)
 
     def _route_tube(self, tube: Tube, command: Command, frame: bytes | None) -> None:
         if tube.closed:

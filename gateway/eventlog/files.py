@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
@@ -58,9 +59,9 @@ class FileStore:
         # in its thread and closes the store.
         self._mutex = threading.Lock()
 
-    async def write(self, lines: bytes, count: int) -> None:
-        """Append ``lines`` (whole NDJSON lines), rotating as needed."""
-        await asyncio.to_thread(self._write, lines)
+    async def write(self, chunks: Sequence[bytes], count: int) -> None:
+        """Append ``chunks`` (each whole NDJSON lines), rotating as needed."""
+        await asyncio.to_thread(self._write, chunks)
 
     async def close(self) -> None:
         """Close the current file."""
@@ -72,35 +73,39 @@ class FileStore:
 
     # -- in the worker thread ------------------------------------------------
 
-    def _write(self, lines: bytes) -> None:
+    def _write(self, chunks: Sequence[bytes]) -> None:
         with self._mutex:
-            view = memoryview(lines)
-            start, end = 0, len(lines)
-            while start < end:
-                if self._file is None:
-                    self._open()
-                    assert self._file is not None
-                room = self.max_file_bytes - self._size
-                if end - start <= room:
-                    stop = end
-                else:
-                    # The last whole line that fits; 0 when none does.
-                    stop = lines.rfind(b"\n", start, start + room) + 1
-                    if stop == 0:
-                        if self._size:
-                            stop = start  # none fits: on to a new file
-                        else:
-                            # One line larger than a whole file: a file of its own.
-                            newline = lines.find(b"\n", start)
-                            stop = end if newline == -1 else newline + 1
-                if stop > start:
-                    self._file.write(view[start:stop])
-                    self._size += stop - start
-                    start = stop
-                if start < end:
-                    self._rotate()
+            for lines in chunks:
+                self._append(lines)
             if self._file is not None:
                 self._file.flush()
+
+    def _append(self, lines: bytes) -> None:
+        view = memoryview(lines)
+        start, end = 0, len(lines)
+        while start < end:
+            if self._file is None:
+                self._open()
+                assert self._file is not None
+            room = self.max_file_bytes - self._size
+            if end - start <= room:
+                stop = end
+            else:
+                # The last whole line that fits; 0 when none does.
+                stop = lines.rfind(b"\n", start, start + room) + 1
+                if stop == 0:
+                    if self._size:
+                        stop = start  # none fits: on to a new file
+                    else:
+                        # One line larger than a whole file: a file of its own.
+                        newline = lines.find(b"\n", start)
+                        stop = end if newline == -1 else newline + 1
+            if stop > start:
+                self._file.write(view[start:stop])
+                self._size += stop - start
+                start = stop
+            if start < end:
+                self._rotate()
 
     def _open(self) -> None:
         if self._files is None:

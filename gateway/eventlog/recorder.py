@@ -4,31 +4,37 @@ Theory of operation
 -------------------
 The router calls :meth:`Recorder.record` once per Command, on the routing path
 (20-40 thousand times a second), with the event's fields; recording builds one
-dict (a :class:`Row`) and appends it to a list: no
-:class:`~gateway.eventlog.schema.Event`, no JSON, no I/O, no await. The list holds
-at most ``capacity`` rows; past that a new event is dropped (before its dict is
-built) and counted in :attr:`Recorder.dropped`, never the router kept waiting, so
-the memory used stays bounded (a row is about 0.5 KiB) however slow the store is.
+:class:`~gateway.eventlog.schema.Event` and appends it to a short list: no I/O,
+no await. Once the list holds :data:`CHUNK` events, the next Command's record
+turns them into one chunk of NDJSON (:func:`~gateway.eventlog.schema.to_ndjson`,
+under 0.1 millisecond) and starts a new list; only the chunks wait for the
+store. The encoding is on the event loop either way: in slices this small it
+never holds the loop for a whole batch (about a millisecond for 4,096 events),
+the events are freed at once, a chunk is one object for the allocator and the
+collector where 512 events were 512 and more, and a chunk is what a Redis
+Stream store sends in one call.
+
+Events held, in chunks and in the list, number at most ``capacity``; past that
+a new event is dropped (before it is built) and counted in
+:attr:`Recorder.dropped`, never the router kept waiting, so the memory used
+stays bounded (a chunk holds about 0.3 KiB an event) however slow the store is.
 
 A flusher task wakes every ``interval`` seconds, or as soon as a batch is
-waiting, takes up to ``batch_size`` rows, turns them into NDJSON and awaits the
-store with them. One batch is in the store's hands at a time, so at most
-``capacity + batch_size`` rows are held. A batch the store fails to take (a
-disk full, Redis down) is counted in :attr:`Recorder.lost`; both counts are
-logged as a warning at most every ``warn_interval`` seconds, and
-:meth:`Recorder.stop` logs the totals.
+waiting, takes up to ``batch_size`` events' chunks (turning a partly filled
+list into a chunk first) and awaits the store with them. One batch is in the
+store's hands at a time, so at most ``capacity + batch_size`` events are held. A
+batch the store fails to take (a disk full, Redis down) is counted in
+:attr:`Recorder.lost`; both counts are logged as a warning at most every
+``warn_interval`` seconds, and :meth:`Recorder.stop` logs the totals.
 
-Why dicts: a row's keys are :data:`~gateway.eventlog.schema.FIELDS` in order, so
-``orjson.dumps`` of a row is exactly ``Event.to_json()``, and a whole batch is one
-``orjson.dumps`` call, about 0.1 microsecond an event. A dict display costs the
-router a few hundred nanoseconds more than a tuple would; turning tuples into
-dicts later would cost the flusher, on the same thread, more than that (about
-0.8 against 0.5 microseconds an event where we measured), and building Events
-and calling ``to_json`` about 2 microseconds.
-
-The JSON array of a batch is split into lines where one object ends and the next
-begins (``},{"time":``): that sequence cannot occur inside a JSON string, whose
-quotes are escaped, and every object starts with ``time``.
+What the choices cost (bench/eventlog.py, on a busy 2-core machine): a dict
+per event, which ``orjson`` can write, costs the router about 350 nanoseconds to
+build, an Event (a ``msgspec.Struct``) 60-90, about what a tuple of its fields
+would; formatting tuples later in Python would cost several times that. msgspec
+writes an event in 0.12-0.15 microsecond, against 0.25 for ``orjson`` and the
+split of its array into lines. Per event, the router's share is now about 0.4
+microsecond at the call site, 0.4 in :meth:`Recorder.record` and 0.15-0.25 to
+encode; the store's, 0.2 (a file) to 0.4 (Redis, not counting Redis's own CPU).
 
 ``stop`` lets the flusher write everything still buffered, waiting up to
 ``stop_timeout`` seconds for the store before giving up on it.
@@ -40,46 +46,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Final, Protocol, TypedDict
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
 
-import orjson
+from gateway.eventlog.schema import DestinationKind, Event, SourceKind, to_ndjson
 
-from gateway.eventlog.schema import DestinationKind, Outcome, SourceKind
-
-__all__ = ["BATCH_SIZE", "INTERVAL", "Recorder", "Route", "Row", "Store", "rows_to_ndjson"]
+__all__ = ["BATCH_SIZE", "CHUNK", "CLOCK_NS", "INTERVAL", "Recorder", "Route", "Store"]
 
 
 #: Where the router handed a Command: the destination's kind, the destination,
 #: and the agent serving it (for a Command from a Channel).
 Route = tuple[DestinationKind | None, str | None, str | None]
 
+#: The clock of :meth:`Recorder.record`'s ``began``: an event's time and the end
+#: of its latency.
+CLOCK_NS: Final = time.time_ns
 
-class Row(TypedDict):
-    """One event as the router builds it: a plain dict, keys in the order of
-    :data:`~gateway.eventlog.schema.FIELDS`, so ``Event(**row)`` is the event and
-    ``orjson.dumps(row)`` is exactly its ``to_json()``."""
-
-    time: float
-    broker: str
-    source_kind: SourceKind
-    source: str
-    subject: str | None
-    command: str | None
-    header_bytes: int
-    body_bytes: int
-    destination_kind: DestinationKind | None
-    destination: str | None
-    agent: str | None
-    outcome: Outcome
-    fault: int | None
-    latency_us: int
-
-
-_ns: Final = time.perf_counter_ns
-
-#: Rows written to the store at once, at most.
+#: Events written to the store at once, at most.
 BATCH_SIZE: Final = 4096
+#: Lines of one NDJSON chunk, at most: the events written at once on the routing
+#: path, and the entries one script call adds to a Redis Stream (which bounds how
+#: long one call keeps Redis busy, about a millisecond).
+CHUNK: Final = 512
 #: Seconds between flushes when fewer than a batch are waiting.
 INTERVAL: Final = 0.25
 #: Seconds between two warnings about dropped or lost events, at least.
@@ -87,17 +75,13 @@ WARN_INTERVAL: Final = 10.0
 #: Seconds ``stop`` waits for the store to take what is buffered.
 STOP_TIMEOUT: Final = 5.0
 
-# Where one object ends and the next begins in orjson's output for a list of
-# rows; see the module docstring.
-_BETWEEN: Final = b'},{"time":'
-_BETWEEN_LINES: Final = b'}\n{"time":'
-
 
 class Store(Protocol):
     """Where batches of events go: rotating files or a Redis Stream."""
 
-    async def write(self, lines: bytes, count: int) -> None:
-        """Store ``count`` events, ``lines`` of NDJSON (each line ends with ``\\n``).
+    async def write(self, chunks: Sequence[bytes], count: int) -> None:
+        """Store ``count`` events, in order: NDJSON in ``chunks`` of at most
+        :data:`CHUNK` whole lines (each line ends with ``\\n``).
 
         Raises:
             Exception: anything; the recorder counts the events as lost.
@@ -109,13 +93,6 @@ class Store(Protocol):
         ...
 
 
-def rows_to_ndjson(rows: list[Row]) -> bytes:
-    """``rows`` as NDJSON: ``Event.to_json()`` of each, followed by a newline."""
-    if not rows:
-        return b""
-    return orjson.dumps(rows)[1:-1].replace(_BETWEEN, _BETWEEN_LINES) + b"\n"
-
-
 class Recorder:
     """Buffers events in memory and writes them to a store in batches.
 
@@ -123,8 +100,8 @@ class Recorder:
         store: where the batches go.
         broker_id: the ``broker`` of every event.
         log: where warnings about dropped and lost events go.
-        capacity: rows buffered at most; more are dropped and counted.
-        batch_size: rows handed to the store at once, at most.
+        capacity: events buffered at most; more are dropped and counted.
+        batch_size: events handed to the store at once, at most.
         interval: seconds between flushes of a partial batch.
         warn_interval: seconds between two warnings, at least.
         stop_timeout: seconds ``stop`` waits for the store.
@@ -155,7 +132,15 @@ class Recorder:
         self._warn_interval = warn_interval
         self._stop_timeout = stop_timeout
         self._clock = clock
-        self._rows: list[Row] = []
+        # Events per chunk: a batch and the buffer hold whole chunks.
+        self._chunk = min(CHUNK, capacity, batch_size)
+        self._events: list[Event] = []  # not yet in a chunk, fewer than _chunk
+        self._chunks: list[tuple[bytes, int]] = []  # NDJSON and its line count
+        self._chunked = 0  # events in _chunks
+        # Events _events may hold before new ones are dropped: _chunk, or less
+        # when the buffer is nearly full. The one bound the hot path checks.
+        self._room = self._chunk
+        self._error: Exception | None = None  # the last failure, for the warning
         self._wake = asyncio.Event()
         # One batch in the store's hands at a time, in order, whether the flusher
         # or flush() writes it.
@@ -166,7 +151,7 @@ class Recorder:
         self.written = 0
         #: Events dropped because the buffer was full.
         self.dropped = 0
-        #: Events in batches the store failed to take.
+        #: Events in batches the store failed to take (or that failed to encode).
         self.lost = 0
         self._warned_at: float | None = None
         self._reported = 0  # dropped + lost at the last warning
@@ -175,7 +160,6 @@ class Recorder:
 
     def record(
         self,
-        now: float,
         began: int,
         source_kind: SourceKind,
         source: str,
@@ -190,49 +174,79 @@ class Recorder:
         """Buffer the event of one routed Command, or count it as dropped.
 
         Args:
-            now: Unix seconds at receipt.
-            began: ``time.perf_counter_ns()`` at receipt; the latency ends now.
+            began: :data:`CLOCK_NS` at receipt (Unix nanoseconds); the latency
+                ends now. One wall clock for both saves the router a clock read
+                per Command; a step of the clock while a Command is routed (a
+                few microseconds) would skew that one latency, and a step back
+                is recorded as 0.
             agent: the sending agent, for a Command from a Tube.
             route: where the Command was handed, None if it never was.
             fault: the fault code the sender got while it was routed.
         """
-        rows = self._rows
-        size = len(rows)
-        if size >= self.capacity:
-            self.dropped += 1
-            return
+        events = self._events
+        if len(events) >= self._room:
+            # Rarely: a full chunk (a fresh list then) or a full buffer (dropped).
+            if not self._make_room():
+                self.dropped += 1
+                return
+            events = self._events
         if route is None:
             kind = destination = None
         else:
             kind, destination, serving = route
             if agent is None:
                 agent = serving
-        # One dict display: the cheapest object orjson writes as a JSON object.
-        rows.append(
-            {
-                "time": now,
-                "broker": self.broker_id,
-                "source_kind": source_kind,
-                "source": source,
-                "subject": subject,
-                "command": command,
-                "header_bytes": header_bytes,
-                "body_bytes": body_bytes,
-                "destination_kind": kind,
-                "destination": destination,
-                "agent": agent,
-                "outcome": "delivered" if fault is None else "fault",
-                "fault": fault,
-                "latency_us": (_ns() - began) // 1000,
-            }
+        latency = (CLOCK_NS() - began) // 1000
+        # Positional: a Struct's cheapest constructor call.
+        events.append(
+            Event(
+                began / 1e9,  # what time.time() would have said
+                self.broker_id,
+                source_kind,
+                source,
+                subject,
+                command,
+                header_bytes,
+                body_bytes,
+                kind,
+                destination,
+                agent,
+                "delivered" if fault is None else "fault",
+                fault,
+                latency if latency > 0 else 0,
+            )
         )
-        if size == self._batch_size:
-            self._wake.set()
+
+    def _make_room(self) -> bool:
+        """Seal a full chunk, if that is what is in the way; False if the buffer is."""
+        if len(self._events) == self._chunk:
+            self._seal()
+        return len(self._events) < self._room
+
+    def _seal(self) -> None:
+        """Turn the events not yet in a chunk into one."""
+        events = self._events
+        if not events:
+            return
+        self._events = []
+        try:
+            lines = to_ndjson(events)
+        except Exception as exc:
+            # Cannot happen with the strings the router passes (decoded, so valid
+            # UTF-8), and must not reach the router if it does: counted, warned.
+            self.lost += len(events)
+            self._error = exc
+        else:
+            self._chunks.append((lines, len(events)))
+            self._chunked += len(events)
+            if self._chunked >= self._batch_size:
+                self._wake.set()
+        self._room = min(self._chunk, self.capacity - self._chunked)
 
     @property
     def buffered(self) -> int:
         """Events waiting for the flusher."""
-        return len(self._rows)
+        return self._chunked + len(self._events)
 
     # -- life cycle ----------------------------------------------------------
 
@@ -244,7 +258,7 @@ class Recorder:
     async def stop(self) -> None:
         """Write what is buffered (within ``stop_timeout``), then close the store.
 
-        Rows recorded afterwards are dropped and counted. Idempotent.
+        Events recorded afterwards are dropped and counted. Idempotent.
         """
         if self._stopping:
             return
@@ -259,9 +273,11 @@ class Recorder:
                     await task
             elif not task.cancelled():
                 task.result()
-        self.lost += len(self._rows)  # what the store did not take in time
-        self._rows.clear()
-        self.capacity = 0
+        self.lost += self.buffered  # what the store did not take in time
+        self._events = []
+        self._chunks.clear()
+        self._chunked = 0
+        self.capacity = self._room = 0
         with contextlib.suppress(Exception):  # a store that fails to close holds nothing
             await self.store.close()
         self._log.info(
@@ -272,47 +288,56 @@ class Recorder:
     async def flush(self) -> None:
         """Write everything recorded so far (the flusher keeps running)."""
         async with self._writing:
-            while self._rows:
-                await self._write_rows()
+            while self.buffered:
+                await self._write_batch()
 
     # -- the flusher ---------------------------------------------------------
 
     async def _flush_forever(self) -> None:
         while True:
-            if len(self._rows) < self._batch_size and not self._stopping:
+            if self._chunked < self._batch_size and not self._stopping:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._interval):
                         await self._wake.wait()
                 self._wake.clear()
-            if self._stopping and not self._rows:
+            if self._stopping and not self.buffered:
                 return
-            await self._write_batch()
+            async with self._writing:
+                await self._write_batch()
             self._warn()
 
     async def _write_batch(self) -> None:
-        async with self._writing:
-            await self._write_rows()
-
-    async def _write_rows(self) -> None:
-        rows = self._rows
-        if not rows:
+        if self._chunked < self._batch_size:
+            self._seal()  # the events of a partial batch: due now
+        chunks = self._chunks
+        if not chunks:
             return
-        batch = rows[: self._batch_size]
-        del rows[: self._batch_size]
+        # Whole chunks, up to batch_size events (and at least one chunk).
+        taken = count = 0
+        for _, lines in chunks:
+            if taken and count + lines > self._batch_size:
+                break
+            taken += 1
+            count += lines
+        batch = [data for data, _ in chunks[:taken]]
+        del chunks[:taken]
+        self._chunked -= count
+        self._room = min(self._chunk, self.capacity - self._chunked)
         try:
-            await self.store.write(rows_to_ndjson(batch), len(batch))
+            await self.store.write(batch, count)
         except asyncio.CancelledError:
-            self.lost += len(batch)
+            self.lost += count
             raise
         except Exception as exc:
             # The log must never take routing down: whatever the store raised, the
             # batch is counted and the broker goes on. The error is in the warning.
-            self.lost += len(batch)
-            self._warn(exc)
+            self.lost += count
+            self._error = exc
+            self._warn()
         else:
-            self.written += len(batch)
+            self.written += count
 
-    def _warn(self, error: BaseException | None = None) -> None:
+    def _warn(self) -> None:
         missing = self.dropped + self.lost
         if missing == self._reported:
             return
@@ -320,6 +345,7 @@ class Recorder:
         if self._warned_at is not None and now - self._warned_at < self._warn_interval:
             return
         self._warned_at = now
+        error, self._error = self._error, None
         self._log.warning(
             "eventlog.missing",
             extra={

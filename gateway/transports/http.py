@@ -148,7 +148,9 @@ async def post(request: Request) -> Response:
         channel = found
     channel.last_seen = time.monotonic()
     if command.name != builtins.CHANNEL:
-        broker.router.channel_command(channel, command)
+        # The frame too: the router forwards it as it is where it can, and the
+        # event log takes the header's size from it.
+        broker.router.channel_command(channel, command, body)
     reply = Command(c=builtins.ACCEPTED, i=channel.id, b=broker.broker_id)
     if command_id is not None:
         reply = reply.with_keys(u=command_id)

@@ -13,10 +13,10 @@ import argparse
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import orjson
 import pytest
 import redis.asyncio
@@ -26,8 +26,15 @@ from asbp import Command
 from gateway.broker import Broker
 from gateway.config import EventLogConfig
 from gateway.eventlog.files import FileStore
-from gateway.eventlog.recorder import Recorder, Row, rows_to_ndjson
-from gateway.eventlog.schema import FIELDS, FILE_GLOB, STREAM_FIELD, STREAM_KEY, Event
+from gateway.eventlog.recorder import CHUNK, Recorder
+from gateway.eventlog.schema import (
+    FIELDS,
+    FILE_GLOB,
+    STREAM_FIELD,
+    STREAM_KEY,
+    Event,
+    to_ndjson,
+)
 from gateway.eventlog.stream import StreamStore
 from gateway.settings import ConfigError, add_arguments, load_config
 from tests.gateway.conftest import AGENTS, BROKER_ID, Gateway, GatewayFactory, assert_fault
@@ -79,8 +86,8 @@ def header_size(command: Command) -> int:
     return len(asbp.encode(command)) - len(command.body)
 
 
-def row(number: int = 0, **fields: Any) -> Row:
-    """An event as the router builds it."""
+def row(number: int = 0, **fields: Any) -> dict[str, Any]:
+    """The fields of the event ``record(recorder, number)`` records."""
     values: dict[str, Any] = {
         "time": 1763712000.5 + number,
         "broker": "b1",
@@ -98,18 +105,21 @@ def row(number: int = 0, **fields: Any) -> Row:
         "latency_us": 3,
     }
     values.update(fields)
-    return values  # type: ignore[return-value]  # the keys are Row's
+    return values
 
 
-def record(recorder: Recorder, number: int) -> None:
-    """Record what ``row(number)`` holds, as the router would."""
+def event(number: int = 0, **fields: Any) -> Event:
+    return Event(**row(number, **fields))
+
+
+def record(recorder: Recorder, number: int, command: str | None = None) -> None:
+    """Record what ``row(number)`` holds (but its latency), as the router would."""
     recorder.record(
-        1763712000.5 + number,
-        time.perf_counter_ns(),
+        1763712000_500000000 + number * 1_000_000_000,  # 1763712000.5 + number
         "channel",
         "0" * 32,
         None,
-        f"c{number}",
+        f"c{number}" if command is None else command,
         None,
         10,
         0,
@@ -193,8 +203,12 @@ async def test_an_http_channel_command_is_recorded(
     gateway = await make_gateway()
     await gateway.tube(serves=("echo",))
     http = await gateway.http_channel()
-    command = Command({"c": "echo", "i": http.id, "u": 9}, b"over http")
-    status, reply = await http.post(command)
+    # A quoted name: the header as sent is two bytes longer than the decoded
+    # Command's own encoding, and the log has the size of the frame as sent.
+    header = b"c='echo',i=%s,u=9;" % http.id.encode()
+    command = asbp.decode(header + b"over http")
+    assert len(header) == header_size(command) + 2
+    status, reply = await http.post(header + b"over http")
     assert (status, reply.name) == (200, "asbp.accepted")
     await flush(gateway)
 
@@ -205,7 +219,7 @@ async def test_an_http_channel_command_is_recorded(
         "billing",
         "billing",
     )
-    assert (event.header_bytes, event.body_bytes) == (header_size(command), len(b"over http"))
+    assert (event.header_bytes, event.body_bytes) == (len(header), len(b"over http"))
     assert (event.outcome, event.fault) == ("delivered", None)
 
 
@@ -376,10 +390,13 @@ async def test_file_store_splits_batches_at_lines_and_names_files_in_order(
     store = FileStore(tmp_path / "events", max_file_bytes=100, max_files=1000)
     lines = [b'{"n":%d,"pad":"%s"}\n' % (n, b"x" * 30) for n in range(60)]
     for start in range(0, 60, 6):
-        await store.write(b"".join(lines[start : start + 6]), 6)
+        # Two chunks a batch, of two and four lines.
+        await store.write(
+            [b"".join(lines[start : start + 2]), b"".join(lines[start + 2 : start + 6])], 6
+        )
     huge = b'{"n":"huge","pad":"%s"}\n' % (b"y" * 300)
-    await store.write(huge, 1)
-    await store.write(lines[0], 1)
+    await store.write([huge], 1)
+    await store.write([lines[0]], 1)
     await store.close()
 
     files = store.files()
@@ -396,13 +413,13 @@ async def test_file_store_keeps_max_files_including_an_earlier_runs(tmp_path: Pa
     directory = tmp_path / "events"
     first = FileStore(directory, max_file_bytes=50, max_files=4)
     for n in range(3):
-        await first.write(b'{"run":1,"n":%d,"pad":"..........................."}\n' % n, 1)
+        await first.write([b'{"run":1,"n":%d,"pad":"..........................."}\n' % n], 1)
     await first.close()
     assert len(first.files()) == 3
 
     second = FileStore(directory, max_file_bytes=50, max_files=4)
-    await second.write(b'{"run":2}\n', 1)
-    await second.write(b'{"run":2,"n":1,"pad":"..........................."}\n', 1)
+    await second.write([b'{"run":2}\n'], 1)
+    await second.write([b'{"run":2,"n":1,"pad":"..........................."}\n'], 1)
     await second.close()
     files = second.files()
     assert len(files) == 4
@@ -452,10 +469,82 @@ async def test_stopping_writes_what_is_buffered_and_later_events_are_dropped(
     await recorder.stop()
     events = read_files(tmp_path / "events")
     assert [e.command for e in events] == [f"c{n}" for n in range(10)]
-    assert [replace(e, latency_us=3) for e in events] == [Event(**row(n)) for n in range(10)]
+    assert [msgspec.structs.replace(e, latency_us=3) for e in events] == [
+        event(n) for n in range(10)
+    ]
     assert (recorder.written, recorder.dropped, recorder.lost) == (10, 0, 0)
     record(recorder, 10)
     assert (recorder.buffered, recorder.dropped) == (0, 1)
+
+
+async def test_events_are_written_in_chunks_as_they_are_recorded(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "events", max_file_bytes=1 << 24, max_files=2)
+    recorder = Recorder(
+        store,
+        broker_id="b1",
+        log=logging.getLogger("test.eventlog"),
+        capacity=3 * CHUNK,
+        batch_size=2 * CHUNK,
+        interval=3600,
+    )
+    recorder.start()
+    # Nothing awaits here, like the router: the Command that fills a chunk writes
+    # it, and the buffer, counted in events, stops at capacity however they lie.
+    for n in range(4 * CHUNK):
+        record(recorder, n)
+    assert (recorder.buffered, recorder.dropped) == (3 * CHUNK, CHUNK)
+    await recorder.flush()
+    assert (recorder.written, recorder.buffered) == (3 * CHUNK, 0)
+    # Room again, and a chunk and a half more, of which the half is still a list.
+    for n in range(3 * CHUNK // 2):
+        record(recorder, 10_000 + n)
+    assert recorder.buffered == 3 * CHUNK // 2
+    await recorder.stop()
+    events = read_files(tmp_path / "events")
+    expected = list(range(3 * CHUNK)) + list(range(10_000, 10_000 + 3 * CHUNK // 2))
+    assert [e.command for e in events] == [f"c{n}" for n in expected]
+    assert (recorder.written, recorder.dropped, recorder.lost) == (len(expected), CHUNK, 0)
+
+
+async def test_a_capacity_below_a_chunk_is_kept_exactly(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "events", max_file_bytes=1 << 20, max_files=2)
+    recorder = Recorder(
+        store, broker_id="b1", log=logging.getLogger("test.eventlog"), capacity=5, interval=3600
+    )
+    recorder.start()
+    for n in range(8):
+        record(recorder, n)
+    assert (recorder.buffered, recorder.dropped) == (5, 3)
+    await recorder.stop()
+    assert [e.command for e in read_files(tmp_path / "events")] == [f"c{n}" for n in range(5)]
+
+
+async def test_an_event_that_cannot_be_written_costs_its_chunk_not_the_router(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStore(tmp_path / "events", max_file_bytes=1 << 20, max_files=2)
+    recorder = Recorder(
+        store,
+        broker_id="b1",
+        log=logging.getLogger("test.eventlog.encode"),
+        capacity=8,
+        interval=3600,
+    )
+    recorder.start()
+    # A lone surrogate is not text: no UTF-8 for it, so no JSON. The router only
+    # passes strings it decoded, but the log must survive one all the same.
+    for n in range(8):
+        record(recorder, n, command="\ud800" if n == 5 else None)  # fills the chunk
+    record(recorder, 8)  # which it writes first: the 8 are lost, this one is kept
+    assert (recorder.buffered, recorder.lost) == (1, 8)
+    for n in range(9, 11):
+        record(recorder, n)
+    with caplog.at_level(logging.WARNING, logger="test.eventlog.encode"):
+        await recorder.stop()
+    assert [e.command for e in read_files(tmp_path / "events")] == ["c8", "c9", "c10"]
+    assert (recorder.written, recorder.lost) == (3, 8)
+    [warning] = [r for r in caplog.records if r.getMessage() == "eventlog.missing"]
+    assert "UnicodeEncodeError" in str(vars(warning)["error"])
 
 
 async def test_off_records_nothing(make_gateway: GatewayFactory, tmp_path: Path) -> None:
@@ -517,8 +606,10 @@ async def test_the_stream_is_capped(tmp_path: Path) -> None:
             await client.config_set("stream-node-max-entries", 10)
             store = StreamStore(server.url, max_events=50)
             for start in range(0, 1000, 100):
-                rows = [row(n) for n in range(start, start + 100)]
-                await store.write(rows_to_ndjson(rows), len(rows))
+                chunks = [
+                    to_ndjson([event(n) for n in range(at, at + 50)]) for at in (start, start + 50)
+                ]
+                await store.write(chunks, 100)
             await store.close()
             length = await client.xlen(STREAM_KEY)
         finally:
@@ -526,6 +617,28 @@ async def test_the_stream_is_capped(tmp_path: Path) -> None:
         [(_, newest)] = await stream_entries(server.url, last=True)
     assert 50 <= length <= 60
     assert Event.from_json(newest[STREAM_FIELD]).command == "c999"
+
+
+async def test_a_batch_of_chunks_becomes_entries_in_order(tmp_path: Path) -> None:
+    with RedisServer(tmp_path / "redis") as server:
+        store = StreamStore(server.url, max_events=100_000)
+        recorder = Recorder(store, broker_id="b1", log=logging.getLogger("test.eventlog"))
+        recorder.start()
+        try:
+            count = 2 * CHUNK + 7  # two full chunks and a partial one
+            for n in range(count):
+                record(recorder, n, command=TEXTS[n % len(TEXTS)] if n % 100 == 0 else None)
+            await asyncio.wait_for(recorder.flush(), 5 * T)
+            entries = await stream_entries(server.url)
+        finally:
+            await recorder.stop()
+    assert recorder.written == count
+    stored = [fields[STREAM_FIELD] for _, fields in entries]
+    assert len(stored) == count
+    events = [Event.from_json(line) for line in stored]
+    assert [e.to_json() for e in events] == stored  # byte for byte
+    expected = [f"c{n}" if n % 100 else TEXTS[n % len(TEXTS)] for n in range(count)]
+    assert [e.command for e in events] == expected
 
 
 async def test_a_redis_that_is_down_loses_batches_and_nothing_else(
@@ -560,24 +673,43 @@ async def test_a_redis_that_is_down_loses_batches_and_nothing_else(
 # The serialisation and the settings
 
 
-@pytest.mark.parametrize(
-    "text",
-    ['},{"time":1', 'quote " and \\ backslash', "new\nline", "caf\u00e9 \u2603", "\x00\x1f"],
-)
-def test_rows_serialise_exactly_as_events(text: str) -> None:
-    rows = [
-        row(0, command=text, destination=text),
-        row(1, subject=text, agent=text, outcome="fault", fault=2101),
-        row(2, source=text),
+TEXTS = ['},{"time":1', 'quote " and \\ backslash', "new\nline", "caf\u00e9 \u2603", "\x00\x1f\x7f"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_ndjson_lines_are_the_events_to_json(text: str) -> None:
+    events = [
+        event(0, command=text, destination=text),
+        event(1, subject=text, agent=text, outcome="fault", fault=2101),
+        event(2, source=text),
     ]
-    lines = rows_to_ndjson(rows).split(b"\n")
+    lines = to_ndjson(events).split(b"\n")
     assert lines[-1] == b""
-    assert lines[:-1] == [Event(**r).to_json() for r in rows]
-    assert [Event.from_json(line) for line in lines[:-1]] == [Event(**r) for r in rows]
+    assert lines[:-1] == [e.to_json() for e in events]
+    assert [Event.from_json(line) for line in lines[:-1]] == events
 
 
-def test_a_row_has_the_events_fields_in_order() -> None:
-    assert tuple(Row.__annotations__) == FIELDS
+def test_the_bytes_are_those_orjson_wrote_before() -> None:
+    # Event.to_json() was orjson.dumps of the event; logs written then and now must
+    # not differ, for every value an event holds: event times of any clock reading
+    # (the shortest round-trip form of each float), sizes, codes, escaped text.
+    clock = time.time_ns()
+    times = [(clock + n * 7_654_321) / 1e9 for n in range(20_000)]
+    times += [1763712000.0, 1763712000.5, 0.0, 1e-7, 9999999999999998.0]
+    for n, when in enumerate(times):
+        text = TEXTS[n % len(TEXTS)]
+        fields = row(n, time=when, subject=text, latency_us=n * 977, fault=n % 3 or None)
+        assert Event(**fields).to_json() == orjson.dumps(fields)
+    # Only past 1e16 (no event time comes near: that is the year 3e8) does msgspec
+    # leave out the exponent's "+"; any JSON reader reads the same number.
+    far = Event(**row(time=1e16)).to_json()
+    assert b'"time":1e16,' in far
+    assert far == orjson.dumps(row(time=1e16)).replace(b"1e+16", b"1e16")
+    assert Event.from_json(far) == Event(**row(time=1e16))
+
+
+def test_fields_in_order() -> None:
+    assert FIELDS == tuple(Event.__annotations__) == tuple(row())
 
 
 def test_from_json_refuses_what_is_not_an_event() -> None:
@@ -586,7 +718,7 @@ def test_from_json_refuses_what_is_not_an_event() -> None:
     with pytest.raises(TypeError, match="latency_us"):
         Event.from_json(orjson.dumps({k: v for k, v in row().items() if k != "latency_us"}))
     extra = Event.from_json(orjson.dumps({**row(), "later": "ignored"}))
-    assert extra == Event(**row())
+    assert extra == event()
 
 
 def test_event_log_settings() -> None:
