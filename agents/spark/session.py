@@ -27,7 +27,11 @@ def session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    if SparkSession.getActiveSession() is None and master is None:
+    # spark-submit starts the JVM first and hands its master over through the
+    # gateway it opens (PYSPARK_GATEWAY_PORT): a master set here would override
+    # the one given on its command line.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if SparkSession.getActiveSession() is None and master is None and not submitted:
         master = os.environ.get("SPARK_MASTER", "local[2]")
     if master is not None:
         builder = builder.master(master)

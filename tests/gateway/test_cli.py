@@ -470,3 +470,57 @@ def test_endpoints(host: str, port: int, tls: bool, base: str, ws: str) -> None:
     assert endpoints.healthz == f"{base}/healthz"
     assert endpoints.channels_ws.startswith(ws) and endpoints.channels_ws.endswith("/asbp")
     assert endpoints.tubes.startswith(ws) and endpoints.tubes.endswith("/tube")
+
+
+# --- asbp analytics: option errors (the job itself: tests/spark/test_analytics.py) -------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--since", "yesterday"], "--since/--until: Invalid isoformat string: 'yesterday'"),
+        (["--until", "2025-11-21T08:00:00"], "has no time zone (add Z or +00:00)"),
+        (["--top", "0"], "--top and --accuracy must be at least 1"),
+        (["--partitions", "0"], "--partitions must be at least 1"),
+        (["--bus-url", "wss://broker/tube"], "--bus-url needs --identity and --key"),
+        (["--identity", "analytics"], "--identity and --key are for publishing"),
+        (
+            ["--bus-url", "ws://broker/tube", "--identity", "analytics", "--key", "k.pem"],
+            "a ws:// Tube sends the credential in clear; use wss:// or --insecure",
+        ),
+        (
+            ["--bus-url", "wss://broker/tube", "--identity", "analytics", "--key", "missing.pem"],
+            "--key: cannot read missing.pem",
+        ),
+    ],
+)
+def test_analytics_option_errors_exit_2_before_spark_starts(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["analytics", "--events", "log", "--output", "out", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asbp analytics: ") and message in err
+
+
+def test_analytics_needs_one_event_log(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["analytics", "--output", "out"])
+    assert exited.value.code == 2
+    assert "one of the arguments --events --redis-url is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["analytics", "--events", "a", "--redis-url", "redis://r", "--output", "out"])
+
+
+def test_the_broker_commands_never_import_pyspark() -> None:
+    # pyspark is the spark extra: `asbp config` (like `asbp broker`) and a rejected
+    # `asbp analytics` must work without it.
+    code = (
+        "import sys, io\n"
+        "from contextlib import redirect_stderr, redirect_stdout\n"
+        "from gateway.cli import main\n"
+        "with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):\n"
+        "    assert main(['config'], environ={}) == 0\n"
+        "    assert main(['analytics', '--events', 'x', '--output', 'y', '--top', '0']) == 2\n"
+        "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60 * T)
