@@ -13,7 +13,8 @@ from asbp import ApplicationAgentId, Command
 from gateway.channels import ChannelKind, ChannelRegistry
 from gateway.config import ChannelLimits, TubeLimits
 from gateway.outbox import StreamOutbox
-from gateway.routing import Router, _without_pair
+from gateway.routing import Router
+from gateway.splice import without_pair as _without_pair
 from gateway.tubes import RespondentTable, Tube
 from tests.asbp.test_properties import commands, uuid_hex
 
