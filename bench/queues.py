@@ -48,7 +48,8 @@ medians and the ratios, not one run. For the broker targets, the broker
 process's CPU time per message is printed too (``/proc/<pid>/task/*/schedstat``),
 with the time it was ready to run but waiting for a core (when that is large,
 the 2 cores, not the broker alone, set the rate), and the load generator's
-(this process's) CPU time per message.
+(this process's) CPU time per message; and, for every target, redis-server's
+CPU time per message (the scripts' share of the 2 cores).
 
 The raw baseline does less than the engine by design: no priorities, no
 leases with deadlines, no expiry check, no XDEL of acknowledged entries, no
@@ -535,12 +536,15 @@ async def run_raw(url: str, messages: int, payload: bytes) -> float:
 
 
 async def measure(
-    args: argparse.Namespace, redis_url: str, directory: Path
-) -> tuple[list[dict[str, float]], dict[str, list[tuple[float, float, float]]]]:
-    """The rates of every repeat, and CPU per message: each broker's (on it, waiting for
-    it) and the load generator's (this process)."""
+    args: argparse.Namespace, redis_url: str, redis_pid: int, directory: Path
+) -> tuple[
+    list[dict[str, float]], dict[str, list[tuple[float, float, float]]], dict[str, list[float]]
+]:
+    """The rates of every repeat; CPU per message of each broker (on it, waiting for
+    it) and of the load generator (this process); and Redis's CPU per message, per target."""
     payload = b"x" * args.payload
     cpu: dict[str, list[tuple[float, float, float]]] = {}
+    redis_cpu: dict[str, list[float]] = {}
 
     def through(name: str, broker: BrokerProcess) -> Run:
         async def run(messages: int, payload: bytes) -> float:
@@ -559,6 +563,17 @@ async def measure(
 
         return run
 
+    def watching_redis(name: str, run: Run) -> Run:
+        async def watched(messages: int, payload: bytes) -> float:
+            before = schedstat(redis_pid)
+            rate = await run(messages, payload)
+            after = schedstat(redis_pid)
+            if before is not None and after is not None:
+                redis_cpu.setdefault(name, []).append((after[0] - before[0]) / 1e3 / messages)
+            return rate
+
+        return watched
+
     async with contextlib.AsyncExitStack() as stack:
         runs: dict[str, Run] = {}
         if "broker" in args.targets:
@@ -574,9 +589,11 @@ async def measure(
         if "engine" in args.targets:
             runs["engine"] = lambda n, p: run_engine(redis_url, n, p)
         runs["raw"] = lambda n, p: run_raw(redis_url, n, p)
+        runs = {name: watching_redis(name, run) for name, run in runs.items()}
         for run in runs.values():  # warm up: connections, script cache, allocator
             await run(min(args.messages, 2000), payload)
         cpu.clear()
+        redis_cpu.clear()
         samples: list[dict[str, float]] = []
         for repeat in range(args.repeats):
             order = list(runs)[repeat % len(runs) :] + list(runs)[: repeat % len(runs)]
@@ -599,7 +616,14 @@ async def measure(
                     f"(and {waiting:.0f} us waiting for a core); load generator {client:.0f} us",
                     flush=True,
                 )
-        return samples, cpu
+            if redis_cpu:
+                print(
+                    "    redis-server: "
+                    + ", ".join(f"{name} {seen[-1]:.1f} us" for name, seen in redis_cpu.items())
+                    + " of CPU per message",
+                    flush=True,
+                )
+        return samples, cpu, redis_cpu
 
 
 def main() -> None:
@@ -632,7 +656,9 @@ def main() -> None:
             f"AOF {'on (fsync always)' if args.aof else 'off'}",
             flush=True,
         )
-        samples, cpu = asyncio.run(measure(args, server.url, Path(directory)))
+        samples, cpu, redis_cpu = asyncio.run(
+            measure(args, server.url, server.pid, Path(directory))
+        )
     names = list(samples[0])
     print(
         "median: "
@@ -645,6 +671,12 @@ def main() -> None:
         print(
             f"{name} process: median {on_cpu:.0f} us of CPU per message (+{waiting:.0f} waiting); "
             f"load generator {client:.0f} us"
+        )
+    if redis_cpu:
+        print(
+            "redis-server: median "
+            + ", ".join(f"{n} {statistics.median(seen):.1f} us" for n, seen in redis_cpu.items())
+            + " of CPU per message"
         )
     for name in names:
         if name == "raw":

@@ -8,7 +8,9 @@ rather than a thousand awaited sends.
 
 Every outbox is bounded in frames and in bytes. An ``offer`` that would pass
 either bound fails: the reader has fallen behind, and the caller closes it
-with fault 2105 (slow consumer). Nothing is dropped silently.
+with fault 2105 (slow consumer). Nothing is dropped silently. ``room()`` says
+how much more an outbox takes now, for callers that can size what they send
+(a queue poll takes no more messages than that: gateway.messaging).
 
 Two implementations, one interface:
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections import deque
 from collections.abc import Callable
 from itertools import islice
@@ -45,6 +48,14 @@ class Outbox(Protocol):
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame``; False if the outbox is closed or full."""
+        ...
+
+    def room(self) -> tuple[int, int]:
+        """How many more frames, and bytes, ``offer`` takes now (0, 0 once closed).
+
+        An empty outbox takes one frame of any size, so its bytes are unbounded
+        for that first frame: ``sys.maxsize``.
+        """
         ...
 
     def close(self) -> None:
@@ -142,6 +153,16 @@ class StreamOutbox:
                 self._flushing = True
                 loop.call_soon(self._flush, context=self._context)
         return True
+
+    def room(self) -> tuple[int, int]:
+        if self._closed:
+            return 0, 0
+        if not self._frames:
+            return self._max_frames, sys.maxsize
+        return (
+            max(0, self._max_frames - len(self._frames)),
+            max(0, self._max_bytes - self._bytes),
+        )
 
     def _flush(self) -> None:
         """Hand what is queued to ``write``, unless the writer is awake by now."""
@@ -248,6 +269,16 @@ class Mailbox:
         self._bytes = size
         self._wake(True)
         return True
+
+    def room(self) -> tuple[int, int]:
+        if self._closed:
+            return 0, 0
+        if not self._frames:
+            return self._max_frames, sys.maxsize
+        return (
+            max(0, self._max_frames - len(self._frames)),
+            max(0, self._max_bytes - self._bytes),
+        )
 
     def close(self) -> None:
         self._closed = True

@@ -62,6 +62,8 @@ __all__ = [
     "QueueFull",
     "QueueLimitReached",
     "TopicListener",
+    "new_delivery",
+    "new_message",
 ]
 
 #: The priority of a message that asks for none (the middle of 0-9).
@@ -197,6 +199,72 @@ class EngineLimits:
     #: Messages one queue holds (leased and delayed ones included); enqueue
     #: past it raises QueueFull, and a full virtual queue drops topic copies.
     max_queue_depth: int = 100_000
+
+
+# -- fast constructors ------------------------------------------------------------
+#
+# A frozen dataclass's __init__ sets each field through object.__setattr__, by
+# name: about 1.3 µs for a Message, paid twice per queue message (publication,
+# then fetch). These build the same frozen objects through the slots' own
+# descriptors, in a third of the time; a new field makes the assertion below fail
+# until they set it too.
+
+
+def _setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, object], None], ...]:
+    slots: tuple[str, ...] = cls.__slots__  # type: ignore[attr-defined]  # dataclass(slots=True)
+    assert slots == names, f"{cls.__name__} has new fields: set them in its fast constructor too"
+    return tuple(cls.__dict__[name].__set__ for name in names)
+
+
+(_ID, _DESTINATION, _PAYLOAD, _TIMESTAMP, _EXPIRATION, _PRIORITY, _NOT_BEFORE, _NOTIFY,
+ _NOTICES, _HEADERS) = _setters(Message, (
+    "id", "destination", "payload", "timestamp", "expiration", "priority", "not_before",
+    "notify", "notices", "headers",
+))  # fmt: skip
+_D_MESSAGE, _D_QUEUE, _D_COUNT, _D_DEADLINE, _D_RECEIPT = _setters(
+    Delivery, ("message", "queue", "delivery_count", "deadline", "receipt")
+)
+_new = object.__new__
+
+
+def new_message(
+    id: str,
+    destination: str,
+    payload: bytes,
+    timestamp: float,
+    expiration: float | None,
+    priority: int,
+    not_before: float | None,
+    notify: str | None,
+    notices: frozenset[NoticeEvent],
+    headers: Mapping[str, str],
+) -> Message:
+    """``Message(...)`` with every field given, at a third of the cost (the hot paths)."""
+    message: Message = _new(Message)
+    _ID(message, id)
+    _DESTINATION(message, destination)
+    _PAYLOAD(message, payload)
+    _TIMESTAMP(message, timestamp)
+    _EXPIRATION(message, expiration)
+    _PRIORITY(message, priority)
+    _NOT_BEFORE(message, not_before)
+    _NOTIFY(message, notify)
+    _NOTICES(message, notices)
+    _HEADERS(message, headers)
+    return message
+
+
+def new_delivery(
+    message: Message, queue: str, delivery_count: int, deadline: float, receipt: str
+) -> Delivery:
+    """``Delivery(...)``, likewise."""
+    delivery: Delivery = _new(Delivery)
+    _D_MESSAGE(delivery, message)
+    _D_QUEUE(delivery, queue)
+    _D_COUNT(delivery, delivery_count)
+    _D_DEADLINE(delivery, deadline)
+    _D_RECEIPT(delivery, receipt)
+    return delivery
 
 
 #: Called (in the broker's event loop) for every topic message from any broker.

@@ -13,7 +13,7 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
     asbp:vqueues             hash    virtual queue full name -> pattern
     asbp:vqueues:version     string  bumped when a virtual queue is declared
     asbp:q:Q:s0 .. s9        stream  the messages of priority 0..9; group "asbp"
-    asbp:q:Q:l0 .. l9        zset    leases: "<stream id>:<delivery count>:<tag>" by deadline
+    asbp:q:Q:l0 .. l9        zset    leases: "<stream id>:<delivery count>:<tag>" by deadline (ms)
     asbp:q:Q:dl              zset    delayed messages (msgpack of the fields) by not_before
     asbp:q:Q:wt              string  set while a consumer waits for Q
     asbp:expiry              zset    queues by when they next need the sweep
@@ -182,7 +182,7 @@ from gateway.engines.redis_codec import (
     notice_spec,
     pack_header,
     parse_notice,
-    parse_receipt,
+    split_receipt,
     unpack_topic,
 )
 from gateway.engines.redis_pubsub import Subscriber, Wakeups
@@ -372,11 +372,16 @@ class RedisEngine:
         queue = message.destination
         try:
             stored = self._stored_fields(message)
-            self._submit_call(
-                EnqueueCall(
-                    queue, self._keys(queue), stored, future, limits=self._limits, clock=self._clock
+            keys = self._keys(queue)
+            batcher = self._batcher
+            waiting = None if batcher is None else batcher.waiting(keys.enqueue)
+            if waiting is not None:
+                assert isinstance(waiting, EnqueueCall)
+                waiting.add(stored, future)  # joins the call waiting for the next pipeline
+            else:
+                self._submit_call(
+                    EnqueueCall(queue, keys, stored, future, limits=self._limits, clock=self._clock)
                 )
-            )
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -575,7 +580,7 @@ class RedisEngine:
         self, queue: str, receipts: Sequence[str], *, release: bool
     ) -> asyncio.Future[int]:
         future: asyncio.Future[int] = self._running_loop().create_future()
-        parsed = [found for text in receipts if (found := parse_receipt(text)) is not None]
+        parsed = [found for text in receipts if (found := split_receipt(text)) is not None]
         if not parsed:
             future.set_result(0)
             return future

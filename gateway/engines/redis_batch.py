@@ -193,6 +193,15 @@ class Batcher:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
+    def waiting(self, key: Hashable) -> Call | None:
+        """The call with merge key ``key`` waiting for the next pipeline, if any.
+
+        A caller may add its work to it (as :meth:`submit` would merge it) and skip
+        building a call of its own: the one per-message cost a merged call adds.
+        None once closed, so that the caller's submit refuses the work.
+        """
+        return None if self._closed else self._mergeable.get(key)
+
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script (one round trip).
 

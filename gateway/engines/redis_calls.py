@@ -11,15 +11,16 @@ act on a stale ``now``.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Final, Generic, TypeVar
 
-from gateway.engines.base import Delivery, EngineLimits, NoticeEvent, QueueFull
+from gateway.engines.base import Delivery, EngineLimits, NoticeEvent, QueueFull, new_delivery
 from gateway.engines.redis_batch import Call, fail_future, reply_error, settle_future
-from gateway.engines.redis_codec import Receipt, receipt, unpack_message
+from gateway.engines.redis_codec import receipt, unpack_message
 from gateway.engines.redis_scripts import ACK, ENQUEUE, FETCH, PUBLISH, RELEASE, SWEEP, Script
 
 __all__ = [
@@ -79,10 +80,12 @@ T = TypeVar("T")
 class QueueKeys:
     """One queue's keys and wake-up channel, in the orders the scripts take them."""
 
-    __slots__ = ("block", "fetch", "release", "sweep", "wake")
+    __slots__ = ("block", "enqueue", "fetch", "release", "sweep", "wake")
 
     def __init__(self, queue: str) -> None:
         base = f"{KEY_PREFIX}q:{queue}:"
+        #: The merge key of the queue's EnqueueCall.
+        self.enqueue = ("enqueue", queue)
         #: delayed, waiting, s0..s9: the block the store and depth helpers use.
         self.block: tuple[str, ...] = (
             f"{base}dl",
@@ -161,12 +164,17 @@ class EnqueueCall(Call):
         self._clock = clock
         self._stored = [stored]
         self._futures = [future]
-        self.merge_key = ("enqueue", queue)
+        self.merge_key = keys.enqueue
 
     def merge(self, other: Call) -> None:
         assert isinstance(other, EnqueueCall)
         self._stored += other._stored
         self._futures += other._futures
+
+    def add(self, stored: Stored, future: asyncio.Future[None]) -> None:
+        """One more message, as merging a call of its own would add it."""
+        self._stored.append(stored)
+        self._futures.append(future)
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         keys, limits = self._keys, self._limits
@@ -296,13 +304,17 @@ class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):
     def commands(self) -> Sequence[tuple[Any, ...]]:
         limits = self._limits
         now = float(self._clock())
-        self._deadline = now + limits.ack_timeout
+        # Leases are scored in whole milliseconds (see gateway.engines.redis_scripts),
+        # rounded down: the deadline promised is the one Redis keeps, at most 1 ms
+        # short of ack_timeout, and a lease still ends once ack_timeout has passed.
+        deadline_ms = math.floor((now + limits.ack_timeout) * 1000)
+        self._deadline = deadline_ms / 1000
         args = (
             self._queue,
             self._consumer,
             self._count,
             repr(now),
-            repr(self._deadline),
+            deadline_ms,
             limits.max_deliveries,
             "1" if self._armed else "0",
             self._count + FETCH_SLACK,
@@ -317,13 +329,19 @@ class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):
             self.fail(error)
             return
         queue, deadline, tag = self._queue, self._deadline, self._tag
-        deliveries = []
-        for i in range(2, len(reply), 5):
-            priority, stream_id, count, header, payload = reply[i : i + 5]
+        deliveries: list[Delivery] = []
+        entries = iter(reply)
+        next(entries)
+        next(entries)
+        for priority, stream_id, count, header, payload in zip(
+            entries, entries, entries, entries, entries, strict=True
+        ):
             message = unpack_message(header, payload)
-            noticed = message.notify is not None and not message.notices.isdisjoint(_DEQUEUED)
-            lease = receipt(priority, stream_id.decode(), count, tag, noticed)
-            deliveries.append(Delivery(message, queue, count, deadline, lease))
+            if message.notify is not None and not message.notices.isdisjoint(_DEQUEUED):
+                lease = receipt(priority, stream_id.decode(), count, tag, True)
+            else:  # receipt() without the flag, in one step: one per message
+                lease = f"{priority}:{stream_id.decode()}:{count}:{tag}"
+            deliveries.append(new_delivery(message, queue, count, deadline, lease))
         next_due = float(reply[1]) if reply[1] else None
         settle_future(self.future, (deliveries, bool(reply[0]), next_due))
 
@@ -340,7 +358,7 @@ class LeasesCall(Call):
         self,
         queue: str,
         keys: QueueKeys,
-        receipts: list[Receipt],
+        receipts: list[tuple[str, str]],
         future: asyncio.Future[int],
         *,
         release: bool,
@@ -366,19 +384,8 @@ class LeasesCall(Call):
         if self._release:
             script = RELEASE
             head += (self._limits.max_deliveries, keys.wake)
-        flat = [
-            value
-            for receipts, _ in self._waiters
-            for parsed in receipts
-            for value in (
-                parsed.priority,
-                parsed.stream_id,
-                parsed.delivery_count,
-                parsed.tag,
-                "1" if parsed.noticed else "0",
-            )
-        ]
-        step = 5 * MAX_PER_SCRIPT
+        flat = [value for receipts, _ in self._waiters for split in receipts for value in split]
+        step = 2 * MAX_PER_SCRIPT
         script_keys = keys.release if self._release else keys.fetch
         return [
             script_command(script, script_keys, (*head, *flat[i : i + step]))

@@ -22,7 +22,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from gateway.engines.base import DeliveryNotice, Message, NoticeEvent
+from gateway.engines.base import DeliveryNotice, Message, NoticeEvent, new_message
 
 __all__ = [
     "ORIGIN_BYTES",
@@ -33,6 +33,7 @@ __all__ = [
     "parse_notice",
     "parse_receipt",
     "receipt",
+    "split_receipt",
     "unpack_message",
     "unpack_topic",
 ]
@@ -41,6 +42,7 @@ __all__ = [
 ORIGIN_BYTES: Final = 16
 
 _DEQUEUED: Final = frozenset({NoticeEvent.CONSUMED, NoticeEvent.EXPIRED, NoticeEvent.DISCARDED})
+_NO_NOTICES: Final[frozenset[NoticeEvent]] = frozenset()
 _EVENTS: Final = {event.value: event for event in NoticeEvent}
 _notice_sets: dict[tuple[str, ...], frozenset[NoticeEvent]] = {}
 
@@ -79,17 +81,17 @@ def unpack_message(header: bytes, payload: bytes) -> Message:
         notices,
         headers,
     ) = orjson.loads(header)
-    return Message(
-        id=message_id,
-        destination=destination,
-        payload=payload,
-        timestamp=timestamp,
-        expiration=expiration,
-        priority=priority,
-        not_before=not_before,
-        notify=notify,
-        notices=_notice_set(notices) if notices else frozenset(),
-        headers=headers or {},
+    return new_message(
+        message_id,
+        destination,
+        payload,
+        timestamp,
+        expiration,
+        priority,
+        not_before,
+        notify,
+        _notice_set(notices) if notices else _NO_NOTICES,
+        headers or {},
     )
 
 
@@ -162,6 +164,15 @@ def parse_receipt(text: str) -> Receipt | None:
         return None
     priority, noticed, stream_id, count, tag = found.groups()
     return Receipt(int(priority), stream_id, count, tag, bool(noticed))
+
+
+def split_receipt(text: str) -> tuple[str, str] | None:
+    """A receipt this engine made, split at its first ``:`` (as the ack and release
+    scripts take it: the priority and notice flag, then the lease); None otherwise."""
+    if _RECEIPT.fullmatch(text) is None:
+        return None
+    head, _, lease = text.partition(":")
+    return head, lease
 
 
 # ASCII digits only ([0-9], not \d: "٣" is a digit to Python, not to Redis).

@@ -17,7 +17,12 @@ Conventions the scripts share:
   position (``f[2]`` header, ``f[4]`` payload, ``f[6]`` expiration, ``f[8]``
   notice spec).
 - A lease is a member ``<stream id>:<delivery count>:<tag>`` of the
-  priority's lease set, scored by its deadline; the same entry is in the
+  priority's lease set, scored by its deadline in whole milliseconds (``now``
+  is in seconds: the scripts compare leases with ``now * 1000``). Integer
+  scores because a small sorted set is a listpack, which a ZADD, ZMSCORE or
+  ZRANGEBYSCORE walks element by element, and which keeps an integer as one
+  but a fraction as text to parse at every step: a fetch's ZADD of 100 leases
+  cost 3-4 times as much with seconds as fractions. The same entry is in the
   consumer group's pending list, whose delivery counter is the authority (read
   back with XPENDING after each XCLAIM). The tag is random per fetch call: two
   queues' streams can hold the same id, and their leases must differ.
@@ -231,7 +236,7 @@ return 1
 
 #: Lease up to ``count`` messages of one queue.
 #: KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9.
-#: ARGV: queue, consumer, count, now, deadline, max_deliveries, arm ('1': set
+#: ARGV: queue, consumer, count, now, deadline (whole milliseconds), max_deliveries, arm ('1': set
 #: the waiting flag if nothing is deliverable), budget (entries examined at
 #: most), lease tag.
 #: Returns {more, next, p, id, count, header, payload, ...}: ``more`` is 1 when
@@ -244,6 +249,7 @@ local queue, consumer = ARGV[1], ARGV[2]
 local remaining = tonumber(ARGV[3])
 local now_s, deadline = ARGV[4], ARGV[5]
 local now = tonumber(now_s)
+local now_ms = string.format('%.6f', now * 1000)  -- leases are scored in milliseconds
 local max_deliveries = tonumber(ARGV[6])
 local budget = tonumber(ARGV[8])
 local tag = ':' .. ARGV[9]
@@ -257,7 +263,7 @@ budget = budget - promote(1, queue, now_s, made, budget)
 local function reclaim(p)
   local stream, leases = KEYS[3 + p], KEYS[13 + p]
   while remaining > 0 and budget > 0 do
-    local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_s, 'LIMIT', 0,
+    local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'LIMIT', 0,
                              math.min(remaining, budget))
     if #ended == 0 then return end
     redis.call('ZREM', leases, unpack(ended))
@@ -333,14 +339,18 @@ if budget <= 0 and remaining > 0 then out[1] = 1 end
 
 if #out == 2 and out[1] == 0 then
   local next_s, next_n = nil, nil
-  local function consider(key)
+  local function consider(key, scale)
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    if first[2] and (not next_n or tonumber(first[2]) < next_n) then
-      next_s, next_n = first[2], tonumber(first[2])
+    if first[2] then
+      local t = tonumber(first[2]) / scale
+      if not next_n or t < next_n then
+        next_s, next_n = string.format('%.3f', t), t
+        if scale == 1 then next_s = first[2] end
+      end
     end
   end
-  consider(KEYS[1])
-  for p = 0, 9 do consider(KEYS[13 + p]) end
+  consider(KEYS[1], 1)
+  for p = 0, 9 do consider(KEYS[13 + p], 1000) end
   if next_s then out[2] = next_s end
   if ARGV[7] == '1' then redis.call('SET', KEYS[2], '1') end
 end
@@ -351,24 +361,51 @@ return out
 # Shared by ACK and RELEASE: find the live leases among the receipts.
 _LIVE_LEASES: Final = """
 -- KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9.
--- ARGV: queue, now, then (from FIRST) five per receipt: priority, stream id,
--- count, tag, '1' when the message has a notice spec. Returns one 0/1 per receipt.
+-- ARGV: queue, now, then (from FIRST) two per receipt, the receipt split at its
+-- first ':' (checked by the engine): the priority digit, followed by 'n' when
+-- the message has a notice spec; then the lease, '<stream id>:<count>:<tag>'.
+-- Returns one 0/1 per receipt.
 local queue, now_s = ARGV[1], ARGV[2]
 local now = tonumber(now_s)
+local now_ms = now * 1000  -- leases are scored in milliseconds
 local out = {}
-local live = {}  -- live[p] = {{id, count, noticed}, ...}
-for i = FIRST, #ARGV, 5 do
-  local p = tonumber(ARGV[i])
-  local member = ARGV[i + 1] .. ':' .. ARGV[i + 2] .. ':' .. ARGV[i + 3]
-  local score = redis.call('ZSCORE', KEYS[13 + p], member)
-  if score and tonumber(score) > now then
-    redis.call('ZREM', KEYS[13 + p], member)
-    live[p] = live[p] or {}
-    table.insert(live[p], {ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 4] == '1', member})
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
+local live = {}  -- live[p] = {{id, count, noticed, lease}, ...}
+-- The receipts by priority, in order: one ZMSCORE and one ZREM per priority,
+-- rather than a ZSCORE and a ZREM per receipt (the largest part of an ack).
+local asked = {}  -- asked[p] = {{lease, ...}, {place in out, ...}, {head, ...}}
+for i = FIRST, #ARGV, 2 do
+  local place = #out + 1
+  out[place] = 0
+  local head = ARGV[i]
+  local p = tonumber(string.sub(head, 1, 1))
+  local group = asked[p]
+  if not group then
+    group = {{}, {}, {}}
+    asked[p] = group
   end
+  local k = #group[1] + 1
+  group[1][k], group[2][k], group[3][k] = ARGV[i + 1], place, head
+end
+for p, group in pairs(asked) do
+  local members, places, heads = group[1], group[2], group[3]
+  local scores = redis.call('ZMSCORE', KEYS[13 + p], unpack(members))
+  local taken, ended = {}, {}
+  for k, member in ipairs(members) do
+    local score = scores[k]
+    -- A receipt given twice is live once: the first time.
+    if score and not taken[member] and tonumber(score) > now_ms then
+      taken[member] = true
+      ended[#ended + 1] = member
+      local first = string.find(member, ':', 1, true)
+      local second = string.find(member, ':', first + 1, true)
+      live[p] = live[p] or {}
+      table.insert(live[p], {string.sub(member, 1, first - 1),
+                             tonumber(string.sub(member, first + 1, second - 1)),
+                             #heads[k] > 1, member})
+      out[places[k]] = 1
+    end
+  end
+  if #ended > 0 then redis.call('ZREM', KEYS[13 + p], unpack(ended)) end
 end
 
 local function notice_for(stream, id, event)
@@ -440,6 +477,7 @@ SWEEP: Final = _script(
     """
 local queue, now_s = ARGV[1], ARGV[2]
 local now = tonumber(now_s)
+local now_ms = string.format('%.6f', now * 1000)  -- leases are scored in milliseconds
 local budget = tonumber(ARGV[3])
 local removed, next_n = 0, nil
 local function soon(t)
@@ -461,7 +499,7 @@ for p = 0, 9 do
   if budget <= 0 then break end
   local stream, leases = KEYS[4 + p], KEYS[14 + p]
   -- Ended leases: an expired message leaves; another waits for a fetch until it expires.
-  local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_s, 'LIMIT', 0, budget)
+  local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'LIMIT', 0, budget)
   budget = budget - #ended
   for _, member in ipairs(ended) do
     local id = string.sub(member, 1, string.find(member, ':', 1, true) - 1)
@@ -478,9 +516,9 @@ for p = 0, 9 do
     end
   end
   -- Live leases: the lease decides until it ends.
-  local live = redis.call('ZRANGEBYSCORE', leases, '(' .. now_s, '+inf', 'LIMIT', 0, 1,
+  local live = redis.call('ZRANGEBYSCORE', leases, '(' .. now_ms, '+inf', 'LIMIT', 0, 1,
                           'WITHSCORES')
-  soon(live[2])
+  if live[2] then soon(tonumber(live[2]) / 1000) end
   -- Entries no consumer has read yet: after the group's last delivered id.
   if budget > 0 and redis.call('EXISTS', stream) == 1 then
     local last = '0-0'

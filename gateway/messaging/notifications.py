@@ -90,8 +90,8 @@ def _plain(value: str) -> bool:
 def _frame(text: str, body: bytes) -> bytes:
     """A header's text and a body as one frame (the "+" marker for non-ASCII text)."""
     if text.isascii():
-        return text.encode("ascii") + b";" + body
-    return b"+" + text.encode("utf-8") + b";" + body
+        return b"%s;%s" % (text.encode("ascii"), body)
+    return b"+%s;%s" % (text.encode("utf-8"), body)
 
 
 def notification(
@@ -103,26 +103,25 @@ def notification(
     command_id: int | None = None,
 ) -> bytes:
     """The encoded ``asbp.notification`` of ``message`` for one subscription."""
-    parts = [
-        _NOTIFICATION_START,
-        _name_token(message.destination),
-        ",subscription=",
-        _name_token(subscription),
-        ",type=",
-        kind.value,
-        ",id=",
-        _token(message.id),
-        f",ts={math.floor(message.timestamp * 1000)},priority={message.priority}",
-    ]
-    if message.expiration is not None:
-        parts.append(f",exp={math.floor(message.expiration * 1000)}")
+    # One f-string, not a list joined: one notification per message delivered.
+    text = (
+        f"{_NOTIFICATION_START}{_name_token(message.destination)}"
+        f",subscription={_name_token(subscription)},type={kind.value}"
+        f",id={_token(message.id)},ts={math.floor(message.timestamp * 1000)}"
+        f",priority={message.priority}"
+    )
+    expiration = message.expiration
+    if expiration is not None:
+        text += f",exp={math.floor(expiration * 1000)}"
     if delivery is not None:
-        parts += (",receipt=", _token(delivery.receipt), f",deliveries={delivery.delivery_count}")
+        text += f",receipt={_token(delivery.receipt)},deliveries={delivery.delivery_count}"
     if command_id is not None:
-        parts.append(f",u={command_id}")
-    for key, value in message.headers.items():
-        parts += (",", key, "=", _token(value))
-    return _frame("".join(parts), message.payload)
+        text += f",u={command_id}"
+    headers = message.headers
+    if headers:
+        for key, value in headers.items():
+            text += f",{key}={_token(value)}"
+    return _frame(text, message.payload)
 
 
 _NOTIFICATION_START: Final = f"c={builtins.NOTIFICATION},destination="
@@ -134,7 +133,7 @@ def notification_size(destination: str, payload: bytes, headers: Mapping[str, st
     Its subscription is not known yet (a pattern can be as long as any name), so
     the longest one is assumed. Each value may need quotes, hence the ``+ 2``s.
     """
-    carried = sum(len(k) + len(v.encode()) + 4 for k, v in headers.items())
+    carried = sum(len(k) + len(v.encode()) + 4 for k, v in headers.items()) if headers else 0
     return (
         NOTIFICATION_RESERVE
         + len(destination.encode()) + 2

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from asbp import AsbpError, Command, FaultCode, InvalidHeaderValue
+from asbp import AsbpError, Command, FaultCode, HeaderValue, InvalidHeaderValue
 from gateway.acl import DestinationType, PatternError, compile_destination
 from gateway.engines.base import NoticeEvent
 from gateway.engines.patterns import parse_virtual_queue
@@ -68,6 +68,10 @@ _PATTERN_CHARACTERS: Final = frozenset(".^$*+?{}[]\\|()")
 _SECONDS_RE: Final = re.compile(r"(?:0|[1-9][0-9]{0,9})(?:\.[0-9]{1,6})?")
 _INTEGER_RE: Final = re.compile(r"0|[1-9][0-9]{0,15}")
 _TYPES: Final = {t.value: t for t in DestinationType if t is not DestinationType.COMMAND}
+_NO_NOTICES: Final[frozenset[NoticeEvent]] = frozenset()
+_OPTIONAL_PUBLISH_KEYS: Final = frozenset(
+    ("priority", "ttl", "delay", "not_before", "notice", *CARRIED_KEYS)
+)
 _NOTICES: Final = {
     "queued": frozenset({NoticeEvent.QUEUED}),
     "dequeued": frozenset({NoticeEvent.CONSUMED, NoticeEvent.EXPIRED, NoticeEvent.DISCARDED}),
@@ -298,23 +302,20 @@ def read_publish(command: Command) -> Publish:
         InvalidDestinationType: 2002 (VIRTUAL_QUEUE, or an unknown type).
         InvalidHeaderValue: 1203 for the QoS keys.
     """
-    name = _destination_name(command)
-    kind = _type(command) or DestinationType.TOPIC
-    if kind is DestinationType.VIRTUAL_QUEUE:
-        raise InvalidDestinationType(
-            "a virtual queue cannot be published to: publish to the TOPIC its pattern matches"
-        )
-    destination = _queue(name) if kind is DestinationType.QUEUE else Destination(kind, name)
-    # One publication per queue message: the keys a publication usually lacks are
-    # looked up once each, and read only when present.
     header = command.header
+    destination = _published_destination(header.get("destination"), header.get("type"))
+    if header.keys().isdisjoint(_OPTIONAL_PUBLISH_KEYS):
+        # Most publications carry none of them: one check instead of nine lookups.
+        return Publish(destination, command.body, None, None, None, None, _NO_NOTICES, {})
+    # The keys a publication usually lacks are looked up once each, and read only
+    # when present.
     priority = _integer(command, "priority", 0, 9) if "priority" in header else None
     ttl = _seconds(command, "ttl", positive=True) if "ttl" in header else None
     delay = _seconds(command, "delay", positive=False) if "delay" in header else None
     not_before_ms = _integer(command, "not_before", 0, 10**16) if "not_before" in header else None
     if delay is not None and not_before_ms is not None:
         raise InvalidHeaderValue("not_before", "give 'delay' or 'not_before', not both")
-    notices: frozenset[NoticeEvent] = frozenset()
+    notices = _NO_NOTICES
     raw = header.get("notice")
     if raw is not None:
         for item in (raw,) if isinstance(raw, str) else raw:
@@ -328,6 +329,31 @@ def read_publish(command: Command) -> Publish:
         if isinstance(value, str):
             headers[key] = value
     return Publish(destination, command.body, priority, ttl, delay, not_before_ms, notices, headers)
+
+
+# Cached as check_name is (a refusal raises, so only good pairs are kept): one
+# lookup per publication instead of reading and checking both keys each time.
+@functools.lru_cache(maxsize=1024)
+def _published_destination(name: HeaderValue | None, type_value: HeaderValue | None) -> Destination:
+    """The destination of a publication's ``destination`` and ``type`` values."""
+    if name is None:
+        raise InvalidDestinationName("the Command needs its destination in 'destination'")
+    if isinstance(name, tuple):
+        raise InvalidDestinationName("'destination' takes one name, not a list")
+    check_name(name)
+    kind = DestinationType.TOPIC
+    if type_value is not None:
+        found = _TYPES.get(type_value) if isinstance(type_value, str) else None
+        if found is None:
+            raise InvalidDestinationType(
+                f"'type' must be TOPIC, QUEUE or VIRTUAL_QUEUE, not {type_value!r}"
+            )
+        kind = found
+    if kind is DestinationType.VIRTUAL_QUEUE:
+        raise InvalidDestinationType(
+            "a virtual queue cannot be published to: publish to the TOPIC its pattern matches"
+        )
+    return _queue(name) if kind is DestinationType.QUEUE else Destination(kind, name)
 
 
 def read_subscription(command: Command) -> Subscription:

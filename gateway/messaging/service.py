@@ -34,7 +34,10 @@ steps:
      sender. So a subscription is in place after everything sent before it
      took effect and before anything sent after it starts. A poll's fetch is
      made in its turn; the poll then waits for messages beside the Commands
-     sent after it. Topic publications are in turn because the Redis engine's
+     sent after it. It takes no more messages than the sender's outbox has
+     room for, less what its other polls hold and one frame per answer owed
+     (Endpoint.poll_share), so polls never cut their own client off (2105).
+     Topic publications are in turn because the Redis engine's
      ``publish`` may first await its virtual-queue cache, so two concurrent
      calls could reach Redis out of order.
 
@@ -85,6 +88,7 @@ message id first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -99,9 +103,11 @@ from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.config import MessagingLimits
 from gateway.engines.base import (
     DEFAULT_PRIORITY,
+    Delivery,
     DeliveryNotice,
     Engine,
     Message,
+    new_message,
 )
 from gateway.messaging.consumers import QueueConsumer, cancel_and_wait
 from gateway.messaging.eager import start_eagerly
@@ -138,6 +144,8 @@ __all__ = [
 
 #: Seconds one fetch of a queue consumer waits for a message before it looks again.
 FETCH_WAIT: Final = 1.0
+#: Outbox bytes a poll leaves free for each answer still owed to its client.
+ANSWER_BYTES: Final = 256
 #: Seconds the broker gives its last releases of leases when it stops.
 STOP_GRACE: Final = 5.0
 
@@ -259,6 +267,7 @@ class Messaging:
                 "c/" + channel.id,
                 functools.partial(self._router.deliver, channel),
                 functools.partial(self._router.fault, channel),
+                channel.outbox.room,
             )
             self._endpoints[endpoint.key] = endpoint
         access = channel.access
@@ -287,6 +296,7 @@ class Messaging:
                 "t/" + tube.id,
                 functools.partial(self._router.send_tube_frame, tube),
                 functools.partial(self._router.fault_tube, tube),
+                tube.outbox.room,
                 agent_id=tube.agent_id,
             )
             self._endpoints[endpoint.key] = endpoint
@@ -328,7 +338,7 @@ class Messaging:
                     f"{endpoint.pending} messaging Commands already wait for the engine "
                     "on this connection"
                 )
-            operation = self._operation(endpoint, access, command, name)
+            operation = self._operation(endpoint, access, command, name, command_id)
         except AsbpError as exc:
             self._fault(endpoint, exc.code, exc.message, command_id, name)
             return
@@ -347,11 +357,16 @@ class Messaging:
             worker.add_done_callback(self._background.discard)
 
     def _operation(
-        self, endpoint: Endpoint, access: AccessContext, command: Command, name: str
+        self,
+        endpoint: Endpoint,
+        access: AccessContext,
+        command: Command,
+        name: str,
+        command_id: int | None,
     ) -> Operation:
         """Read, check and prepare one Command (the "on sight" step)."""
         if name == builtins.PUBLISH:
-            return self._publish_operation(endpoint, access, command)
+            return self._publish_operation(endpoint, access, command, command_id)
         if name in (builtins.SUBSCRIBE, builtins.UNSUBSCRIBE):
             return self._subscription_operation(endpoint, access, command, name)
         if name == builtins.POLL:
@@ -361,19 +376,19 @@ class Messaging:
             self._require(access, poll.destination, Privilege.READ)
             run = functools.partial(
                 self._poll, endpoint, access, poll.destination, poll.count, poll.wait,
-                command.command_id,
+                command_id,
             )  # fmt: skip
-            return Operation(name, command.command_id, run, detached=True)
+            return Operation(name, command_id, run, detached=True)
         if name == builtins.ACK:
             ack = read_ack(command)
             self._require(access, ack.destination, Privilege.READ)
             queue = ack.destination.name
             return Operation(
                 name,
-                command.command_id,
+                command_id,
                 functools.partial(self.engine.ack, queue, ack.receipts),
                 answer=functools.partial(
-                    self._acknowledged, endpoint, queue, ack.receipts, command.command_id
+                    self._acknowledged, endpoint, queue, ack.receipts, command_id
                 ),
                 pipelined=True,
                 after_close=True,
@@ -383,9 +398,8 @@ class Messaging:
         )
 
     def _publish_operation(
-        self, endpoint: Endpoint, access: AccessContext, command: Command
+        self, endpoint: Endpoint, access: AccessContext, command: Command, command_id: int | None
     ) -> Operation:
-        command_id = command.command_id
         publish = read_publish(command)
         destination = publish.destination
         self._require(access, destination, Privilege.WRITE)
@@ -406,17 +420,17 @@ class Messaging:
             notify = (
                 f"{self._notify_prefix}{endpoint.key}/{'' if command_id is None else command_id}"
             )
-        message = Message(
-            id=message_id(),
-            destination=destination.name,
-            payload=publish.payload,
-            timestamp=now,
-            expiration=None if publish.ttl is None else now + publish.ttl,
-            priority=DEFAULT_PRIORITY if publish.priority is None else publish.priority,
-            not_before=not_before,
-            notify=notify,
-            notices=publish.notices,
-            headers=headers,
+        message = new_message(
+            message_id(),
+            destination.name,
+            publish.payload,
+            now,
+            None if publish.ttl is None else now + publish.ttl,
+            DEFAULT_PRIORITY if publish.priority is None else publish.priority,
+            not_before,
+            notify,
+            publish.notices,
+            headers,
         )
         queued = destination.type is DestinationType.QUEUE
         run = functools.partial(self.engine.enqueue if queued else self.engine.publish, message)
@@ -749,10 +763,38 @@ class Messaging:
         command_id: int | None,
     ) -> None:
         queue = destination.name
-        deliveries = await self.engine.fetch(
-            queue, f"{self._broker_id}/{endpoint.key}", count=count, wait=wait
-        )
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        # A poll never takes more messages than the outbox has room for: several
+        # polls in flight would otherwise be handed more deliveries than it holds,
+        # and the client cut off (2105) although it reads everything.
+        share = endpoint.poll_share(count)
+        while share == 0 and endpoint.poll_frames and not endpoint.closed:
+            # The room is held for this client's other polls: wait for one of their
+            # fetches to end (within this poll's own wait), then look again.
+            remaining = end - loop.time()
+            if remaining <= 0:
+                break
+            ended = endpoint.poll_ended
+            if ended is None:
+                ended = endpoint.poll_ended = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ended), remaining)
+            share = endpoint.poll_share(count)
+        deliveries: list[Delivery] = []
+        if share and not endpoint.closed:
+            endpoint.poll_frames += share
+            try:
+                deliveries = await self.engine.fetch(
+                    queue,
+                    f"{self._broker_id}/{endpoint.key}",
+                    count=share,
+                    wait=max(0.0, end - loop.time()),
+                )
+            finally:
+                endpoint.end_poll_fetch(share)
         unreadable: list[str] = []
+        unsent: list[str] = []
         delivered = 0
         for delivery in deliveries:
             topic = delivery.message.destination
@@ -762,19 +804,26 @@ class Messaging:
                 unreadable.append(delivery.receipt)
                 continue
             if endpoint.closed:
-                self._spawn(self._release(queue, [delivery.receipt]))
+                unsent.append(delivery.receipt)
+                continue
+            frame = notification(
+                delivery.message,
+                subscription=queue,
+                kind=destination.type,
+                delivery=delivery,
+                command_id=command_id,
+            )
+            if not endpoint.has_room_for_delivery(len(frame), ANSWER_BYTES):
+                # No room left for it (large messages, or other frames came first):
+                # it goes back to the queue undelivered, for a later poll or another
+                # consumer, rather than pass the outbox's bounds.
+                unsent.append(delivery.receipt)
                 continue
             endpoint.hold(delivery.receipt, queue, delivery.deadline)
-            endpoint.send(
-                notification(
-                    delivery.message,
-                    subscription=queue,
-                    kind=destination.type,
-                    delivery=delivery,
-                    command_id=command_id,
-                )
-            )
+            endpoint.send(frame)
             delivered += 1
+        if unsent:
+            self._spawn(self._release(queue, unsent))
         if unreadable:
             self._log.warning(
                 "acl.denied",

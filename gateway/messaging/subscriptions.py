@@ -23,7 +23,7 @@ import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.acl import AccessContext
 from gateway.messaging.requests import Destination
@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 __all__ = ["Endpoint", "Lease", "Operation", "TopicSubscription", "Topics"]
 
 
-@dataclass(eq=False, slots=True)
-class Lease:
-    """A queue message leased to an endpoint, not yet acknowledged."""
+class Lease(NamedTuple):
+    """A queue message leased to an endpoint, not yet acknowledged.
+
+    A named tuple: one is made per message delivered, and it is the cheapest
+    immutable record to build.
+    """
 
     queue: str
     #: When the engine ends the lease (epoch seconds).
@@ -90,6 +93,8 @@ class Endpoint:
     send: Callable[[bytes], object]
     #: Sends the client a fault: ``fault(code, message, command_id=…, cause=…)``.
     fault: Callable[..., None]
+    #: The frames and bytes its outbox takes now (gateway.outbox.Outbox.room).
+    room: Callable[[], tuple[int, int]]
     #: The verified Application-Agent-Identifier of a Tube; carried as ``a``.
     agent_id: str | None = None
     #: Its topic subscriptions, by name or pattern.
@@ -113,6 +118,10 @@ class Endpoint:
     idle: asyncio.Future[None] | None = None
     #: Polls waiting for messages (they run beside ``operations``).
     polls: set[asyncio.Future[None]] = field(default_factory=set)
+    #: Outbox frames held for the deliveries of polls whose fetch is under way.
+    poll_frames: int = 0
+    #: Resolved when such a fetch ends (its room is taken or given back).
+    poll_ended: asyncio.Future[None] | None = None
     closed: bool = False
 
     def hold(self, receipt: str, queue: str, deadline: float) -> None:
@@ -120,6 +129,33 @@ class Endpoint:
         if receipt not in self.leases:
             self.leases[receipt] = Lease(queue, deadline)
             self.held[queue] = self.held.get(queue, 0) + 1
+
+    def poll_share(self, count: int) -> int:
+        """How many messages a poll for ``count`` may fetch now (0 to ``count``).
+
+        Every delivery is a frame in the outbox. What a poll may take is the
+        outbox's free frames less those held for other polls' fetches, and less
+        one for the answer of each Command still to be answered (``pending``,
+        the poll's own acceptance among them): so neither the deliveries nor
+        the answers behind them find the outbox full (docs/protocol.md, "Topics
+        and queues").
+        """
+        return max(0, min(count, self.room()[0] - self.poll_frames - self.pending))
+
+    def has_room_for_delivery(self, size: int, answer_bytes: int) -> bool:
+        """Whether a poll's delivery of ``size`` bytes fits now, leaving the frames
+        :meth:`poll_share` keeps, and ``answer_bytes`` for each answer, free."""
+        frames, room = self.room()
+        return (
+            frames > self.poll_frames + self.pending and size + answer_bytes * self.pending <= room
+        )
+
+    def end_poll_fetch(self, frames: int) -> None:
+        """A poll's fetch that held ``frames`` ended: wake the polls waiting for room."""
+        self.poll_frames -= frames
+        ended, self.poll_ended = self.poll_ended, None
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
     def drop(self, receipt: str) -> Lease | None:
         """Forget a lease (acknowledged, released or expired)."""

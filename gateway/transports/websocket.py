@@ -9,6 +9,13 @@ hands them to the router, which never blocks; a writer task drains the
 connection's outbox (while it waits, the outbox hands frames to its ``send``
 directly: see ``_write``). A reader that falls behind fills its outbox, and the
 router closes it with fault 2105 instead of letting it hold memory.
+
+On a server that offers them (Uvicorn with gateway.transports.coalescing), two
+ASGI extensions skip the per-message ASGI machinery on the hot paths, with the
+same frames and the same order: RECEIVE_FRAMES hands each message read to the
+router as it is parsed (the receive loop still takes everything else), and
+SEND_FRAME writes a frame without an ASGI ``send``. Elsewhere (Hypercorn) the
+plain ASGI path runs, unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from asbp import Command, FaultCode, encode
@@ -31,7 +38,29 @@ from gateway.tubes import Tube
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
-__all__ = ["channel_endpoint", "tube_endpoint"]
+__all__ = [
+    "RECEIVE_FRAMES",
+    "SEND_FRAME",
+    "ReceiveFrames",
+    "SendFrame",
+    "channel_endpoint",
+    "tube_endpoint",
+]
+
+#: The ASGI extension (in ``scope["extensions"]``) of a server that can write a
+#: WebSocket message without an ASGI ``send``: a :data:`SendFrame`
+#: (gateway.transports.coalescing offers it on Uvicorn).
+SEND_FRAME: Final = "asbp.send_frame"
+#: Write ``payload`` as one message (text if the flag is set, else binary) now,
+#: without waiting; False if it did nothing and the ASGI ``send`` must be used.
+SendFrame = Callable[[bytes, bool], bool]
+#: The ASGI extension of a server that can hand messages to a function as they are
+#: read, instead of as ``websocket.receive`` events: a :data:`ReceiveFrames`.
+RECEIVE_FRAMES: Final = "asbp.receive_frames"
+#: ``receive_frames(handler)``: from now on, call ``handler(payload, text)`` with
+#: each message read while no event waits for ``receive`` (the others still come
+#: through ``receive``, in order); ``receive_frames(None)`` stops it.
+ReceiveFrames = Callable[[Callable[[bytes, bool], None] | None], object]
 
 #: The subprotocol we select when a client offers it.
 SUBPROTOCOL: Final = "asbp"
@@ -96,7 +125,9 @@ async def _finish(steps: Generator[Any, None, object], waiting_on: Any) -> None:
             return
 
 
-async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None:
+async def _write(
+    outbox: StreamOutbox, send: Send, peer: Channel | Tube, send_frame: SendFrame | None = None
+) -> None:
     """Drain ``outbox`` to the peer until it closes, then close the socket.
 
     While this task waits for frames, the outbox hands them to ``send_now``
@@ -112,6 +143,12 @@ async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None
     sending them: frames keep their order. A ``send`` that fails in its first
     step is left to this task too: it meets the same failure in its own
     ``send`` and handles it as before.
+
+    With ``send_frame`` (the server's SEND_FRAME extension), a frame is first
+    offered to it, here and in this task's own sends: it writes the message
+    with no ASGI ``send`` at all, or declines wherever that ``send`` would
+    wait or do more, and the frame takes the ASGI path as before. It is never
+    offered a frame while a ``send`` is unfinished, so the order holds.
     """
     channel = peer if isinstance(peer, Channel) else None
     stalled: asyncio.Task[None] | None = None
@@ -122,10 +159,17 @@ async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None
             return {"type": "websocket.send", "text": frame.decode("utf-8")}
         return {"type": "websocket.send", "bytes": frame}
 
+    def shortcut(frame: bytes) -> bool:
+        assert send_frame is not None
+        # A text frame's payload is the frame itself: _is_text found it UTF-8.
+        return send_frame(frame, channel is not None and channel.prefers_text and _is_text(frame))
+
     def send_now(frame: bytes) -> bool:
         nonlocal stalled, direct
         if not direct or stalled is not None:
             return False
+        if send_frame is not None and shortcut(frame):
+            return True
         steps = send(message(frame)).__await__()
         try:
             waiting_on = steps.send(None)
@@ -148,7 +192,8 @@ async def _write(outbox: StreamOutbox, send: Send, peer: Channel | Tube) -> None
             if not batch:
                 break
             for frame in batch:
-                await send(message(frame))
+                if send_frame is None or not shortcut(frame):
+                    await send(message(frame))
         fault = peer.fault
         if fault is FaultCode.SLOW_CONSUMER:
             reason = f"{int(fault)} {fault.description}"
@@ -176,8 +221,17 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     channel, outbox = broker.open_websocket_channel(remote_address(scope))
     router = broker.router
     router.send(channel, Command(c=builtins.CHANNEL, i=channel.id, b=broker.broker_id))
-    writer = asyncio.create_task(_write(outbox, send, channel))
+    extensions = scope.get("extensions") or {}
+    writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame
+    receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    if receive_frames is not None:
+
+        def on_frame(data: bytes, text: bool) -> None:
+            channel.prefers_text = text
+            frame_for(channel, data)
+
+        receive_frames(on_frame)
     try:
         while True:
             message = await receive()
@@ -193,6 +247,8 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             elif kind == "websocket.disconnect":
                 break
     finally:
+        if receive_frames is not None:
+            receive_frames(None)
         closed_by_peer = not channel.closed
         broker.close_channel(channel)
         if closed_by_peer:
@@ -300,9 +356,13 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     throttle.succeeded(address)
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
     tube, outbox = broker.open_tube(verified.identity, remote)
-    writer = asyncio.create_task(_write(outbox, send, tube))
+    extensions = scope.get("extensions") or {}
+    writer = asyncio.create_task(_write(outbox, send, tube, extensions.get(SEND_FRAME)))
     router = broker.router
     frame_for = router.tube_frame
+    receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    if receive_frames is not None:
+        receive_frames(lambda data, _text: frame_for(tube, data))
     try:
         while True:
             message = await receive()
@@ -315,6 +375,8 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             elif kind == "websocket.disconnect":
                 break
     finally:
+        if receive_frames is not None:
+            receive_frames(None)
         closed_by_peer = not tube.closed
         router.close_tube(tube)
         if closed_by_peer:

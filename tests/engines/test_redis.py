@@ -32,7 +32,7 @@ from gateway.engines.base import (
     NoticeEvent,
 )
 from gateway.engines.redis import SWEEP_BUDGET, RedisEngine
-from gateway.engines.redis_codec import parse_receipt, receipt
+from gateway.engines.redis_codec import parse_receipt, receipt, split_receipt
 from tests.conformance import FakeClock, Recorder, ids, make_message, notify_address
 from tests.support import RedisServer, T
 
@@ -410,7 +410,9 @@ async def test_the_sweep_removes_what_no_fetch_meets(make: Make, client: Redis) 
     assert await engine.sweep() == 1  # the one nobody read; the lease decides for the other
     await notices.wait_count(1)
     assert [n.message_id for n in notices.items] == [ready.id]
-    assert await client.zscore("asbp:expiry", QUEUE) == start + 10  # when the lease ends
+    # When the lease ends: start + 10, to the millisecond the lease is scored in.
+    assert await client.zscore("asbp:expiry", QUEUE) == delivery.deadline
+    assert start + 10 - 0.001 < delivery.deadline <= start + 10
 
     clock.advance(5)
     assert await engine.sweep() == 1  # the lease ended: no fetch needed to see it go
@@ -553,6 +555,7 @@ def test_the_fallback_packer_matches_hiredis() -> None:
 )
 def test_receipts_this_engine_did_not_make_are_refused(text: str) -> None:
     assert parse_receipt(text) is None
+    assert split_receipt(text) is None
 
 
 @pytest.mark.parametrize("noticed", [False, True])
@@ -567,6 +570,25 @@ def test_receipts_round_trip(noticed: bool) -> None:
         "a1b2c3",
     )
     assert parsed.noticed is noticed
+    # As the ack and release scripts take it: the priority and flag, then the lease.
+    assert split_receipt(text) == ("7n" if noticed else "7", "1712345678901-12:3:a1b2c3")
+
+
+async def test_one_ack_of_many_priorities_counts_each_live_receipt_once(make: Make) -> None:
+    """The ack script looks leases up per priority in one call: the counts still come
+    back per receipt, in order, a repeated receipt counting once."""
+    engine = await make()
+    for priority in (9, 1, 9, 4):
+        await engine.enqueue(make_message(QUEUE, priority=priority))
+    receipts = [d.receipt for d in await engine.fetch(QUEUE, "consumer", count=4)]
+    forged = receipts[1].rsplit(":", 1)[0] + ":000000000000"
+    answers = await asyncio.gather(
+        engine.ack(QUEUE, [receipts[3], forged, receipts[0]]),  # merged into one call
+        engine.ack(QUEUE, [receipts[0], receipts[1]]),
+        engine.ack(QUEUE, [receipts[2], receipts[2]]),
+    )
+    assert list(answers) == [2, 1, 1]
+    assert await engine.depth(QUEUE) == 0
 
 
 async def test_garbage_receipts_ack_nothing(make: Make) -> None:

@@ -2,7 +2,9 @@
 
 The transport is tested on a real socket pair: before its flush runs, the peer
 has nothing; after it, the peer has every byte in order. The protocol is tested
-behind a real Uvicorn, with a real WebSocket client.
+behind a real Uvicorn, with a real WebSocket client, and so is its SEND_FRAME
+shortcut: the frames it writes are read by that client as any others, and it
+declines wherever Uvicorn's own send would wait or do more.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import uvicorn
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosedOK
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from gateway.transports.asgi import Receive, Scope, Send
 from gateway.transports.coalescing import CoalescingTransport, CoalescingWebSocketProtocol
+from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 from tests.support import T
 
 pytestmark = pytest.mark.anyio
@@ -119,6 +123,200 @@ async def test_behind_uvicorn_every_message_arrives_in_order_then_the_close() ->
                 with pytest.raises(ConnectionClosedOK):
                     await client.recv()
         assert messages == [b"%d" % n for n in range(100)]
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
+    """``app`` behind Uvicorn with the coalescing protocol, on a listening socket."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()  # a client that connects first waits in the backlog: no race
+    config = uvicorn.Config(
+        app, ws=CoalescingWebSocketProtocol, lifespan="off", log_config=None, access_log=False
+    )
+    server = uvicorn.Server(config)
+    return server, asyncio.create_task(server.serve(sockets=[listener])), listener
+
+
+async def test_send_frame_writes_binary_and_text_messages_in_order_with_asgi_sends() -> None:
+    offered: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        send_frame = scope["extensions"][SEND_FRAME]
+        offered.append(send_frame(b"too early", False))  # before the handshake: declined
+        await send({"type": "websocket.accept"})
+        for n in range(100):
+            offered.append(send_frame(b"%d" % n, n % 2 == 1))
+        await send({"type": "websocket.send", "bytes": b"through ASGI"})
+        offered.append(send_frame(b"x" * 70_000, False))  # a 64-bit length
+        offered.append(send_frame(b"y" * 300, False))  # a 16-bit length
+        await send({"type": "websocket.close", "code": 1000})
+        offered.append(send_frame(b"too late", False))
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None, max_size=None) as client:
+                messages = [await client.recv() for _ in range(103)]
+                with pytest.raises(ConnectionClosedOK):
+                    await client.recv()
+        expected: list[str | bytes] = [str(n) if n % 2 else b"%d" % n for n in range(100)]
+        assert messages == [*expected, b"through ASGI", b"x" * 70_000, b"y" * 300]
+        assert offered == [False, *[True] * 102, False]
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_send_frame_declines_with_compression_negotiated() -> None:
+    offered: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        offered.append(scope["extensions"][SEND_FRAME](b"plain", False))
+        await send({"type": "websocket.send", "bytes": b"compressed"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression="deflate") as client:
+                assert await client.recv() == b"compressed"
+        assert offered == [False]  # a plain frame would have broken the deflate stream
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_send_frame_declines_while_the_transport_is_paused() -> None:
+    """A reader that does not read pauses the transport: send_frame declines, as the
+    ASGI send would wait; once the reader reads, everything arrives in order."""
+    sent: list[bytes] = []
+    paused = asyncio.Event()
+    chunk = 256 * 1024
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        send_frame = scope["extensions"][SEND_FRAME]
+        for n in range(1000):  # bounded: a transport that never pauses fails the test
+            frame = bytes([n % 256]) * chunk
+            if not send_frame(frame, False):
+                paused.set()
+                await send({"type": "websocket.send", "bytes": frame})  # waits for room
+                sent.append(frame)
+                break
+            sent.append(frame)
+            await next_turn()  # let the gathered frame reach the real transport
+        await send({"type": "websocket.close", "code": 1000})
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None, max_size=None, max_queue=1) as client:
+                await paused.wait()
+                received = [await client.recv() for _ in sent]
+                with pytest.raises(ConnectionClosedOK):
+                    await client.recv()
+        assert len(sent) > 1
+        assert received == sent
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_received_frames_reach_the_handler_or_the_queue_in_order() -> None:
+    """Plain messages go to the RECEIVE_FRAMES handler; a ping, a fragmented message
+    and what follows them go through websockets and the ASGI queue; the application
+    sees every message once, in the order sent, and a ping is still answered."""
+    seen: list[tuple[str, bytes]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        done = asyncio.Event()
+
+        def got(path: str, payload: bytes) -> None:
+            if payload == b"done":  # by either path: the last message
+                done.set()
+            else:
+                seen.append((path, payload))
+
+        async def echo() -> None:
+            await done.wait()
+            await send({"type": "websocket.send", "bytes": b"|".join(p for _, p in seen)})
+
+        echoing = asyncio.create_task(echo())
+        handle = scope["extensions"][RECEIVE_FRAMES]
+        assert handle(lambda payload, text: got("handler", payload + b" (text)" * text))
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            data = message.get("bytes")
+            got("receive", data if data is not None else message["text"].encode() + b" (text)")
+        handle(None)
+        await echoing
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None) as client:
+                await client.send(b"one")
+                await (await client.ping(b"are you there"))  # answered by websockets
+                await client.send("two")
+                await client.send([b"three-", b"fragmented"])  # continuation frames
+                await client.send(b"four")
+                await client.send(b"done")
+                echoed = await client.recv()
+        expected = [b"one", b"two (text)", b"three-fragmented", b"four"]
+        assert echoed == b"|".join(expected)
+        assert [payload for _, payload in seen] == expected
+        assert ("handler", b"one") in seen  # the plain path was taken
+        assert ("receive", b"three-fragmented") in seen  # and websockets' path
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_a_handler_that_fails_ends_the_connection(caplog: pytest.LogCaptureFixture) -> None:
+    """As an application that fails in its receive loop: logged, and the socket closed."""
+    ended = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+
+        def handler(payload: bytes, text: bool) -> None:
+            raise RuntimeError(f"cannot take {payload!r}")
+
+        scope["extensions"][RECEIVE_FRAMES](handler)
+        assert (await receive())["type"] == "websocket.disconnect"
+        ended.set()
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None) as client:
+                await client.send(b"boom")
+                with pytest.raises(ConnectionClosed):
+                    await client.recv()
+            await ended.wait()
+        assert "cannot take b'boom'" in caplog.text
     finally:
         server.should_exit = True
         await serving

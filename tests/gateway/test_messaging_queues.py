@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+import asbp
 from asbp import Command
-from gateway.config import MessagingLimits
+from gateway.config import ChannelLimits, MessagingLimits
 from tests.gateway.conftest import Gateway, GatewayFactory
 from tests.gateway.test_messaging import ENGINES, Messenger, RedisServers, start_broker
 from tests.support import T
@@ -187,6 +188,91 @@ async def test_poll_takes_up_to_count_and_waits(broker: Gateway) -> None:
     assert (await puller.take(lambda c: c.get("u") == "900" and c.name == "asbp.accepted")).get(
         "count"
     ) == "1"
+
+
+def answer_to(command_id: int) -> Callable[[Command], bool]:
+    """Matches the answer (not a notification) to the Command with ``u`` = ``command_id``."""
+    return lambda c: c.get("u") == str(command_id) and c.name != "asbp.notification"
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_polls_in_flight_never_overflow_the_outbox(
+    make_gateway: GatewayFactory, redis: RedisServers, engine: str, server: str
+) -> None:
+    """16 polls of 100 at once would be 1,600 deliveries for an outbox of 1,024 frames:
+    each takes what the outbox has room for, so the client, which reads everything,
+    is never cut off (2105), and every message comes once."""
+    broker = await start_broker(
+        make_gateway, engine, redis, server=server, messaging=MessagingLimits(prefetch=100)
+    )
+    publisher, peer = await user(broker), await broker.channel()
+    puller = Messenger.of(peer)
+    total, window = 2000, 200
+    for start in range(0, total, window):  # pipelined, within max_pending
+        for n in range(start, start + window):
+            await publisher.send(
+                Command({"c": "asbp.publish", "destination": "bulk", "type": "QUEUE", "u": n},
+                        b"%d" % n)
+            )  # fmt: skip
+        for n in range(start, start + window):
+            assert (await publisher.take(answer_to(n))).name == "asbp.accepted"
+
+    bodies: list[bytes] = []
+    rounds = 0
+    while len(bodies) < total:
+        rounds += 1
+        assert rounds <= total // 100, f"polls stopped taking messages at {len(bodies)}"
+        ids = range(rounds * 100, rounds * 100 + 16)
+        # In one write, so the broker takes the 16 polls in together.
+        async with peer.ws.send_context():
+            for command_id in ids:
+                peer.ws.protocol.send_binary(
+                    asbp.encode(
+                        Command(
+                            c="asbp.poll", destination="bulk", type="QUEUE", count=100, u=command_id
+                        )
+                    )
+                )
+            peer.ws.transport.write(b"".join(peer.ws.protocol.data_to_send()))
+        counts = []
+        for command_id in ids:
+            reply = await puller.take(answer_to(command_id))
+            assert reply.name == "asbp.accepted", reply  # never 2105, nor any fault
+            counts.append(int(str(reply.get("count"))))
+        assert sum(counts) > 0  # every round takes some: the outbox drains between them
+        notes = [await puller.notification("bulk") for _ in range(sum(counts))]
+        assert {n.get("deliveries") for n in notes} == {"1"}
+        bodies += [n.body for n in notes]
+    assert sorted(bodies) == sorted(b"%d" % n for n in range(total))  # each once
+    assert puller.pending() == []
+
+
+async def test_a_poll_delivers_only_what_fits_the_outbox_bytes(
+    make_gateway: GatewayFactory, redis: RedisServers, engine: str
+) -> None:
+    """Messages fetched that would pass the outbox's bytes go back to the queue
+    (released: delivered again later, ``deliveries`` one higher), never 2105."""
+    broker = await start_broker(
+        make_gateway, engine, redis, channels=ChannelLimits(outbox_bytes=64 * 1024)
+    )
+    publisher, puller = await user(broker), await user(broker)
+    for n in range(10):
+        await publisher.publish("big", bytes([65 + n]) * 20_000, **queue())
+
+    reply = await puller.call("asbp.poll", destination="big", type="QUEUE", count=10)
+    assert reply.name == "asbp.accepted", reply
+    first = int(str(reply.get("count")))
+    assert 1 <= first < 10  # the outbox holds 64 KiB: about three of them at once
+    received = [await puller.notification("big") for _ in range(first)]
+    while len(received) < 10:
+        reply = await puller.call("asbp.poll", destination="big", type="QUEUE", count=10)
+        assert reply.name == "asbp.accepted", reply
+        count = int(str(reply.get("count")))
+        assert count >= 1
+        received += [await puller.notification("big") for _ in range(count)]
+    assert sorted(n.body[0] for n in received) == list(range(65, 75))  # each once
+    # Released, then delivered again: each such delivery counts.
+    assert all(int(str(n.get("deliveries"))) >= 2 for n in received[first:])
 
 
 async def test_publications_sent_before_a_close_are_stored(broker: Gateway) -> None:

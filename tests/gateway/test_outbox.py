@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import pytest
 
 from asbp import ApplicationAgentId
-from gateway.outbox import StreamOutbox
+from gateway.outbox import Mailbox, StreamOutbox
 from gateway.transports.websocket import _finish, _write
 from gateway.tubes import Tube
 from tests.support import T
@@ -316,3 +317,26 @@ async def test_finish_resumes_a_bare_yield() -> None:
     steps, waiting_on = _started(yield_once())
     assert waiting_on is None
     await asyncio.wait_for(_finish(steps, waiting_on), 5 * T)
+
+
+@pytest.mark.parametrize("kind", [StreamOutbox, Mailbox])
+def test_room_is_what_offer_still_takes(kind: type[StreamOutbox] | type[Mailbox]) -> None:
+    outbox = kind(3, 100)
+    assert outbox.room() == (3, sys.maxsize)  # empty: one frame of any size fits
+    assert outbox.offer(b"x" * 60)
+    assert outbox.room() == (2, 40)
+    assert not outbox.offer(b"y" * 41)  # one byte more than room() said
+    assert outbox.offer(b"y" * 40)
+    assert outbox.room() == (1, 0)
+    assert outbox.offer(b"")
+    assert outbox.room() == (0, 0)
+    assert not outbox.offer(b"")
+    outbox.close()
+    assert outbox.room() == (0, 0)
+
+
+def test_a_closed_empty_outbox_has_no_room() -> None:
+    for outbox in (StreamOutbox(3, 100), Mailbox(3, 100)):
+        outbox.close()
+        assert outbox.room() == (0, 0)
+        assert not outbox.offer(b"late")
