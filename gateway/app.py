@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from asbp import AsbpError
 from gateway.broker import Broker
 from gateway.config import GatewayConfig
 from gateway.credentials import AgentCredentials
@@ -93,7 +94,15 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             credentials=credentials,
             log=log or logging.getLogger("asbp.gateway"),
         )
-        await broker.start()
+        try:
+            await broker.start()
+        except AsbpError as exc:
+            # Said here, in one readable line: the server reports only that the
+            # lifespan failed, with the whole traceback folded into one string.
+            broker.log.critical(
+                "broker.start_failed", extra={"code": int(exc.code), "error": exc.message}
+            )
+            raise
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.server).
         app.state.broker = broker

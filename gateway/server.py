@@ -311,7 +311,8 @@ async def _run_hypercorn(
             shutdown_trigger=shutdown_trigger,
         )
     except (LifespanFailureError, LifespanTimeoutError) as exc:
-        raise ServerError(f"the application failed to start: {exc}") from exc
+        # The reason is in the log already (broker.start_failed, or the traceback).
+        raise ServerError("the application failed to start (see the log)") from exc
 
 
 async def _stop_broker(app: Starlette) -> None:

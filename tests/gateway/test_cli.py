@@ -35,7 +35,7 @@ from gateway.config import GatewayConfig, TlsConfig
 from gateway.identity import BROKER_ID_FILE
 from gateway.server import Endpoints, ServerError, serve
 from gateway.settings import FOREIGN_ENV_VARS, load_config
-from tests.support import T, TlsFiles, client_ssl_context, generate_tls_files
+from tests.support import T, TlsFiles, client_ssl_context, free_port, generate_tls_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -284,6 +284,27 @@ def test_a_port_in_use_exits_1(tmp_path: Path) -> None:
     failure = orjson.loads(result.stderr.splitlines()[-1])
     assert (failure["level"], failure["event"]) == ("critical", "cannot start")
     assert failure["error"] == f"cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+def test_an_unreachable_redis_exits_1_and_says_why_in_one_line(tmp_path: Path, server: str) -> None:
+    nobody = free_port()  # nothing listens there
+    result = run_asbp(
+        *("--port", "0", "--data-dir", "d", "--server", server),
+        *("--engine", "redis", "--redis-url", f"redis://127.0.0.1:{nobody}/0"),
+        cwd=tmp_path,
+    )
+
+    assert result.returncode == 1, result.stderr
+    events = [orjson.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    failed = [event for event in events if event["event"] == "broker.start_failed"]
+    assert len(failed) == 1, result.stderr
+    assert failed[0]["level"] == "critical"
+    assert failed[0]["code"] == 2005
+    assert "Traceback" not in failed[0]["error"]
+    assert str(nobody) in failed[0]["error"] or "connect" in failed[0]["error"].lower()
+    assert events[-1]["event"] == "cannot start"
+    assert "Traceback" not in events[-1]["error"]
 
 
 def test_a_damaged_identity_file_exits_2(tmp_path: Path) -> None:
