@@ -11,6 +11,10 @@ either bound fails: the reader has fallen behind, and the caller closes it
 with fault 2105 (slow consumer). Nothing is dropped silently. ``room()`` says
 how much more an outbox takes now, for callers that can size what they send
 (a queue poll takes no more messages than that: gateway.messaging).
+``when_drained(callback)`` asks for one call once frames next leave the
+outbox, so such a caller can wait for room instead of looking again and again
+(a queue consumer holding back a message that does not fit yet). It costs
+the drain one attribute test while nobody asks.
 
 Two implementations, one interface:
 
@@ -58,6 +62,13 @@ class Outbox(Protocol):
         """
         ...
 
+    def when_drained(self, callback: Callable[[], object] | None) -> None:
+        """Call ``callback`` once, the next time frames leave the outbox or it closes.
+
+        One callback at a time: a later one (or None) replaces the earlier.
+        """
+        ...
+
     def close(self) -> None:
         """Take no more frames; what is queued is still delivered."""
         ...
@@ -84,6 +95,7 @@ class StreamOutbox:
         "_closed",
         "_context",
         "_direct",
+        "_drained",
         "_flushing",
         "_frames",
         "_loop",
@@ -105,6 +117,7 @@ class StreamOutbox:
         self._context: contextvars.Context | None = None
         # A _flush is scheduled.
         self._flushing = False
+        self._drained: Callable[[], object] | None = None
 
     @property
     def closed(self) -> bool:
@@ -164,6 +177,15 @@ class StreamOutbox:
             max(0, self._max_bytes - self._bytes),
         )
 
+    def when_drained(self, callback: Callable[[], object] | None) -> None:
+        self._drained = callback
+
+    def _emptied(self) -> None:
+        drained = self._drained
+        if drained is not None:
+            self._drained = None
+            drained()
+
     def _flush(self) -> None:
         """Hand what is queued to ``write``, unless the writer is awake by now."""
         self._flushing = False
@@ -174,12 +196,16 @@ class StreamOutbox:
         while frames:
             if not write(frames[0]):
                 self._wake()
-                return
+                break
             self._bytes -= len(frames.popleft())
+        if self._drained is not None:
+            self._emptied()
 
     def close(self) -> None:
         self._closed = True
         self._wake()
+        if self._drained is not None:
+            self._emptied()
 
     def abort(self) -> None:
         self._frames.clear()
@@ -208,6 +234,8 @@ class StreamOutbox:
         batch = list(self._frames)
         self._frames.clear()
         self._bytes = 0
+        if self._drained is not None:
+            self._emptied()
         return batch
 
 
@@ -222,6 +250,7 @@ class Mailbox:
     __slots__ = (
         "_bytes",
         "_closed",
+        "_drained",
         "_frames",
         "_max_bytes",
         "_max_frames",
@@ -239,6 +268,7 @@ class Mailbox:
         # The parked poll, if any: resolved True when frames arrive or the
         # mailbox closes, False when a newer poll takes its place.
         self._waiter: asyncio.Future[bool] | None = None
+        self._drained: Callable[[], object] | None = None
 
     @property
     def closed(self) -> bool:
@@ -280,9 +310,19 @@ class Mailbox:
             max(0, self._max_bytes - self._bytes),
         )
 
+    def when_drained(self, callback: Callable[[], object] | None) -> None:
+        self._drained = callback
+
+    def _emptied(self) -> None:
+        drained = self._drained
+        if drained is not None:
+            self._drained = None
+            drained()
+
     def close(self) -> None:
         self._closed = True
         self._wake(True)
+        self._emptied()
 
     def abort(self) -> None:
         self._frames.clear()
@@ -292,8 +332,10 @@ class Mailbox:
     def acknowledge(self, after: int) -> None:
         """Forget every frame numbered ``after`` or less."""
         frames = self._frames
-        while frames and frames[0][0] <= after:
-            self._bytes -= len(frames.popleft()[1])
+        if frames and frames[0][0] <= after:
+            while frames and frames[0][0] <= after:
+                self._bytes -= len(frames.popleft()[1])
+            self._emptied()
 
     async def poll(self, after: int, timeout: float, limit: int) -> list[tuple[int, bytes]]:
         """Acknowledge up to ``after``, then return up to ``limit`` frames.

@@ -109,7 +109,7 @@ from gateway.engines.base import (
     Message,
     new_message,
 )
-from gateway.messaging.consumers import QueueConsumer, cancel_and_wait
+from gateway.messaging.consumers import ANSWER_BYTES, QueueConsumer, cancel_and_wait
 from gateway.messaging.eager import start_eagerly
 from gateway.messaging.notifications import (
     accepted,
@@ -130,6 +130,7 @@ from gateway.messaging.system_topics import SystemTopics
 
 if TYPE_CHECKING:
     from gateway.channels import Channel
+    from gateway.outbox import Outbox
     from gateway.routing import Router
     from gateway.tubes import Tube
 
@@ -144,8 +145,6 @@ __all__ = [
 
 #: Seconds one fetch of a queue consumer waits for a message before it looks again.
 FETCH_WAIT: Final = 1.0
-#: Outbox bytes a poll leaves free for each answer still owed to its client.
-ANSWER_BYTES: Final = 256
 #: Seconds the broker gives its last releases of leases when it stops.
 STOP_GRACE: Final = 5.0
 
@@ -202,6 +201,8 @@ class Messaging:
         self._log = log
         self._clock = clock
         self._endpoints: dict[str, Endpoint] = {}
+        #: Each endpoint's outbox, for its queue consumers to wait on (_watch).
+        self._outboxes: dict[Endpoint, Outbox] = {}
         self._topics = Topics()
         self._queues: dict[str, QueueConsumer] = {}
         #: Consumers whose last subscriber left while their task was fetching: the
@@ -229,6 +230,9 @@ class Messaging:
         """
         for consumer in [*self._queues.values(), *self._orphans]:
             await consumer.stop()
+            held_back = consumer.take_held_back()
+            if held_back:
+                self._spawn(self._release(consumer.queue, held_back))
         self._queues.clear()
         self._orphans.clear()
         for endpoint in list(self._endpoints.values()):
@@ -270,6 +274,7 @@ class Messaging:
                 channel.outbox.room,
             )
             self._endpoints[endpoint.key] = endpoint
+            self._outboxes[endpoint] = channel.outbox
         access = channel.access
         if "s" in command:
             auth = self._router.auth
@@ -300,6 +305,7 @@ class Messaging:
                 agent_id=tube.agent_id,
             )
             self._endpoints[endpoint.key] = endpoint
+            self._outboxes[endpoint] = tube.outbox
         self._command(endpoint, tube.access, command, name)
 
     def channel_closed(self, channel: Channel) -> None:
@@ -723,6 +729,8 @@ class Messaging:
                     prefetch=self._limits.prefetch,
                     wait=FETCH_WAIT,
                     may_read=self._may_read,
+                    watch=self._watch,
+                    clock=self._clock,
                     log=self._log,
                 )
                 self._queues[name] = consumer
@@ -850,12 +858,28 @@ class Messaging:
         if command_id is not None:
             self._reply(endpoint, accepted(builtins.ACK, command_id, count=live))
 
+    # -- outboxes -----------------------------------------------------------------------
+
+    def _watch(self, endpoint: Endpoint) -> None:
+        """Wake ``endpoint``'s queue consumers once its outbox next drains."""
+        outbox = self._outboxes.get(endpoint)
+        if outbox is not None:
+            outbox.when_drained(functools.partial(self._drained, endpoint))
+
+    @staticmethod
+    def _drained(endpoint: Endpoint) -> None:
+        for consumer in endpoint.queues.values():
+            consumer.wake()
+
     # -- closing ------------------------------------------------------------------------
 
     def _close(self, endpoint: Endpoint) -> None:
         if endpoint.closed:
             return
         endpoint.closed = True
+        outbox = self._outboxes.pop(endpoint, None)
+        if outbox is not None:
+            outbox.when_drained(None)
         for name in [*endpoint.topics, *endpoint.queues]:
             self._leave(endpoint, name)
         for task in list(endpoint.polls):

@@ -8,6 +8,7 @@ produces, never on sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,8 +18,15 @@ import pytest
 
 import asbp
 from asbp import Command
+from gateway.broker import Broker
 from gateway.config import ChannelLimits, MessagingLimits
-from tests.gateway.conftest import Gateway, GatewayFactory
+from tests.gateway.conftest import (
+    Gateway,
+    GatewayFactory,
+    Peer,
+    decode,
+    small_receive_buffer_socket,
+)
 from tests.gateway.test_messaging import ENGINES, Messenger, RedisServers, start_broker
 from tests.support import T
 
@@ -273,6 +281,92 @@ async def test_a_poll_delivers_only_what_fits_the_outbox_bytes(
     assert sorted(n.body[0] for n in received) == list(range(65, 75))  # each once
     # Released, then delivered again: each such delivery counts.
     assert all(int(str(n.get("deliveries"))) >= 2 for n in received[first:])
+
+
+#: A message body near the frame limit: 32 of them (6.4 MiB) pass a Channel's 4 MiB outbox.
+LARGE = 200 * 1024
+
+
+async def publish_large(publisher: Messenger, destination: str, total: int) -> None:
+    """Publish ``total`` messages of :data:`LARGE` bytes; message ``n`` is all ``n``."""
+    for n in range(total):
+        await publisher.publish(destination, bytes([n]) * LARGE, **queue())
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_consumer_delivers_only_what_fits_the_outbox_bytes(
+    make_broker: Any, transport: str
+) -> None:
+    """A subscriber's prefetch of large messages is more than its outbox holds: the
+    consumer hands on what fits and holds the rest back until the outbox drains, so
+    the client, which reads everything, is never cut off (2105), and no message is
+    released (which would count toward max_deliveries) or delivered twice."""
+    broker = await make_broker(prefetch=32)
+    publisher = await user(broker)
+    if transport == "http":
+        consumer = Messenger.http(await broker.http_channel())
+    else:
+        consumer = await user(broker)
+    total = 40
+    await publish_large(publisher, "large", total)
+
+    await consumer.subscribe("large", type="QUEUE")
+    # The whole prefetch is read before any acknowledgement: what was held back comes
+    # because the outbox drained, not because an acknowledgement made room.
+    notes = [await consumer.notification("large") for _ in range(32)]
+    receipts = [n.get("receipt") for n in notes]
+    reply = await consumer.ok("asbp.ack", destination="large", receipt=receipts)
+    assert reply.get("count") == "32"  # every lease still live: none was released
+    rest = [await consumer.notification("large") for _ in range(total - 32)]
+    receipts = [n.get("receipt") for n in rest]
+    reply = await consumer.ok("asbp.ack", destination="large", receipt=receipts)
+    assert reply.get("count") == str(total - 32)
+    notes += rest
+    assert sorted(n.body[0] for n in notes) == list(range(total))  # each once
+    assert {len(n.body) for n in notes} == {LARGE}
+    assert {n.get("deliveries") for n in notes} == {"1"}  # none released, none expired
+    assert broker.events.find("consumer.held_back", queue="large")  # the case under test
+    assert not broker.events.find("channel.slow_consumer")
+    assert (await consumer.call("asbp.poll", destination="large")).get("count") == "0"
+    assert consumer.pending() == []
+
+
+async def test_a_consumer_waits_for_a_client_that_stops_reading(make_broker: Any) -> None:
+    """A client that stops reading leaves its outbox full; the consumer holds its
+    messages back instead of cutting it off, and once it reads again it gets them all."""
+    broker = await make_broker(prefetch=32)
+    publisher = await user(broker)
+    total, more = 40, 8
+    await publish_large(publisher, "stalled", total)
+    sock = small_receive_buffer_socket(broker.server.port)
+    ws = await broker.websocket("/asbp", sock=sock, max_queue=1, compression=None)
+    peer = Peer(ws, decode(await asyncio.wait_for(ws.recv(), 5 * T)))
+    consumer = Messenger.of(peer)
+    await consumer.subscribe("stalled", type="QUEUE")
+
+    # Not reading, the client leaves the first messages in its socket buffers and
+    # its outbox; the consumer holds the rest of its prefetch back.
+    await broker.events.wait("consumer.held_back", queue="stalled")
+    await publish_large(publisher, "stalled", more)  # while it still does not read
+
+    def outbox_room(b: Broker) -> tuple[int, int]:
+        channel = b.channels.get(peer.id)
+        assert channel is not None  # not closed
+        return channel.outbox.room()
+
+    frames, _ = await broker.call(outbox_room)
+    assert frames < ChannelLimits().outbox_frames  # still stalled: its outbox holds frames
+    assert not broker.events.find("channel.slow_consumer")
+
+    notes: list[Command] = []
+    for _ in range(total + more):
+        note = await consumer.notification("stalled")
+        notes.append(note)
+        await ack(consumer, note)
+    assert sorted(n.body[0] for n in notes) == sorted([*range(total), *range(more)])
+    assert {n.get("deliveries") for n in notes} == {"1"}  # none released, none expired
+    assert not broker.events.find("channel.slow_consumer")
+    assert (await consumer.call("asbp.poll", destination="stalled")).get("count") == "0"
 
 
 async def test_publications_sent_before_a_close_are_stored(broker: Gateway) -> None:
