@@ -340,3 +340,37 @@ def test_a_closed_empty_outbox_has_no_room() -> None:
         outbox.close()
         assert outbox.room() == (0, 0)
         assert not outbox.offer(b"late")
+
+
+@pytest.mark.anyio
+async def test_when_drained_fires_once_when_a_stream_outbox_is_taken() -> None:
+    outbox = StreamOutbox(3, 100)
+    calls: list[str] = []
+    assert outbox.offer(b"one")
+    outbox.when_drained(lambda: calls.append("first"))
+    outbox.when_drained(lambda: calls.append("second"))  # replaces the first
+    assert await asyncio.wait_for(outbox.take(), 5 * T) == [b"one"]
+    assert calls == ["second"]
+    assert outbox.offer(b"two")
+    assert await asyncio.wait_for(outbox.take(), 5 * T) == [b"two"]
+    assert calls == ["second"]  # one-shot: not called again
+
+
+def test_when_drained_fires_when_a_mailbox_is_acknowledged_or_closed() -> None:
+    mailbox = Mailbox(3, 100)
+    calls: list[str] = []
+    assert mailbox.offer(b"one")
+    assert mailbox.offer(b"two")
+    mailbox.when_drained(lambda: calls.append("ack"))
+    mailbox.acknowledge(0)  # nothing numbered 0 or less: nothing left
+    assert calls == []
+    mailbox.acknowledge(1)
+    assert calls == ["ack"]
+    assert mailbox.room() == (2, 97)
+    mailbox.when_drained(lambda: calls.append("close"))
+    mailbox.when_drained(None)  # withdrawn
+    mailbox.close()
+    assert calls == ["ack"]
+    mailbox.when_drained(lambda: calls.append("closed"))
+    mailbox.close()
+    assert calls == ["ack", "closed"]
