@@ -185,7 +185,7 @@ from gateway.engines.redis_codec import (
     split_receipt,
     unpack_topic,
 )
-from gateway.engines.redis_pubsub import Subscriber, Wakeups
+from gateway.engines.redis_pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
 from gateway.engines.redis_scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
 
 __all__ = ["DEFAULT_SWEEP_INTERVAL", "MAX_FETCH", "SWEEP_BUDGET", "RedisEngine"]
@@ -228,6 +228,9 @@ class RedisEngine:
             under (default: ``broker_id``).
         sweep_interval: seconds between sweeps for expired messages, at most;
             None: no sweeper task (tests that call :meth:`sweep` themselves).
+        pubsub_health_interval: seconds of silence on the pub/sub connection
+            before it is PINGed, and then before it counts as lost and is
+            replaced (see :class:`~gateway.engines.redis_pubsub.Subscriber`).
     """
 
     def __init__(
@@ -239,8 +242,10 @@ class RedisEngine:
         clock: Callable[[], float] = time.time,
         consumer_prefix: str | None = None,
         sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL,
+        pubsub_health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         self._url = url
+        self._pubsub_health_interval = pubsub_health_interval
         self._broker_id = broker_id
         self._limits = limits
         self._clock = clock
@@ -281,7 +286,12 @@ class RedisEngine:
         self._loop = asyncio.get_running_loop()
         self._client = client
         self._batcher = Batcher(client, SCRIPTS)
-        subscriber = Subscriber(self._new_connection, self._on_message, self._on_reconnect)
+        subscriber = Subscriber(
+            self._new_connection,
+            self._on_message,
+            self._on_reconnect,
+            health_interval=self._pubsub_health_interval,
+        )
         self._subscriber = subscriber
         self._wakeups = Wakeups(subscriber, lambda queue: self._keys(queue).wake.encode())
         try:

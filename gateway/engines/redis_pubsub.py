@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -37,13 +36,16 @@ from redis.asyncio.connection import AbstractConnection
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis_batch import CONNECTION_ERRORS, unavailable
 
-__all__ = ["Subscriber", "Wakeups"]
+__all__ = ["HEALTH_INTERVAL", "Subscriber", "Wakeups"]
 
 _log = logging.getLogger(__name__)
 
 #: First and longest pause between reconnection attempts (seconds).
 RETRY_DELAY: Final = 0.05
 MAX_RETRY_DELAY: Final = 2.0
+#: Seconds of silence after which the subscriber PINGs Redis; as long again
+#: without any reply and the connection counts as lost.
+HEALTH_INTERVAL: Final = 10.0
 
 _MESSAGE: Final = b"message"
 _SUBSCRIBE: Final = b"subscribe"
@@ -56,6 +58,10 @@ class Subscriber:
         connect: makes a new, unconnected connection (with the pool's settings).
         on_message: called with ``(channel, data)`` for every message, in the reader task.
         on_reconnect: called after the connection came back and resubscribed.
+        health_interval: seconds of silence before a PING, and then before the
+            connection counts as lost. A connection can die without a reset (a
+            host gone, a NAT or proxy dropping it): TCP keeps it open for hours,
+            and without this the broker would hear no topic message meanwhile.
     """
 
     def __init__(
@@ -63,8 +69,11 @@ class Subscriber:
         connect: Callable[[], AbstractConnection],
         on_message: Callable[[bytes, bytes], None],
         on_reconnect: Callable[[], None],
+        *,
+        health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         self._connect = connect
+        self._health_interval = health_interval
         self._on_message = on_message
         self._on_reconnect = on_reconnect
         self._connection: AbstractConnection | None = None
@@ -183,12 +192,26 @@ class Subscriber:
 
     async def _read(self) -> None:
         delay = RETRY_DELAY
+        pinged: AbstractConnection | None = None  # the connection a PING is pending on
         while not self._closed:
             connection = self._connection
             try:
                 if connection is None:
                     raise ConnectionError("not connected")
-                reply = await connection.read_response(timeout=math.inf, push_request=True)
+                # A float timeout: redis-py returns None and keeps the partial
+                # reply, if any, buffered for the next read.
+                reply = await connection.read_response(
+                    timeout=self._health_interval, push_request=True
+                )
+                if reply is None:
+                    if pinged is connection:
+                        raise ConnectionError(
+                            f"no reply to PING for {self._health_interval:g} seconds"
+                        )
+                    pinged = connection
+                    await self._send("PING")  # any reply proves the connection alive
+                    continue
+                pinged = None
             except CONNECTION_ERRORS as exc:
                 self._fail_confirming(unavailable(exc))
                 self._up.clear()

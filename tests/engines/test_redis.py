@@ -599,3 +599,121 @@ async def test_garbage_receipts_ack_nothing(make: Make) -> None:
     assert await engine.ack(QUEUE, ["no-such-receipt", forged, "9:1-0:1:ab"]) == 0
     assert await engine.release(QUEUE, [forged]) == 0
     assert await engine.ack(QUEUE, [delivery.receipt]) == 1
+
+
+# -- a pub/sub connection that dies without a reset -----------------------------
+
+
+class StallingProxy:
+    """Forwards a loopback port to Redis; :meth:`stall` stops every connection open
+    now, both ways, without closing it: what a connection whose host or NAT
+    vanished looks like (TCP reports nothing for hours). New connections pass."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = 0
+        self.opened = 0
+        self._opened = asyncio.Condition()
+        self._running: set[asyncio.Event] = set()  # set: forwarding; cleared: stalled
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> StallingProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.resume()
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def stall(self) -> None:
+        for running in self._running:
+            running.clear()
+
+    def resume(self) -> None:
+        for running in self._running:
+            running.set()
+
+    async def wait_opened(self, count: int) -> None:
+        async with asyncio.timeout(10 * T), self._opened:
+            await self._opened.wait_for(lambda: self.opened >= count)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        running = asyncio.Event()
+        running.set()
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(
+                "127.0.0.1", self.target
+            )
+            self._running.add(running)
+            async with self._opened:
+                self.opened += 1
+                self._opened.notify_all()
+            await asyncio.gather(
+                self._pipe(reader, upstream_writer, running),
+                self._pipe(upstream_reader, writer, running),
+            )
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._running.discard(running)
+            writer.transport.abort()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, running: asyncio.Event
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                await running.wait()  # stalled: hold what was read, send nothing
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.transport.abort()
+
+
+async def test_a_pubsub_connection_that_dies_silently_is_replaced(
+    make: Make, redis_server: RedisServer
+) -> None:
+    publisher = await make("broker-a")
+    async with StallingProxy(redis_server.port) as proxy:
+        listener = RedisEngine(
+            f"redis://127.0.0.1:{proxy.port}/0",
+            broker_id="broker-b",
+            sweep_interval=None,  # nothing but the pub/sub reader uses the stalled links
+            pubsub_health_interval=0.2 * T,
+        )
+        await listener.start()
+        try:
+            heard: Recorder[Message] = Recorder()
+            listener.listen(heard)
+            before = make_message("/topic/before")
+            await publisher.publish(before)
+            assert ids(await heard.wait_count(1)) == [before.id]
+
+            opened = proxy.opened
+            proxy.stall()
+            # Silence, an unanswered PING, then a new connection and SUBSCRIBE.
+            await proxy.wait_opened(opened + 1)
+            proxy.resume()  # the queue calls below use a pooled connection
+            # A fetch that waits subscribes to the queue's wake-up channel on the new
+            # connection and awaits Redis's confirmation, which comes after that of
+            # the topics channel sent before it: from here a publication is heard.
+            assert await listener.fetch("unrelated", "c", count=1, wait=0.01 * T) == []
+
+            after = make_message("/topic/after")
+            await publisher.publish(after)
+            assert ids(await heard.wait_count(2)) == [before.id, after.id]
+        finally:
+            proxy.resume()
+            await listener.close()
