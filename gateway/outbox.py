@@ -37,7 +37,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from itertools import islice
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["Mailbox", "Outbox", "StreamOutbox"]
 
@@ -78,7 +78,51 @@ class Outbox(Protocol):
         ...
 
 
-class StreamOutbox:
+#: What an outbox queues per frame: the frame, or (for a Mailbox) its number and it.
+F = TypeVar("F")
+
+
+class _Bounded(Generic[F]):
+    """What both outboxes share: the bounds, ``room()`` and the drain hook."""
+
+    __slots__ = ("_bytes", "_closed", "_drained", "_frames", "_max_bytes", "_max_frames")
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self._frames: deque[F] = deque()
+        self._bytes = 0
+        self._max_frames = max_frames
+        self._max_bytes = max_bytes
+        self._closed = False
+        self._drained: Callable[[], object] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def room(self) -> tuple[int, int]:
+        if self._closed:
+            return 0, 0
+        if not self._frames:
+            return self._max_frames, sys.maxsize
+        return (
+            max(0, self._max_frames - len(self._frames)),
+            max(0, self._max_bytes - self._bytes),
+        )
+
+    def when_drained(self, callback: Callable[[], object] | None) -> None:
+        self._drained = callback
+
+    def _emptied(self) -> None:
+        drained = self._drained
+        if drained is not None:
+            self._drained = None
+            drained()
+
+
+class StreamOutbox(_Bounded[bytes]):
     """A bounded FIFO of frames for one connection's writer task.
 
     Frames offered while the writer waits for them can be sent without waking
@@ -91,25 +135,15 @@ class StreamOutbox:
     """
 
     __slots__ = (
-        "_bytes",
-        "_closed",
         "_context",
         "_direct",
-        "_drained",
         "_flushing",
-        "_frames",
         "_loop",
-        "_max_bytes",
-        "_max_frames",
         "_waiter",
     )
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
-        self._frames: deque[bytes] = deque()
-        self._bytes = 0
-        self._max_frames = max_frames
-        self._max_bytes = max_bytes
-        self._closed = False
+        super().__init__(max_frames, max_bytes)
         # The writer's wait in take(), while it waits: it is sending nothing then.
         self._waiter: asyncio.Future[None] | None = None
         self._direct: Callable[[bytes], bool] | None = None
@@ -117,14 +151,6 @@ class StreamOutbox:
         self._context: contextvars.Context | None = None
         # A _flush is scheduled.
         self._flushing = False
-        self._drained: Callable[[], object] | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __len__(self) -> int:
-        return len(self._frames)
 
     def send_directly(self, write: Callable[[bytes], bool] | None) -> None:
         """Let ``write(frame)`` send frames while the writer waits (None: stop).
@@ -166,25 +192,6 @@ class StreamOutbox:
                 self._flushing = True
                 loop.call_soon(self._flush, context=self._context)
         return True
-
-    def room(self) -> tuple[int, int]:
-        if self._closed:
-            return 0, 0
-        if not self._frames:
-            return self._max_frames, sys.maxsize
-        return (
-            max(0, self._max_frames - len(self._frames)),
-            max(0, self._max_bytes - self._bytes),
-        )
-
-    def when_drained(self, callback: Callable[[], object] | None) -> None:
-        self._drained = callback
-
-    def _emptied(self) -> None:
-        drained = self._drained
-        if drained is not None:
-            self._drained = None
-            drained()
 
     def _flush(self) -> None:
         """Hand what is queued to ``write``, unless the writer is awake by now."""
@@ -239,7 +246,7 @@ class StreamOutbox:
         return batch
 
 
-class Mailbox:
+class Mailbox(_Bounded[tuple[int, bytes]]):
     """A bounded, acknowledged mailbox for a stateless HTTP Channel.
 
     Frames are numbered from 1. ``poll(after=n)`` first forgets every frame
@@ -248,39 +255,21 @@ class Mailbox:
     """
 
     __slots__ = (
-        "_bytes",
-        "_closed",
-        "_drained",
-        "_frames",
-        "_max_bytes",
-        "_max_frames",
         "_next_seq",
         "_waiter",
     )
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
-        self._frames: deque[tuple[int, bytes]] = deque()
-        self._bytes = 0
-        self._max_frames = max_frames
-        self._max_bytes = max_bytes
+        super().__init__(max_frames, max_bytes)
         self._next_seq = 1
-        self._closed = False
         # The parked poll, if any: resolved True when frames arrive or the
         # mailbox closes, False when a newer poll takes its place.
         self._waiter: asyncio.Future[bool] | None = None
-        self._drained: Callable[[], object] | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def last_seq(self) -> int:
         """The number of the newest frame ever queued (0 if none)."""
         return self._next_seq - 1
-
-    def __len__(self) -> int:
-        return len(self._frames)
 
     def _wake(self, result: bool) -> None:
         waiter = self._waiter
@@ -299,25 +288,6 @@ class Mailbox:
         self._bytes = size
         self._wake(True)
         return True
-
-    def room(self) -> tuple[int, int]:
-        if self._closed:
-            return 0, 0
-        if not self._frames:
-            return self._max_frames, sys.maxsize
-        return (
-            max(0, self._max_frames - len(self._frames)),
-            max(0, self._max_bytes - self._bytes),
-        )
-
-    def when_drained(self, callback: Callable[[], object] | None) -> None:
-        self._drained = callback
-
-    def _emptied(self) -> None:
-        drained = self._drained
-        if drained is not None:
-            self._drained = None
-            drained()
 
     def close(self) -> None:
         self._closed = True
