@@ -41,6 +41,8 @@ import functools
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from gateway.resume import finish as _finish
+
 __all__ = ["start_eagerly"]
 
 T = TypeVar("T")
@@ -121,36 +123,3 @@ def _step(
     # was yielded is cleared, and the coroutine resumes once the future is done.
     waiting_on._asyncio_future_blocking = False
     waiting_on.add_done_callback(functools.partial(_step, coroutine, outcome))
-
-
-async def _finish(coroutine: Coroutine[Any, Any, T], waiting_on: Any) -> T:
-    """Run the rest of ``coroutine``, whose first step suspended on ``waiting_on``.
-
-    ``waiting_on`` is what that step yielded: the asyncio future it awaits, or
-    None for a bare yield. This task awaits it in the coroutine's stead, then
-    resumes the coroutine, until it returns: what ``asyncio.Task`` would have
-    done with it from the start.
-    """
-    while True:
-        try:
-            if waiting_on is None:
-                await asyncio.sleep(0)
-            else:
-                waiting_on._asyncio_future_blocking = False
-                await waiting_on
-        except BaseException as exc:
-            # The future's own outcome reaches the coroutine when it resumes (its own
-            # await of the future raises it); anything else, such as this task's
-            # cancellation, is thrown into it.
-            own = waiting_on is not None and waiting_on.done()
-            own = own and (waiting_on.cancelled() or waiting_on.exception() is exc)
-            if not own:
-                try:
-                    waiting_on = coroutine.throw(exc)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]  # the coroutine's T
-                continue
-        try:
-            waiting_on = coroutine.send(None)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]  # the coroutine's T

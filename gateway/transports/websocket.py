@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from asbp import Command, FaultCode, encode
@@ -31,6 +31,7 @@ from gateway import builtins
 from gateway.channels import Channel
 from gateway.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.outbox import StreamOutbox
+from gateway.resume import finish as _finish
 from gateway.throttle import HandshakeThrottle
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
 from gateway.tubes import Tube
@@ -87,42 +88,6 @@ def _is_text(frame: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-async def _finish(steps: Generator[Any, None, object], waiting_on: Any) -> None:
-    """Run the rest of an awaitable whose first step ran outside any task.
-
-    ``steps`` is its ``__await__()``; that first step suspended on
-    ``waiting_on``, the asyncio future it awaits (None for a bare yield, as in
-    ``asyncio.sleep(0)``). This task awaits that future in its stead, then
-    resumes it, until it returns: what ``asyncio.Task`` would have done with
-    it from the start.
-    """
-    while True:
-        try:
-            if waiting_on is None:
-                await asyncio.sleep(0)
-            else:
-                # As a Task does with a future it is handed: the flag set when the
-                # future was yielded is cleared, or awaiting it again would fail.
-                waiting_on._asyncio_future_blocking = False
-                await waiting_on
-        except BaseException as exc:
-            # The future's own outcome reaches the coroutine when it resumes (its
-            # await of that future raises it); anything else, such as this task's
-            # cancellation, is thrown into it.
-            own = waiting_on is not None and waiting_on.done()
-            own = own and (waiting_on.cancelled() or waiting_on.exception() is exc)
-            if not own:
-                try:
-                    waiting_on = steps.throw(exc)
-                except StopIteration:
-                    return
-                continue
-        try:
-            waiting_on = steps.send(None)
-        except StopIteration:
-            return
 
 
 async def _write(
