@@ -1,6 +1,6 @@
 """The broker's built-in Command-Names, as the SDK speaks them, and a few builders.
 
-These mirror ``gateway.builtins`` (docs/protocol.md, "Built-in Commands");
+These mirror ``gateway.routing.builtin_commands`` (docs/protocol.md, "Built-in Commands");
 the SDK must not import the broker's code, so a test keeps the two equal.
 
 Two extension keys are the SDK's own, for agent-to-agent requests (the

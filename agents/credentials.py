@@ -2,7 +2,7 @@
 
 An Application-Agent proves its identity with a short-lived JWT signed by
 its own private key; the Broker holds only the public key (see
-``gateway.credentials``). A credential is good for one handshake: the
+``gateway.auth.credentials``). A credential is good for one handshake: the
 Broker remembers each ``jti`` until the credential expires and refuses it a
 second time, so mint a fresh one before every connect and reconnect. That is
 what :class:`AgentCredentialSource` is for.
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: The WebSocket subprotocol prefix that carries a credential; it must equal
-#: ``gateway.credentials.BEARER_SUBPROTOCOL_PREFIX`` (a test checks it).
+#: ``gateway.auth.credentials.BEARER_SUBPROTOCOL_PREFIX`` (a test checks it).
 BEARER_SUBPROTOCOL_PREFIX: Final = "asbp.bearer."
 
 #: Shorter RSA keys are refused, as the Broker refuses them too.

@@ -56,7 +56,7 @@ BACKLOG = 1024
 
 def broker_app(broker_id: str, data_dir: Path) -> Any:
     from gateway.app import create_app
-    from gateway.config import GatewayConfig
+    from gateway.config.model import GatewayConfig
 
     config = GatewayConfig(host=HOST, port=0, broker_id=broker_id, data_dir=data_dir)
     return create_app(config)
@@ -169,7 +169,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.target == "broker":
         with tempfile.TemporaryDirectory(prefix="asbp-fanout-") as data_dir:
             app = broker_app("bench-fanout", Path(data_dir))
-            # As gateway/server.py serves the broker: start-up frozen, and on Uvicorn
+            # As gateway/ops/server.py serves the broker: start-up frozen, and on Uvicorn
             # its writes coalesced.
             gc.freeze()
             if args.server == "uvicorn":

@@ -55,7 +55,7 @@ def broker_app(
     agent_id: str, agent_key: Path, broker_id: str, *, data_dir: Path, event_log: str = "on"
 ) -> Any:
     from gateway.app import create_app
-    from gateway.config import EventLogConfig, GatewayConfig
+    from gateway.config.model import EventLogConfig, GatewayConfig
 
     config = GatewayConfig(
         host=HOST,
@@ -142,7 +142,7 @@ async def run_uvicorn(
     """Serve ``app`` on Uvicorn, with ``ws`` as its WebSocket protocol.
 
     ``None`` is stock ``websockets-sansio`` (the baselines); the broker passes the
-    protocol gateway/server.py runs it with.
+    protocol gateway/ops/server.py runs it with.
     """
     import uvicorn
 
@@ -246,7 +246,7 @@ async def _main(args: argparse.Namespace) -> None:
             event_log=args.event_log,
         )
         if args.server == "uvicorn":
-            # As gateway/server.py serves the broker: writes coalesced, start-up frozen.
+            # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
             from gateway.transports.coalescing import CoalescingWebSocketProtocol
 
             gc.freeze()

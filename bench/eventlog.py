@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from gateway.broker import Broker  # noqa: E402
-from gateway.config import ChannelLimits, EventLogConfig, GatewayConfig, TubeLimits  # noqa: E402
+from gateway.config.model import ChannelLimits, EventLogConfig, GatewayConfig, TubeLimits  # noqa: E402
 
 if TYPE_CHECKING:
     from tests.support import RedisServer

@@ -88,7 +88,7 @@ from redis.asyncio import Redis  # noqa: E402  # after the sys.path line above
 
 from asbp import Command, decode, encode  # noqa: E402
 from gateway.engines.base import EngineLimits, Message  # noqa: E402
-from gateway.engines.redis import RedisEngine  # noqa: E402
+from gateway.engines.redis.engine import RedisEngine  # noqa: E402
 from tests.support import RedisServer  # noqa: E402
 
 BATCH = 100

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gateway.cli import main
+from gateway.ops.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["broker", *sys.argv[1:]], prog="python -m gateway"))

@@ -14,7 +14,7 @@ One port serves everything:
 The Broker is built in the lifespan, inside the serving event loop, and
 reaches handlers through the lifespan state (``scope["state"]``): no
 module-level globals, so several apps can run side by side in one process.
-The state also holds the :class:`~gateway.throttle.HandshakeThrottle` that
+The state also holds the :class:`~gateway.auth.throttle.HandshakeThrottle` that
 counts failed Tube handshakes per client address.
 """
 
@@ -32,11 +32,11 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
+from gateway.auth.credentials import AgentCredentials
+from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
-from gateway.config import GatewayConfig
-from gateway.credentials import AgentCredentials
-from gateway.identity import broker_identity
-from gateway.throttle import HandshakeThrottle
+from gateway.broker_id import broker_identity
+from gateway.config.model import GatewayConfig
 from gateway.transports import http, websocket
 
 __all__ = ["create_app"]
@@ -104,7 +104,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             )
             raise
         # Also on app.state, so the server can close Channels and Tubes before it
-        # drains connections (see gateway.server).
+        # drains connections (see gateway.ops.server).
         app.state.broker = broker
         try:
             yield {

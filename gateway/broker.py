@@ -20,18 +20,18 @@ from typing import Final
 
 from asbp import ApplicationAgentId, FaultCode
 from gateway.acl import AccessContext, channel_properties
-from gateway.channels import Channel, ChannelKind, ChannelRegistry
-from gateway.config import GatewayConfig
-from gateway.credentials import AgentCredentials
+from gateway.auth.credentials import AgentCredentials
+from gateway.auth.trust import agent_trust
+from gateway.config.model import GatewayConfig
+from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.outboxes import Mailbox, StreamOutbox
+from gateway.connections.tubes import RespondentTable, Tube
 from gateway.engines.base import Engine, EngineLimits
 from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
-from gateway.outbox import Mailbox, StreamOutbox
-from gateway.routing import Router
-from gateway.trust import agent_trust
-from gateway.tubes import RespondentTable, Tube
+from gateway.routing.router import Router
 
 __all__ = ["Broker", "create_engine", "create_event_log"]
 
@@ -69,10 +69,10 @@ def create_engine(config: GatewayConfig, *, broker_id: str) -> Engine:
     )
     if config.engine == "redis":
         # Imported here: a memory broker never loads the Redis client.
-        from gateway.engines.redis import RedisEngine
+        from gateway.engines.redis.engine import RedisEngine
 
         return RedisEngine(config.redis_url, broker_id=broker_id, limits=limits)
-    from gateway.engines.memory import MemoryEngine
+    from gateway.engines.memory.engine import MemoryEngine
 
     return MemoryEngine(limits=limits)
 

@@ -25,7 +25,7 @@ def demo(tmp_path: Path) -> Iterator[str]:
         [
             sys.executable,
             "-c",
-            "import sys; from gateway.cli import main; sys.exit(main())",
+            "import sys; from gateway.ops.cli import main; sys.exit(main())",
             "demo",
             "--port",
             "0",

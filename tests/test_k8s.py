@@ -9,7 +9,7 @@ misread. Plain ``yes``/``no``/``on``/``off`` are refused too, since Kubernetes'
 YAML 1.1 parser reads them as booleans; and, as it does, ``0440`` is octal.
 
 Then the checks: every TOML key, ``ASBP_*`` variable and ``--flag`` exists in
-gateway.settings, and the ConfigMap loads as a broker configuration once the
+gateway.config.settings, and the ConfigMap loads as a broker configuration once the
 Secrets' files exist; the probes ask for routes the app serves; the image's
 entry point is the console script of pyproject.toml; selectors, names, ports
 and mounts agree across files; Redis keeps an fsynced AOF on its volume; the
@@ -33,11 +33,11 @@ from starlette.routing import Route
 
 from agents import generate_agent_key
 from gateway.app import create_app
-from gateway.cli import main as cli_main
-from gateway.config import GatewayConfig
+from gateway.config.model import GatewayConfig
+from gateway.config.settings import CONFIG_ENV_VAR, add_arguments, load_config, settings
 from gateway.messaging.service import STOP_GRACE
-from gateway.server import GRACEFUL_TIMEOUT
-from gateway.settings import CONFIG_ENV_VAR, add_arguments, load_config, settings
+from gateway.ops.cli import main as cli_main
+from gateway.ops.server import GRACEFUL_TIMEOUT
 from tests.support import generate_tls_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -485,7 +485,7 @@ def test_the_image_runs_the_installed_console_script() -> None:
     (entrypoint,) = [line for line in instructions if line.startswith("ENTRYPOINT ")]
     program, *arguments = json.loads(entrypoint.removeprefix("ENTRYPOINT "))
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts.get(program) == "gateway.cli:main"
+    assert scripts.get(program) == "gateway.ops.cli:main"
     assert arguments == ["broker"]
     with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stdout(io.StringIO()) as out:
         cli_main([*arguments, "--help"])

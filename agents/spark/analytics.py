@@ -355,7 +355,7 @@ def _iso(seconds: float | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m agents.spark.analytics`` (and spark-submit): ``asbp analytics``."""
-    from gateway.cli import main as cli
+    from gateway.ops.cli import main as cli
 
     return cli(["analytics", *(sys.argv[1:] if argv is None else argv)], prog="asbp")
 

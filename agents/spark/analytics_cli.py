@@ -1,7 +1,7 @@
 """``asbp analytics``: run the job from parsed options, print and publish the summary.
 
 The options are defined beside the other subcommands
-(:func:`gateway.cli.add_analytics_arguments`); this module does the work, and
+(:func:`gateway.ops.cli.add_analytics_arguments`); this module does the work, and
 is imported only when the subcommand runs, so the broker never imports pyspark.
 
 Exit status: 0 when the results are written (and the summary published, if

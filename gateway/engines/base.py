@@ -356,7 +356,7 @@ class Engine(Protocol):
 
         Raises:
             InvalidVirtualQueue: (a ValueError, fault 2001, from
-                gateway.engines.patterns) ``name`` is empty or holds ``@``, or
+                gateway.engines.topic_patterns) ``name`` is empty or holds ``@``, or
                 ``pattern`` is not a safe regular expression.
             QueueLimitReached: it is new and there are max_queues already.
         """

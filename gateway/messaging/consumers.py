@@ -106,7 +106,7 @@ class QueueConsumer:
         may_read: for a virtual queue, whether a subscriber (by its access
             context) may read a message of this topic.
         watch: asks for one :meth:`wake` once a subscriber's outbox drains
-            (gateway.outbox.Outbox.when_drained).
+            (gateway.connections.outboxes.Outbox.when_drained).
         clock: the time in epoch seconds, as lease deadlines are given.
         log: where failures go.
     """

@@ -41,7 +41,7 @@ import functools
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from gateway.resume import finish as _finish
+from gateway.connections.finish import finish as _finish
 
 __all__ = ["start_eagerly"]
 

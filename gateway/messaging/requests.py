@@ -9,7 +9,7 @@ the ones docs/protocol.md ("Topics and queues") states; the codes are Sapo's
 * 2001 invalid destination name: missing or empty, too long, holding
   whitespace, control or invisible formatting characters; a QUEUE name with
   ``@``; a VIRTUAL_QUEUE without ``@`` ("e.g., VIRTUAL_QUEUE without '@' in
-  name", checked by gateway.engines.patterns like every engine does); a topic
+  name", checked by gateway.engines.topic_patterns like every engine does); a topic
   pattern that is not a regular expression, or one that could take unbounded
   time to match (gateway.acl.compile_destination decides).
 * 2002 invalid destination type: ``type`` other than TOPIC, QUEUE or
@@ -37,7 +37,7 @@ from typing import Final, NamedTuple
 from asbp import AsbpError, Command, FaultCode, HeaderValue, InvalidHeaderValue
 from gateway.acl import DestinationType, PatternError, compile_destination
 from gateway.engines.base import NoticeEvent
-from gateway.engines.patterns import parse_virtual_queue
+from gateway.engines.topic_patterns import parse_virtual_queue
 
 __all__ = [
     "CARRIED_KEYS",
@@ -241,7 +241,7 @@ def _queue(name: str) -> Destination:
 
 
 def _virtual_queue(name: str) -> Destination:
-    # gateway.engines.patterns splits at the first "@" and checks both parts, as
+    # gateway.engines.topic_patterns splits at the first "@" and checks both parts, as
     # every engine does: InvalidVirtualQueue is fault 2001 too.
     queue = parse_virtual_queue(name)
     return Destination(DestinationType.VIRTUAL_QUEUE, name, queue.regex)

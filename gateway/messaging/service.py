@@ -98,9 +98,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asbp
 from asbp import AsbpError, Command, FaultCode
-from gateway import builtins
 from gateway.acl import AccessContext, DestinationType, Privilege
-from gateway.config import MessagingLimits
+from gateway.config.model import MessagingLimits
 from gateway.engines.base import (
     DEFAULT_PRIORITY,
     Delivery,
@@ -127,12 +126,13 @@ from gateway.messaging.requests import (
 )
 from gateway.messaging.subscriptions import Endpoint, Operation, Topics
 from gateway.messaging.system_topics import SystemTopics
+from gateway.routing import builtin_commands
 
 if TYPE_CHECKING:
-    from gateway.channels import Channel
-    from gateway.outbox import Outbox
-    from gateway.routing import Router
-    from gateway.tubes import Tube
+    from gateway.connections.channels import Channel
+    from gateway.connections.outboxes import Outbox
+    from gateway.connections.tubes import Tube
+    from gateway.routing.router import Router
 
 __all__ = [
     "FETCH_WAIT",
@@ -371,11 +371,11 @@ class Messaging:
         command_id: int | None,
     ) -> Operation:
         """Read, check and prepare one Command (the "on sight" step)."""
-        if name == builtins.PUBLISH:
+        if name == builtin_commands.PUBLISH:
             return self._publish_operation(endpoint, access, command, command_id)
-        if name in (builtins.SUBSCRIBE, builtins.UNSUBSCRIBE):
+        if name in (builtin_commands.SUBSCRIBE, builtin_commands.UNSUBSCRIBE):
             return self._subscription_operation(endpoint, access, command, name)
-        if name == builtins.POLL:
+        if name == builtin_commands.POLL:
             poll = read_poll(
                 command, max_count=self._limits.prefetch, max_wait=self._limits.max_poll_wait
             )
@@ -385,7 +385,7 @@ class Messaging:
                 command_id,
             )  # fmt: skip
             return Operation(name, command_id, run, detached=True)
-        if name == builtins.ACK:
+        if name == builtin_commands.ACK:
             ack = read_ack(command)
             self._require(access, ack.destination, Privilege.READ)
             queue = ack.destination.name
@@ -446,7 +446,7 @@ class Messaging:
             self._held_notices[message.id] = []
             abandon = functools.partial(self._held_notices.pop, message.id, None)
         return Operation(
-            builtins.PUBLISH,
+            builtin_commands.PUBLISH,
             command_id,
             run,
             answer=functools.partial(self._published, endpoint, message.id, command_id),
@@ -460,7 +460,7 @@ class Messaging:
     ) -> Operation:
         command_id = command.command_id
         destination = read_subscription(command).destination
-        if name == builtins.UNSUBSCRIBE:
+        if name == builtin_commands.UNSUBSCRIBE:
             run = functools.partial(self._unsubscribe, endpoint, destination, command_id)
             return Operation(name, command_id, run)
         if destination.type is not DestinationType.TOPIC or destination.exact:
@@ -739,14 +739,14 @@ class Messaging:
             if new:
                 self.system.queue_count(name, len(consumer.members))
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.SUBSCRIBE, command_id))
+            self._reply(endpoint, accepted(builtin_commands.SUBSCRIBE, command_id))
 
     async def _unsubscribe(
         self, endpoint: Endpoint, destination: Destination, command_id: int | None
     ) -> None:
         self._leave(endpoint, destination.name)
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.UNSUBSCRIBE, command_id))
+            self._reply(endpoint, accepted(builtin_commands.UNSUBSCRIBE, command_id))
 
     def _leave(self, endpoint: Endpoint, name: str) -> None:
         subscription = self._topics.remove(endpoint, name)
@@ -839,7 +839,7 @@ class Messaging:
             )
             await self.engine.ack(queue, unreadable)
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.POLL, command_id, count=delivered))
+            self._reply(endpoint, accepted(builtin_commands.POLL, command_id, count=delivered))
 
     def _acknowledged(
         self,
@@ -856,7 +856,7 @@ class Messaging:
         if consumer is not None:
             consumer.wake()
         if command_id is not None:
-            self._reply(endpoint, accepted(builtins.ACK, command_id, count=live))
+            self._reply(endpoint, accepted(builtin_commands.ACK, command_id, count=live))
 
     # -- outboxes -----------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ class Endpoint:
     send: Callable[[bytes], object]
     #: Sends the client a fault: ``fault(code, message, command_id=…, cause=…)``.
     fault: Callable[..., None]
-    #: The frames and bytes its outbox takes now (gateway.outbox.Outbox.room).
+    #: The frames and bytes its outbox takes now (gateway.connections.outboxes.Outbox.room).
     room: Callable[[], tuple[int, int]]
     #: The verified Application-Agent-Identifier of a Tube; carried as ``a``.
     agent_id: str | None = None

@@ -35,9 +35,9 @@ from starlette.responses import Response
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
-from gateway import builtins
-from gateway.channels import Channel, ChannelKind
-from gateway.outbox import Mailbox
+from gateway.connections.channels import Channel, ChannelKind
+from gateway.connections.outboxes import Mailbox
+from gateway.routing import builtin_commands
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -56,7 +56,7 @@ _STATUS: Final = {
 
 
 def _fault(code: FaultCode, message: str, *, command_id: int | None = None) -> Response:
-    frame = asbp.encode(builtins.fault_command(code, message, command_id=command_id))
+    frame = asbp.encode(builtin_commands.fault_command(code, message, command_id=command_id))
     return Response(frame, status_code=_STATUS.get(code, 400), media_type=MEDIA_TYPE)
 
 
@@ -130,7 +130,7 @@ async def post(request: Request) -> Response:
     try:
         command = asbp.decode(body, limits=limits)
     except ProtocolError as exc:
-        return _fault(exc.code, exc.message, command_id=builtins.sniff_command_id(body))
+        return _fault(exc.code, exc.message, command_id=builtin_commands.sniff_command_id(body))
     command_id = command.command_id
     channel_id = command.channel_id
     if channel_id is None:
@@ -147,11 +147,11 @@ async def post(request: Request) -> Response:
             return _gone(broker, channel_id, command_id)
         channel = found
     channel.last_seen = time.monotonic()
-    if command.name != builtins.CHANNEL:
+    if command.name != builtin_commands.CHANNEL:
         # The frame too: the router forwards it as it is where it can, and the
         # event log takes the header's size from it.
         broker.router.channel_command(channel, command, body)
-    reply = Command(c=builtins.ACCEPTED, i=channel.id, b=broker.broker_id)
+    reply = Command(c=builtin_commands.ACCEPTED, i=channel.id, b=broker.broker_id)
     if command_id is not None:
         reply = reply.with_keys(u=command_id)
     return Response(asbp.encode(reply), media_type=MEDIA_TYPE)

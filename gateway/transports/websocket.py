@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from asbp import Command, FaultCode, encode
-from gateway import builtins
-from gateway.channels import Channel
-from gateway.credentials import CredentialRefused, RefusalReason, credential_from_headers
-from gateway.outbox import StreamOutbox
-from gateway.resume import finish as _finish
-from gateway.throttle import HandshakeThrottle
+from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
+from gateway.auth.throttle import HandshakeThrottle
+from gateway.connections.channels import Channel
+from gateway.connections.finish import finish as _finish
+from gateway.connections.outboxes import StreamOutbox
+from gateway.connections.tubes import Tube
+from gateway.routing import builtin_commands
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
-from gateway.tubes import Tube
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -185,7 +185,7 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
     channel, outbox = broker.open_websocket_channel(remote_address(scope))
     router = broker.router
-    router.send(channel, Command(c=builtins.CHANNEL, i=channel.id, b=broker.broker_id))
+    router.send(channel, Command(c=builtin_commands.CHANNEL, i=channel.id, b=broker.broker_id))
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame
@@ -232,7 +232,7 @@ async def _deny(
 ) -> None:
     """Refuse a WebSocket handshake with an HTTP status, ``headers`` and a fault body."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        frame = encode(builtins.fault_command(code, message))
+        frame = encode(builtin_commands.fault_command(code, message))
         await send(
             {
                 "type": "websocket.http.response.start",

@@ -11,9 +11,9 @@ import pytest
 from agents import AgentError, ConnectionLost, FaultError, NotConnected, messaging
 from agents.messaging import Message, MessagingClient, Publication, publish_all
 from asbp import Command, FaultCode
-from gateway import builtins
 from gateway.app import create_app
-from gateway.config import GatewayConfig, MessagingLimits
+from gateway.config.model import GatewayConfig, MessagingLimits
+from gateway.routing import builtin_commands
 from tests.support import RunningServer, T
 from tests.support.servers import serve_app_async
 
@@ -143,7 +143,7 @@ async def test_a_malformed_notification_is_refused() -> None:
 
 async def test_the_command_names_are_the_brokers() -> None:
     for name in ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE", "POLL", "ACK", "NOTIFICATION"):
-        assert getattr(messaging, name) == getattr(builtins, name)
+        assert getattr(messaging, name) == getattr(builtin_commands, name)
 
 
 async def test_a_bulk_publish_stops_at_the_first_refusal(broker: RunningServer) -> None:

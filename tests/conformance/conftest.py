@@ -1,7 +1,7 @@
 """The ``engines`` fixture: every conformance test runs once per engine.
 
-``memory`` builds :class:`gateway.engines.memory.MemoryEngine`. ``redis`` builds
-``gateway.engines.redis.RedisEngine`` on one private ``redis-server`` per
+``memory`` builds :class:`gateway.engines.memory.engine.MemoryEngine`. ``redis`` builds
+``gateway.engines.redis.engine.RedisEngine`` on one private ``redis-server`` per
 session (:class:`tests.support.RedisServer`), emptied with FLUSHALL before each
 test. A missing Redis engine or ``redis-server`` is an error, never a skip: a
 suite that skips half its engines reports green while testing half the broker.
@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from gateway.engines.base import Engine, EngineLimits
-from gateway.engines.memory import MemoryEngine
+from gateway.engines.memory.engine import MemoryEngine
 from tests.support import RedisServer
 
 #: Every engine the suite runs on; each test id ends in one of these.
@@ -93,7 +93,7 @@ def build(engine_kind: str, request: pytest.FixtureRequest) -> Build:
         return lambda limits, clock, broker_id: MemoryEngine(limits=limits, clock=clock)
     # Imported here: a missing module is an error in setup for the redis tests
     # only, and the memory tests still run.
-    from gateway.engines.redis import RedisEngine
+    from gateway.engines.redis.engine import RedisEngine
 
     server: RedisServer = request.getfixturevalue("redis_server")
     client = redis.Redis.from_url(server.url)

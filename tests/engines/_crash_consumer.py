@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterable
 
 from gateway.engines.base import Delivery, EngineLimits, Message
-from gateway.engines.redis import RedisEngine
+from gateway.engines.redis.engine import RedisEngine
 
 BATCH = 100
 

@@ -22,9 +22,9 @@ from gateway.engines.base import (
     Message,
     NoticeEvent,
 )
-from gateway.engines.memory import MemoryEngine
-from gateway.engines.memory_queue import SLACK, wants_notice
-from gateway.engines.patterns import (
+from gateway.engines.memory.engine import MemoryEngine
+from gateway.engines.memory.queue import SLACK, wants_notice
+from gateway.engines.topic_patterns import (
     InvalidVirtualQueue,
     TopicMatcher,
     parse_virtual_queue,

@@ -32,8 +32,8 @@ from gateway.engines.base import (
     Message,
     NoticeEvent,
 )
-from gateway.engines.redis import SWEEP_BUDGET, RedisEngine
-from gateway.engines.redis_codec import parse_receipt, receipt, split_receipt
+from gateway.engines.redis.codec import parse_receipt, receipt, split_receipt
+from gateway.engines.redis.engine import SWEEP_BUDGET, RedisEngine
 from tests.conformance import FakeClock, Recorder, ids, make_message, notify_address
 from tests.support import RedisServer, T
 
@@ -528,7 +528,7 @@ async def test_an_acknowledged_message_is_gone_from_redis(make: Make, client: Re
 def test_the_fallback_packer_matches_hiredis() -> None:
     import hiredis
 
-    from gateway.engines.redis_batch import _pack_python
+    from gateway.engines.redis.batch import _pack_python
 
     for command in [
         ("EVALSHA", "a" * 40, 2, "key:é", b"\x00\r\n", "", 0, -7, 10**12),
@@ -694,7 +694,7 @@ async def test_a_pubsub_connection_that_dies_silently_is_replaced(
     publisher = await make("broker-a")
     restored = asyncio.Event()
     handler = _Restored(restored)
-    pubsub_log = logging.getLogger("gateway.engines.redis_pubsub")
+    pubsub_log = logging.getLogger("gateway.engines.redis.pubsub")
     level = pubsub_log.level
     pubsub_log.setLevel(logging.INFO)
     pubsub_log.addHandler(handler)

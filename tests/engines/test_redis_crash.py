@@ -81,7 +81,7 @@ from websockets.asyncio.client import ClientConnection
 
 from asbp import Command, decode, encode
 from gateway.engines.base import EngineLimits
-from gateway.engines.redis import RedisEngine
+from gateway.engines.redis.engine import RedisEngine
 from tests.engines._broker_process import (
     BrokerProcess,
     abandon,

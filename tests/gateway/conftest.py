@@ -47,7 +47,7 @@ from agents.credentials import generate_agent_key, mint_agent_token
 from asbp import Command
 from gateway.app import create_app
 from gateway.broker import Broker
-from gateway.config import GatewayConfig, TubeLimits
+from gateway.config.model import GatewayConfig, TubeLimits
 from tests.support import (
     RunningServer,
     ServerName,

@@ -16,7 +16,7 @@ import pytest
 
 import asbp
 from asbp import Command
-from gateway.config import ChannelLimits
+from gateway.config.model import ChannelLimits
 from tests.gateway.conftest import (
     BROKER_ID,
     SERVERS,

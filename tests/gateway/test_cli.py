@@ -1,9 +1,9 @@
-"""Tests for the ``asbp`` command and gateway.server: real processes, sockets and clients.
+"""Tests for the ``asbp`` command and gateway.ops.server: real processes, sockets and clients.
 
 A broker under test is a ``python -m gateway`` subprocess. Its log (JSON lines on
 standard error) is read by a thread into a queue, and the test waits on that queue with
 a deadline for the line it needs ("listening", "stopping"), never on a sleep. The
-in-process tests run :func:`gateway.server.serve` with a ``ready`` callback and a
+in-process tests run :func:`gateway.ops.server.serve` with a ``ready`` callback and a
 ``shutdown_trigger``, as an embedding program would.
 """
 
@@ -30,11 +30,11 @@ import httpx
 import orjson
 import pytest
 
-from gateway.cli import main
-from gateway.config import GatewayConfig, TlsConfig
-from gateway.identity import BROKER_ID_FILE
-from gateway.server import Endpoints, ServerError, serve
-from gateway.settings import FOREIGN_ENV_VARS, load_config
+from gateway.broker_id import BROKER_ID_FILE
+from gateway.config.model import GatewayConfig, TlsConfig
+from gateway.config.settings import FOREIGN_ENV_VARS, load_config
+from gateway.ops.cli import main
+from gateway.ops.server import Endpoints, ServerError, serve
 from tests.support import T, TlsFiles, client_ssl_context, free_port, generate_tls_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ def test_a_second_signal_cuts_the_graceful_shutdown_short(tmp_path: Path) -> Non
 
 def test_text_logs_for_people(tmp_path: Path) -> None:
     with Broker("--port", "0", "--data-dir", "d", "--log-format", "text", cwd=tmp_path) as b:
-        listening = b.wait_for_line(lambda line: " gateway.server: listening " in line)
+        listening = b.wait_for_line(lambda line: " gateway.ops.server: listening " in line)
         b.signal(signal.SIGTERM)
         assert b.wait() == 0
     assert " url=http://127.0.0.1:" in listening and " tubes=ws://127.0.0.1:" in listening
@@ -357,7 +357,7 @@ def test_selfcheck_round_trips_the_samples(capsys: pytest.CaptureFixture[str]) -
     assert capsys.readouterr().out.startswith("ok  ")
 
 
-# --- gateway.server.serve, in process ---------------------------------------------------------
+# --- gateway.ops.server.serve, in process ---------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -538,7 +538,7 @@ def test_the_broker_commands_never_import_pyspark() -> None:
     code = (
         "import sys, io\n"
         "from contextlib import redirect_stderr, redirect_stdout\n"
-        "from gateway.cli import main\n"
+        "from gateway.ops.cli import main\n"
         "with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):\n"
         "    assert main(['config'], environ={}) == 0\n"
         "    assert main(['analytics', '--events', 'x', '--output', 'y', '--top', '0']) == 2\n"

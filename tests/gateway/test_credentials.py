@@ -1,4 +1,4 @@
-"""Tests for gateway.credentials: every refusal is a real, crafted credential.
+"""Tests for gateway.auth.credentials: every refusal is a real, crafted credential.
 
 Keys are generated here (Ed25519, P-256, RSA); time is controlled with
 ``now=``, never with sleeps.
@@ -29,11 +29,11 @@ from joserfc.errors import SecurityWarning
 from joserfc.jwk import ECKey, Key, OctKey, OKPKey, RSAKey
 from starlette.datastructures import Headers
 
-import gateway.credentials as credentials_module
+import gateway.auth.credentials as credentials_module
 from agents.credentials import BEARER_SUBPROTOCOL_PREFIX as AGENT_PREFIX
 from agents.credentials import AgentCredentialSource
 from asbp.faults import FaultCode
-from gateway.credentials import (
+from gateway.auth.credentials import (
     BEARER_SUBPROTOCOL_PREFIX,
     AgentCredentials,
     AgentKey,

@@ -24,7 +24,8 @@ import redis.asyncio
 import asbp
 from asbp import Command
 from gateway.broker import Broker
-from gateway.config import EventLogConfig
+from gateway.config.model import EventLogConfig
+from gateway.config.settings import ConfigError, add_arguments, load_config
 from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import CHUNK, Recorder
 from gateway.eventlog.schema import (
@@ -36,7 +37,6 @@ from gateway.eventlog.schema import (
     to_ndjson,
 )
 from gateway.eventlog.stream import StreamStore
-from gateway.settings import ConfigError, add_arguments, load_config
 from tests.gateway.conftest import AGENTS, BROKER_ID, Gateway, GatewayFactory, assert_fault
 from tests.support import RedisServer, T
 

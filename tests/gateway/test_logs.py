@@ -1,4 +1,4 @@
-"""Tests for gateway.logs: real loggers writing to real streams, lines parsed back."""
+"""Tests for gateway.ops.logs: real loggers writing to real streams, lines parsed back."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.logs import LEVELS, JsonFormatter, TextFormatter, configure_logging
+from gateway.ops.logs import LEVELS, JsonFormatter, TextFormatter, configure_logging
 from tests.support import T
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,7 +247,7 @@ def test_importing_changes_no_logging_configuration() -> None:
         "import logging, warnings\n"
         "root = logging.getLogger()\n"
         "before = (list(root.handlers), root.level, logging.getLogger('hpack').level)\n"
-        "import gateway.logs\n"
+        "import gateway.ops.logs\n"
         "after = (list(root.handlers), root.level, logging.getLogger('hpack').level)\n"
         "assert before == after, (before, after)\n"
         "assert warnings.showwarning.__module__ == 'warnings'\n"

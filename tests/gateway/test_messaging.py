@@ -25,7 +25,7 @@ import pytest
 import asbp
 from asbp import Command
 from gateway.acl import acl_from_config
-from gateway.config import MessagingLimits
+from gateway.config.model import MessagingLimits
 from tests.gateway.conftest import (
     BROKER_ID,
     Gateway,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from asbp import Command
-from gateway.config import MessagingLimits
+from gateway.config.model import MessagingLimits
 from gateway.messaging.service import message_id
 from tests.gateway.conftest import Gateway, GatewayFactory, Peer, assert_fault
 from tests.gateway.test_messaging import ENGINES, Messenger, RedisServers, start_broker

@@ -19,7 +19,7 @@ import pytest
 import asbp
 from asbp import Command
 from gateway.broker import Broker
-from gateway.config import ChannelLimits, MessagingLimits
+from gateway.config.model import ChannelLimits, MessagingLimits
 from tests.gateway.conftest import (
     Gateway,
     GatewayFactory,

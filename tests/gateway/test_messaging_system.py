@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import MessagingLimits
+from gateway.config.model import MessagingLimits
 from tests.gateway.conftest import BROKER_ID, Gateway, GatewayFactory
 from tests.gateway.test_messaging import ENGINES, Messenger, RedisServers, start_broker
 from tests.support import T

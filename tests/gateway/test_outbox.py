@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from asbp import ApplicationAgentId
-from gateway.outbox import Mailbox, StreamOutbox
+from gateway.connections.outboxes import Mailbox, StreamOutbox
+from gateway.connections.tubes import Tube
 from gateway.transports.websocket import _finish, _write
-from gateway.tubes import Tube
 from tests.support import T
 
 pytestmark = pytest.mark.anyio

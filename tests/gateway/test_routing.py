@@ -1,4 +1,4 @@
-"""Where Commands go (draft §2.4, and the routing spec in gateway/routing.py)."""
+"""Where Commands go (draft §2.4, and the routing spec in gateway/routing/router.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from asbp import Command
 from gateway.broker import Broker
-from gateway.config import ChannelLimits, TubeLimits
+from gateway.config.model import ChannelLimits, TubeLimits
 from tests.gateway.conftest import BROKER_ID, Gateway, GatewayFactory, Peer, assert_fault, decode
 from tests.support import T
 

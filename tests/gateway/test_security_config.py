@@ -1,5 +1,5 @@
-"""Security configuration: agents' ``serves`` allow-lists (gateway.trust), the
-``[security]`` table as gateway.settings loads it, and how start-up reports mistakes."""
+"""Security configuration: agents' ``serves`` allow-lists (gateway.auth.trust), the
+``[security]`` table as gateway.config.settings loads it, and how start-up reports mistakes."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import pytest
 
 from agents.credentials import generate_agent_key
 from gateway.acl import DEFAULT_POLICY, Acl
-from gateway.cli import main
-from gateway.config import GatewayConfig
-from gateway.credentials import AgentCredentials
-from gateway.settings import ConfigError, config_to_dict, config_to_toml, load_config
-from gateway.trust import AgentTrust, ServeConfigError, ServePolicy, agent_trust
+from gateway.auth.credentials import AgentCredentials
+from gateway.auth.trust import AgentTrust, ServeConfigError, ServePolicy, agent_trust
+from gateway.config.model import GatewayConfig
+from gateway.config.settings import ConfigError, config_to_dict, config_to_toml, load_config
+from gateway.ops.cli import main
 
 AUTH = "auth.login"
 
 
 # --------------------------------------------------------------------------
-# gateway.trust
+# gateway.auth.trust
 
 
 def trust(
@@ -168,7 +168,7 @@ def test_credentials_accept_the_serves_key(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# gateway.settings: [security], serves and authenticate_command from the file
+# gateway.config.settings: [security], serves and authenticate_command from the file
 
 
 @pytest.fixture
@@ -388,6 +388,6 @@ def test_the_dict_form_carries_a_summary(conf: Path) -> None:
 
 
 def test_exports() -> None:
-    import gateway.trust
+    import gateway.auth.trust
 
-    assert all(hasattr(gateway.trust, name) for name in gateway.trust.__all__)
+    assert all(hasattr(gateway.auth.trust, name) for name in gateway.auth.trust.__all__)

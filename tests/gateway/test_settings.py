@@ -1,4 +1,4 @@
-"""Tests for gateway.settings (and gateway.identity): real TOML files, plain environ dicts.
+"""Tests for gateway.config.settings (and gateway.broker_id): real TOML files, plain environ dicts.
 
 Every source of a setting is exercised, every error path is asserted to name its source,
 and docs/configuration.md is checked against the generator.
@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
-from gateway.config import (
+from gateway.broker_id import BROKER_ID_FILE, broker_identity
+from gateway.config.model import (
     ChannelLimits,
     EventLogConfig,
     GatewayConfig,
@@ -30,8 +31,7 @@ from gateway.config import (
     TlsConfig,
     TubeLimits,
 )
-from gateway.identity import BROKER_ID_FILE, broker_identity
-from gateway.settings import (
+from gateway.config.settings import (
     ConfigError,
     add_arguments,
     config_reference,
@@ -392,7 +392,7 @@ def test_agents_table_is_passed_through_and_its_keys_are_checked(tmp_path: Path)
     assert config.agents == {"billing": {"public_key": "keys/billing.pem", "kid": "b-2025"}}
     assert config.agents_base_dir == conf
     # The broker builds its registry the same way; the settings already proved it works.
-    from gateway.credentials import AgentCredentials
+    from gateway.auth.credentials import AgentCredentials
 
     registry = AgentCredentials.from_config(
         {"audience": config.audience, "agents": config.agents}, base_dir=config.agents_base_dir
@@ -685,7 +685,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
 
 def test_the_reference_is_up_to_date() -> None:
     assert REFERENCE.read_text(encoding="utf-8") == config_reference(), (
-        "docs/configuration.md is stale: python -m gateway.settings > docs/configuration.md"
+        "docs/configuration.md is stale: python -m gateway.config.settings > docs/configuration.md"
     )
 
 
@@ -699,7 +699,7 @@ def test_the_reference_lists_every_setting() -> None:
 
 def test_python_m_gateway_settings_prints_the_reference() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.settings"],
+        [sys.executable, "-m", "gateway.config.settings"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -762,7 +762,7 @@ def test_the_written_config_masks_the_redis_password() -> None:
     assert orjson.loads(orjson.dumps(data))["tls"] is None
 
 
-# --- gateway.identity ---------------------------------------------------------------------
+# --- gateway.broker_id ---------------------------------------------------------------------
 
 
 def test_a_configured_broker_id_is_used_as_is(tmp_path: Path) -> None:

@@ -10,12 +10,12 @@ from hypothesis import given
 
 import asbp
 from asbp import ApplicationAgentId, Command
-from gateway.channels import ChannelKind, ChannelRegistry
-from gateway.config import ChannelLimits, TubeLimits
-from gateway.outbox import StreamOutbox
-from gateway.routing import Router
-from gateway.splice import without_pair as _without_pair
-from gateway.tubes import RespondentTable, Tube
+from gateway.config.model import ChannelLimits, TubeLimits
+from gateway.connections.channels import ChannelKind, ChannelRegistry
+from gateway.connections.outboxes import StreamOutbox
+from gateway.connections.tubes import RespondentTable, Tube
+from gateway.routing.router import Router
+from gateway.routing.splice import without_pair as _without_pair
 from tests.asbp.test_properties import commands, uuid_hex
 
 

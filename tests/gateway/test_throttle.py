@@ -1,4 +1,4 @@
-"""Handshake throttling: gateway.throttle on a fake clock, then on a real broker."""
+"""Handshake throttling: gateway.auth.throttle on a fake clock, then on a real broker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.throttle import WINDOW, HandshakeThrottle, address_key
+from gateway.auth.throttle import WINDOW, HandshakeThrottle, address_key
 from tests.gateway.conftest import SERVERS, Gateway, GatewayFactory, assert_fault, decode
 
 
@@ -277,6 +277,6 @@ async def test_successful_handshakes_cost_nothing_and_reset_the_count(
 
 
 def test_exports() -> None:
-    import gateway.throttle
+    import gateway.auth.throttle
 
-    assert all(hasattr(gateway.throttle, name) for name in gateway.throttle.__all__)
+    assert all(hasattr(gateway.auth.throttle, name) for name in gateway.auth.throttle.__all__)

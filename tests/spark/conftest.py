@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from agents.credentials import AgentCredentialSource, generate_agent_key
 from agents.spark.session import session
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config.model import GatewayConfig
 from tests.support import RedisServer
 from tests.support.servers import RunningServer, serve_app
 

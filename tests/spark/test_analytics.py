@@ -38,7 +38,7 @@ from agents.spark.events import (
 )
 from gateway.acl import Acl, AclEntry, Action, DestinationType, Privilege, SecurityPolicy
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config.model import GatewayConfig
 from gateway.eventlog.schema import FIELDS, FILES_DIRECTORY, STREAM_FIELD, STREAM_KEY, Event
 from tests.spark.conftest import Bus, BusFactory
 from tests.support import RedisServer, T

@@ -325,7 +325,7 @@ def _uvicorn(app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None) -> _Ser
         config = uvicorn.Config(
             app,
             http="h11",
-            # As gateway/server.py runs Uvicorn: websockets-sansio, writes coalesced.
+            # As gateway/ops/server.py runs Uvicorn: websockets-sansio, writes coalesced.
             ws=CoalescingWebSocketProtocol,
             lifespan="auto",
             log_config=None,  # leave the process's logging configuration alone

@@ -1,0 +1,192 @@
+"""Broker configuration: one frozen dataclass per concern, secure defaults.
+
+Sources, lowest precedence first: the defaults below, a TOML file
+(``--config`` or ``ASBP_CONFIG``), ``ASBP_*`` environment variables, then
+command-line flags. Loading lives in ``gateway.config.settings``; this module only
+says what can be configured and what each field means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import asbp
+
+# Imported at run time, not under TYPE_CHECKING: gateway.config.settings reads these
+# annotations with typing.get_type_hints. gateway.acl is pure and cheap to import.
+from gateway.acl import Acl
+
+__all__ = [
+    "ChannelLimits",
+    "EngineName",
+    "EventLogConfig",
+    "EventLogMode",
+    "GatewayConfig",
+    "MessagingLimits",
+    "ServerName",
+    "TlsConfig",
+    "TubeLimits",
+]
+
+MiB = 1024 * 1024
+
+ServerName = Literal["hypercorn", "uvicorn"]
+EngineName = Literal["memory", "redis"]
+EventLogMode = Literal["on", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """The certificate the broker serves HTTPS and WSS with."""
+
+    #: PEM certificate chain.
+    certfile: Path
+    #: PEM private key.
+    keyfile: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLimits:
+    """Bounds on what one User-Agent Channel may cost the broker."""
+
+    #: Commands queued for a Channel before its reader counts as too slow
+    #: and is disconnected with fault 2105.
+    outbox_frames: int = 1024
+    #: Bytes queued for a Channel before the same happens.
+    outbox_bytes: int = 4 * MiB
+    #: Commands with ``u`` awaiting a Respondent's answer, per Channel.
+    max_in_flight: int = 256
+    #: Seconds a long-poll request waits for a Command before it returns empty.
+    long_poll_timeout: float = 25.0
+    #: Commands returned by one long-poll response at most.
+    long_poll_max_frames: int = 256
+    #: Seconds without a request after which a stateless HTTP Channel expires.
+    http_idle_timeout: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class TubeLimits:
+    """Bounds on what one Application-Agent Tube may cost the broker."""
+
+    #: Commands queued for a Tube before its agent counts as too slow.
+    outbox_frames: int = 8192
+    #: Bytes queued for a Tube before the same happens.
+    outbox_bytes: int = 32 * MiB
+    #: Seconds a Respondent has to answer a Command carrying ``u`` before the
+    #: User-Agent gets fault 2103.
+    respondent_timeout: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingLimits:
+    """Bounds on topics, queues and subscriptions (docs/protocol.md, "Topics and queues")."""
+
+    #: Distinct queues and virtual queues in the engine; a publish or subscribe that
+    #: would create one more gets fault 2003.
+    max_queues: int = 10_000
+    #: Seconds a consumer has to acknowledge a queue message before it is delivered
+    #: again, to any consumer.
+    ack_timeout: float = 30.0
+    #: Seconds a queue message lives when its publisher gave no ``ttl``.
+    default_ttl: float = 7 * 24 * 3600.0
+    #: Deliveries after which an unacknowledged queue message is discarded (a poison
+    #: message).
+    max_deliveries: int = 20
+    #: Messages one queue holds (leased and delayed ones included); a publish past
+    #: it gets fault 2006, and a full virtual queue drops topic copies.
+    max_queue_depth: int = 100_000
+    #: Distinct subscriptions (topic names, topic patterns, queues and virtual queues)
+    #: held at this broker; one more gets fault 2004.
+    max_subscriptions: int = 10_000
+    #: Queue messages one subscriber holds unacknowledged at most; also the most one
+    #: ``asbp.poll`` takes.
+    prefetch: int = 16
+    #: Messaging Commands (publish, subscribe, poll, ...) of one Channel or Tube that
+    #: wait for the engine at once; one more gets fault 2106.
+    max_pending: int = 256
+    #: Seconds an ``asbp.poll`` may wait for a message at most.
+    max_poll_wait: float = 25.0
+    #: Seconds between the broker's periodic publications of its consumer counts on
+    #: the ``/system/stats/`` topics (they are also published on every change).
+    system_topic_interval: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class EventLogConfig:
+    """The event log: one record per routed Command (docs/spark.md, "The event log")."""
+
+    #: ``on`` records every Command the broker routes, in the engine's store: rotating
+    #: NDJSON files in ``data_dir/events/`` with ``memory``, the capped Redis Stream
+    #: ``asbp:events`` with ``redis``. ``off`` records nothing.
+    mode: EventLogMode = "on"
+    #: Events waiting in memory to be written, at most; past it new events are dropped
+    #: and counted (a warning is logged), so routing never waits for the log.
+    buffer: int = 65_536
+    #: Bytes of one NDJSON file (``memory`` engine) before the log starts the next.
+    file_bytes: int = 64 * MiB
+    #: NDJSON files kept (``memory`` engine); past it the oldest is deleted.
+    files: int = 8
+    #: Entries the Redis Stream keeps (``redis`` engine), approximately: older ones are
+    #: trimmed as new ones are added (``XADD MAXLEN ~``).
+    max_events: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything a broker needs to start."""
+
+    #: Address to listen on. Loopback by default: exposing a broker is a choice.
+    host: str = "127.0.0.1"
+    #: Port to listen on; 0 picks a free one.
+    port: int = 8080
+    #: The ASGI server: Hypercorn (HTTP/1, HTTP/2, TLS, WebSocket) or Uvicorn
+    #: (HTTP/1.1 and WebSocket, faster WebSocket path).
+    server: ServerName = "hypercorn"
+    #: TLS for the listening port; None serves plain HTTP.
+    tls: TlsConfig | None = None
+    #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
+    #: one there, so it stays stable across restarts.
+    broker_id: str | None = None
+    #: Where the broker keeps its identity and the memory engine's files.
+    data_dir: Path = Path(".asbp")
+    #: The topic and queue engine.
+    engine: EngineName = "memory"
+    #: Redis for the ``redis`` engine.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Codec limits for every inbound frame.
+    limits: asbp.Limits = asbp.DEFAULT_LIMITS
+    #: Per-Channel bounds.
+    channels: ChannelLimits = field(default_factory=ChannelLimits)
+    #: Per-Tube bounds.
+    tubes: TubeLimits = field(default_factory=TubeLimits)
+    #: Topics, queues and subscriptions.
+    messaging: MessagingLimits = field(default_factory=MessagingLimits)
+    #: The log of routed Commands.
+    event_log: EventLogConfig = field(default_factory=EventLogConfig)
+    #: The ``aud`` every agent credential must carry.
+    audience: str = "asbp-broker"
+    #: Application-Agent identities and their public keys, as the ``[agents]``
+    #: table of the TOML file (see ``gateway.auth.credentials``).
+    agents: Mapping[str, Any] = field(default_factory=dict)
+    #: Directory that relative key paths in ``agents`` are resolved against.
+    agents_base_dir: Path = Path(".")
+    #: Development only: accept Tubes without TLS when listening on loopback.
+    insecure_dev_tubes: bool = False
+    #: The Authenticate-Command (§7.3.1): a User-Agent sends it to sign a
+    #: Subject in; the broker mints ``s`` and forwards it to the agents that
+    #: serve it. A bare Command-Name outside ``asbp.``; only agents whose
+    #: ``serves`` names it receive it (docs/security.md). Unset: Subjects are off.
+    authenticate_command: str | None = None
+    #: Failed Tube handshakes one client address (an IPv6 /64) may make per
+    #: minute; past that its handshakes get HTTP 429 until the budget refills.
+    failed_handshakes_per_minute: int = 10
+    #: The access-control lists from the ``[security]`` table (see docs/acl.md);
+    #: None allows everything. Only the TOML file sets it.
+    acl: Acl | None = None
+    #: Log lines as JSON objects (``json``) or as text for people (``text``).
+    log_format: Literal["json", "text"] = "json"
+    #: Logging level name.
+    log_level: str = "info"

@@ -1,0 +1,161 @@
+"""Channels: the broker's side of each User-Agent connection, and groups.
+
+§2.1: "Upon creation of a Channel the Broker MUST assign a Broker unique
+UUID to the Channel as it's Channel-Identifier." We use uuid4 as 32
+lowercase hex digits, the form the codec accepts for ``i`` and ``d``.
+
+§1.3.4.2 g: "A group is a collection of Channel-Identifiers that is specific
+to a Broker." Groups live here beside the Channels so that closing a Channel
+removes it from every group in one place; an empty group disappears.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from asbp import ChannelId, FaultCode
+from gateway.acl import AccessContext
+from gateway.connections.outboxes import Outbox
+
+__all__ = ["Channel", "ChannelKind", "ChannelRegistry"]
+
+#: Closed HTTP Channels remembered so that a late poll learns why (bounded).
+TOMBSTONES = 10_000
+
+
+class ChannelKind(enum.Enum):
+    """How a User-Agent reaches the broker."""
+
+    #: A WebSocket: one message, one Command, both ways.
+    WEBSOCKET = "websocket"
+    #: Stateless HTTP: POST a Command, long-poll for the answers.
+    HTTP = "http"
+
+
+@dataclass(eq=False, slots=True)
+class Channel:
+    """One User-Agent Channel."""
+
+    #: The Channel-Identifier ``i``.
+    id: ChannelId
+    #: Its transport.
+    kind: ChannelKind
+    #: Where the router leaves Commands for the User-Agent.
+    outbox: Outbox
+    #: The peer's address, for logs and ACLs.
+    remote: str = ""
+    #: Groups this Channel belongs to.
+    groups: set[str] = field(default_factory=set)
+    #: ``u`` values of this Channel's Commands that await an answer.
+    in_flight: set[int] = field(default_factory=set)
+    #: Monotonic time of the last Command from the User-Agent (HTTP expiry).
+    last_seen: float = field(default_factory=time.monotonic)
+    #: Who is behind the Channel, for access control (no Subject's roles).
+    access: AccessContext = field(default_factory=AccessContext)
+    #: Whether the User-Agent last sent a text message (WebSocket): answers go
+    #: back as text when they are valid UTF-8, so plain tools can show them.
+    prefers_text: bool = False
+    #: Why the broker closed the Channel, if it did.
+    fault: FaultCode | None = None
+    #: Whether the Channel has been closed.
+    closed: bool = False
+
+
+class ChannelRegistry:
+    """Every open Channel at this broker, and every group."""
+
+    __slots__ = ("_channels", "_groups", "_tombstones")
+
+    def __init__(self) -> None:
+        self._channels: dict[ChannelId, Channel] = {}
+        self._groups: dict[str, set[ChannelId]] = {}
+        self._tombstones: OrderedDict[ChannelId, FaultCode] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def __iter__(self) -> Iterator[Channel]:
+        return iter(list(self._channels.values()))
+
+    def open(self, kind: ChannelKind, outbox: Outbox, *, remote: str = "") -> Channel:
+        """Create a Channel with a fresh Channel-Identifier."""
+        while True:
+            channel_id = ChannelId(uuid.uuid4().hex)
+            # A collision is astronomically unlikely, but uniqueness at this
+            # broker is a MUST, and checking costs one dict lookup.
+            if channel_id not in self._channels:
+                break
+        channel = Channel(channel_id, kind, outbox, remote)
+        self._channels[channel_id] = channel
+        return channel
+
+    def get(self, channel_id: str) -> Channel | None:
+        """The open Channel with this identifier, or None."""
+        return self._channels.get(ChannelId(channel_id))
+
+    def close(self, channel: Channel) -> bool:
+        """Close ``channel``: it leaves every group. False if already closed."""
+        if channel.closed:
+            return False
+        channel.closed = True
+        self._channels.pop(channel.id, None)
+        for group in channel.groups:
+            members = self._groups.get(group)
+            if members is not None:
+                members.discard(channel.id)
+                if not members:
+                    del self._groups[group]
+        channel.groups.clear()
+        channel.outbox.close()
+        if channel.kind is ChannelKind.HTTP:
+            self._tombstones[channel.id] = channel.fault or FaultCode.UNKNOWN_CHANNEL
+            while len(self._tombstones) > TOMBSTONES:
+                self._tombstones.popitem(last=False)
+        return True
+
+    def why_closed(self, channel_id: str) -> FaultCode | None:
+        """Why a recently closed HTTP Channel was closed, if it was."""
+        return self._tombstones.get(ChannelId(channel_id))
+
+    def join(self, group: str, channels: Iterable[Channel]) -> None:
+        """Add ``channels`` to ``group``."""
+        members = self._groups.setdefault(group, set())
+        for channel in channels:
+            if not channel.closed:
+                members.add(channel.id)
+                channel.groups.add(group)
+        if not members:
+            del self._groups[group]
+
+    def leave(self, group: str, channels: Iterable[Channel]) -> None:
+        """Remove ``channels`` from ``group``."""
+        members = self._groups.get(group)
+        for channel in channels:
+            channel.groups.discard(group)
+            if members is not None:
+                members.discard(channel.id)
+        if members is not None and not members:
+            del self._groups[group]
+
+    def members(self, groups: Iterable[str]) -> list[Channel]:
+        """The Channels in any of ``groups``, each once."""
+        seen: set[ChannelId] = set()
+        result: list[Channel] = []
+        channels = self._channels
+        for group in groups:
+            for channel_id in self._groups.get(group, ()):
+                if channel_id not in seen:
+                    seen.add(channel_id)
+                    channel = channels.get(channel_id)
+                    if channel is not None:
+                        result.append(channel)
+        return result
+
+    def group_names(self) -> list[str]:
+        """Every non-empty group."""
+        return sorted(self._groups)

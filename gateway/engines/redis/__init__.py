@@ -1,0 +1,3 @@
+"""The ``redis`` engine: durable queues and topics shared by many brokers."""
+
+__all__: list[str] = []

@@ -1,0 +1,662 @@
+"""The ``redis`` engine: durable queues and topics shared by many brokers.
+
+Every broker of a cluster runs a :class:`RedisEngine` on the same Redis. Queued
+messages live in Redis, so they survive a broker's restart, and with the AOF on
+(``appendfsync always``) a Redis restart too: Redis fsyncs before it replies, and
+``enqueue`` returns only after the reply.
+
+Theory of operation
+-------------------
+Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
+
+    asbp:queues              set     every queue and virtual queue (max_queues)
+    asbp:vqueues             hash    virtual queue full name -> pattern
+    asbp:vqueues:version     string  bumped when a virtual queue is declared
+    asbp:q:Q:s0 .. s9        stream  the messages of priority 0..9; group "asbp"
+    asbp:q:Q:l0 .. l9        zset    leases: "<stream id>:<delivery count>:<tag>" by deadline (ms)
+    asbp:q:Q:dl              zset    delayed messages (msgpack of the fields) by not_before
+    asbp:q:Q:wt              string  set while a consumer waits for Q
+    asbp:expiry              zset    queues by when they next need the sweep
+    channels: asbp:topics, asbp:notices:<broker id>, asbp:wake:Q
+
+Every suffix has two characters, so no two queues' keys can collide whatever
+``:`` their names hold.
+
+*A queue* is ten streams, one per priority, each with one consumer group. A
+message is a stream entry (fields ``h`` header, ``p`` payload, ``x`` expiration,
+and ``n`` its notice spec when it has one; see :mod:`~gateway.engines.redis.codec`).
+``fetch`` walks the priorities from 9 down and, in each, first reclaims leases
+past their deadline (XCLAIM, which also counts the delivery in the group's
+pending list), then reads new entries (XREADGROUP ``>``): highest priority
+first, FIFO within one, a returning lease ahead of newer messages. Expired
+entries met on the way leave (XACK + XDEL, EXPIRED notice); a lease ending after
+``max_deliveries`` deliveries is discarded (DISCARDED notice). Delayed messages
+wait in a sorted set and join their stream when a fetch finds them due. All of
+that is one Lua script call (:mod:`~gateway.engines.redis.scripts`): one round
+trip for ``fetch(count=100)``.
+
+*Leases* are the group's pending entries, plus a sorted set per priority that
+holds each lease's deadline by the engine's clock. The design the issue sketched
+used XAUTOCLAIM with a minimum idle time; the sorted set replaces it because
+
+- deadlines follow the broker's clock (``Delivery.deadline`` is what the broker
+  promised, and tests inject a clock), not Redis's idle timer;
+- a fetch finds every ended lease by one ZRANGEBYSCORE instead of scanning the
+  pending list, and a waiting consumer learns when the next lease ends;
+- ``ack`` checks a receipt with one ZSCORE: the member names the entry *and*
+  the delivery count, so a receipt from before a redelivery finds nothing and
+  counts 0, as does one past its deadline (the lease ended).
+
+The delivery count itself is the pending list's counter, read back with
+XPENDING after each XCLAIM. ``ack`` is XACK + XDEL of every live receipt, by
+priority, in one script.
+
+*Expiry.* A fetch removes the expired messages it meets; the *sweep* removes
+the others, so that a queue nobody consumes still loses its expired messages
+(and their publishers get the EXPIRED notice) near their expiration, as the
+memory engine's periodic sweep does. ``asbp:expiry`` holds every queue with
+something in it, scored by the earliest time its sweep could find work: a
+message's expiration, a delayed message's due time, the end of a lease (the
+lease decides until then: a message that expired while leased leaves when its
+lease ends, unless acknowledged). ``enqueue`` and the virtual-queue copies lower
+a queue's score to their messages' times (``ZADD LT``, once per script call),
+and a release to now. Each engine runs a sweeper task: every
+``sweep_interval`` seconds at most, sooner when the index's earliest score
+comes first, it reads the queues that are due and runs one script per queue
+(:meth:`RedisEngine.sweep`). That script removes the expired messages no
+consumer has read yet (after the group's last delivered id) and those whose
+lease ended, promotes due delayed messages, and sets the queue's next score
+from what is left, or removes the queue from the index when nothing is. It
+examines ``SWEEP_BUDGET`` entries at most, and comes back to a queue at the next
+tick if that was not enough. Every broker sweeps; the scripts are atomic, so
+two sweeps of one queue cost twice, never a duplicate notice. A delayed message
+that expires before it is due leaves when it is due.
+
+*Topics* are one pub/sub channel that every engine subscribes to. Regular
+expression subscriptions live in the broker, which must see every topic
+message to match them; per-topic channels with PSUBSCRIBE would have every
+broker PSUBSCRIBE to ``*`` anyway and make Redis match a pattern per publish.
+The cost of one channel: every broker receives every topic message, and drops
+those nobody subscribed to. A topic message names its engine (``origin``), so
+the publishing engine skips its own copy and hands the message to its own
+listeners directly (on the next loop iteration).
+
+*Virtual queues* are stored in a hash that every engine caches, with the
+matching compiled (:class:`~gateway.engines.topic_patterns.TopicMatcher`). The
+publishing engine copies a topic message into each matching virtual queue, in
+the same script that publishes it, so each copy is made once across all
+brokers. The script first compares the cache's version with Redis's and does
+nothing if they differ; the engine then reloads the cache and tries again. So a
+publication that starts after ``declare_virtual_queue`` returned (on any broker)
+always feeds the new queue, and a cache costs no round trip of its own.
+
+*Delivery notices* go to ``asbp:notices:<broker id>``, the id being the first
+segment of the message's ``notify`` address (``"<broker id>/..."``, see
+``Message.notify``). The scripts publish them where the event happens, so the
+publishing broker hears of an acknowledgement made on another broker. Pub/sub
+keeps nothing for an absent subscriber: a notice is lost if the publishing
+broker is down or reconnecting, which is also when the channel it would go to
+is gone.
+
+*Waiting* (``fetch(wait=...)``) never polls and never blocks a pooled
+connection. A consumer that found nothing subscribes to ``asbp:wake:Q`` (the
+engine's one pub/sub connection) and fetches again with the ``arm`` flag: if
+that finds nothing too, the script sets ``asbp:q:Q:wt``. Every script that
+makes a message deliverable (enqueue, publish into a virtual queue, release)
+deletes the flag and publishes a wake-up if it was set, so one PUBLISH per idle
+period, not per message. The subscription is confirmed before the armed fetch,
+so a wake-up cannot fall between them. Delayed messages and lease deadlines
+need no wake-up: the fetch script returns the earliest of them, and the
+consumer sleeps no longer than that.
+
+*Batching.* Every operation goes through a :class:`~gateway.engines.redis.batch.Batcher`:
+concurrent calls share one pipeline, and concurrent ``enqueue`` (or ``ack``)
+calls on one queue become one script call. Calls reach Redis in the order they
+were made (one flusher, pipelines one after another, merged calls in order),
+so a caller may keep several ``enqueue`` calls to a queue in flight, without
+awaiting each before making the next, and they are still stored in the order
+made. That is what lets batching help a single publisher: one awaited
+``enqueue`` at a time costs a round trip each.
+
+*Consumers.* Redis records leases under one consumer name per engine,
+``consumer_prefix`` or the broker id: a consumer group never forgets a consumer
+by itself, and per-channel names would pile up forever. The ``consumer``
+argument of ``fetch`` is therefore not stored; receipts, not names, identify
+leases.
+
+Limits: Redis Cluster is not supported (the scripts touch several queues' keys,
+which may sit in different slots); a single Redis, or one behind Sentinel, is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from gateway.engines.base import (
+    Delivery,
+    EngineLimits,
+    EngineUnavailable,
+    Message,
+    NoticeListener,
+    TopicListener,
+)
+from gateway.engines.redis.batch import Batcher, Call
+from gateway.engines.redis.calls import (
+    EXPIRY,
+    NOTICES,
+    REGISTRY,
+    TOPICS,
+    VQ_VERSION,
+    VQUEUES,
+    WAKE,
+    CommandCall,
+    EnqueueCall,
+    FetchCall,
+    FutureCall,
+    LeasesCall,
+    PublishCall,
+    QueueKeys,
+    Stored,
+    SweepCall,
+    script_command,
+)
+from gateway.engines.redis.codec import (
+    ORIGIN_BYTES,
+    notice_spec,
+    pack_header,
+    parse_notice,
+    split_receipt,
+    unpack_topic,
+)
+from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
+from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
+from gateway.engines.topic_patterns import (
+    InvalidVirtualQueue,
+    TopicMatcher,
+    parse_virtual_queue,
+    virtual_queue,
+)
+
+__all__ = ["DEFAULT_SWEEP_INTERVAL", "MAX_FETCH", "SWEEP_BUDGET", "RedisEngine"]
+
+_log = logging.getLogger(__name__)
+
+#: The most messages one ``fetch`` leases (a larger ``count`` is cut to it).
+MAX_FETCH: Final = 1000
+#: Seconds between two sweeps for expired messages, at most (as the memory engine's).
+DEFAULT_SWEEP_INTERVAL: Final = 1.0
+#: Seconds between two sweeps, at least: the pause when a sweep left work due.
+MIN_SWEEP_PAUSE: Final = 0.01
+#: Queues one sweep looks at, at most (the rest at the next one).
+SWEEP_QUEUES: Final = 100
+#: Entries one queue's sweep examines, at most.
+SWEEP_BUDGET: Final = 1000
+#: Seconds to connect, and to wait for a reply, before Redis counts as unavailable.
+CONNECT_TIMEOUT: Final = 5.0
+COMMAND_TIMEOUT: Final = 10.0
+
+_TOPICS_BYTES: Final = TOPICS.encode()
+_WAKE_BYTES: Final = WAKE.encode()
+_PRIORITIES: Final = range(10)
+
+T = TypeVar("T")
+
+
+class RedisEngine:
+    """Topics, queues and virtual queues in Redis; see the module docstring.
+
+    Args:
+        url: where Redis is (``redis://host:port/db``, ``rediss://`` for TLS,
+            ``unix://``); redis-py's URL options (``socket_timeout=``...) apply.
+        broker_id: this broker's id, the first segment of the ``notify``
+            addresses it gives its messages.
+        limits: the bounds to enforce; every broker sharing a Redis should use
+            the same.
+        clock: wall-clock seconds since the epoch.
+        consumer_prefix: the consumer name Redis records this engine's leases
+            under (default: ``broker_id``).
+        sweep_interval: seconds between sweeps for expired messages, at most;
+            None: no sweeper task (tests that call :meth:`sweep` themselves).
+        pubsub_health_interval: seconds of silence on the pub/sub connection
+            before it is PINGed, and then before it counts as lost and is
+            replaced (see :class:`~gateway.engines.redis.pubsub.Subscriber`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        broker_id: str,
+        limits: EngineLimits = EngineLimits(),  # noqa: B008  # frozen, so sharing it is safe
+        clock: Callable[[], float] = time.time,
+        consumer_prefix: str | None = None,
+        sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL,
+        pubsub_health_interval: float = HEALTH_INTERVAL,
+    ) -> None:
+        self._url = url
+        self._pubsub_health_interval = pubsub_health_interval
+        self._broker_id = broker_id
+        self._limits = limits
+        self._clock = clock
+        self._consumer = consumer_prefix if consumer_prefix is not None else broker_id
+        self._origin = uuid.uuid4().bytes
+        assert len(self._origin) == ORIGIN_BYTES
+        self._topic_listeners: list[TopicListener] = []
+        self._notice_listeners: list[NoticeListener] = []
+        self._keys_cache: dict[str, QueueKeys] = {}
+        self._client: Redis | None = None
+        self._batcher: Batcher | None = None
+        self._subscriber: Subscriber | None = None
+        self._wakeups: Wakeups | None = None
+        self._vq_version: bytes | None = None
+        self._vq_matcher = TopicMatcher()
+        self._vq_loading: asyncio.Future[None] | None = None
+        self._sweep_interval = sweep_interval
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life cycle --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, load the scripts and subscribe.
+
+        Raises:
+            EngineUnavailable: Redis cannot be reached.
+        """
+        client: Redis = Redis.from_url(
+            self._url,
+            decode_responses=False,
+            # One retry, at once: a pooled connection that Redis closed while
+            # idle (a restart) fails on first use and the retry takes a fresh one.
+            retry=Retry(NoBackoff(), 1),
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=COMMAND_TIMEOUT,
+        )
+        self._loop = asyncio.get_running_loop()
+        self._client = client
+        self._batcher = Batcher(client, SCRIPTS)
+        subscriber = Subscriber(
+            self._new_connection,
+            self._on_message,
+            self._on_reconnect,
+            health_interval=self._pubsub_health_interval,
+        )
+        self._subscriber = subscriber
+        self._wakeups = Wakeups(subscriber, lambda queue: self._keys(queue).wake.encode())
+        try:
+            await self._batcher.load_scripts()
+            await subscriber.start([_TOPICS_BYTES, (NOTICES + self._broker_id).encode()])
+        except BaseException:
+            await self.close()
+            raise
+        if self._sweep_interval is not None:
+            self._sweeper = asyncio.create_task(
+                self._sweep_periodically(self._sweep_interval), name="redis sweep"
+            )
+
+    async def close(self) -> None:
+        """Write what was submitted, stop listening and disconnect (idempotent).
+
+        A ``fetch`` still waiting wakes up and raises EngineUnavailable.
+        """
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+        if self._batcher is not None:
+            await self._batcher.close()
+        if self._wakeups is not None:
+            self._wakeups.wake_all()
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            await subscriber.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- topics ------------------------------------------------------------
+
+    def listen(self, listener: TopicListener) -> None:
+        """Receive every topic message published on any broker sharing the Redis."""
+        self._topic_listeners.append(listener)
+
+    async def publish(self, message: Message) -> None:
+        """Publish to the topic and copy into matching virtual queues (one script call)."""
+        header = pack_header(message)
+        stored = None
+        while True:
+            version = self._vq_version
+            if version is None:
+                await self._load_virtual_queues()
+                continue
+            targets = self._vq_matcher.match(message.destination)
+            if targets and stored is None:
+                stored = self._stored_fields(message)
+            call = PublishCall(
+                self._origin + header,
+                # Without copies the stored form is not needed: only its payload.
+                stored or (message.priority, "", "", b"", message.payload, ""),
+                [(name, self._keys(name)) for name in targets],
+                version,
+                limits=self._limits,
+                clock=self._clock,
+            )
+            if await self._submit(call):
+                break
+            if self._vq_version == version:  # stale: reload, unless another call did
+                self._vq_version = None
+        loop = asyncio.get_running_loop()
+        for listener in self._topic_listeners:
+            loop.call_soon(listener, message)
+
+    # -- queues ------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> asyncio.Future[None]:
+        """Store ``message`` in its queue; done once Redis has it (and, with AOF, fsynced it).
+
+        A plain method returning the future the batcher settles, not a coroutine:
+        the broker makes one call per queue publication, and a coroutine, with the
+        task or callbacks that drive it, would cost more than the rest of the call.
+        The call is submitted before this returns, so calls made one after another
+        reach Redis in that order.
+
+        Raises (from the future):
+            QueueLimitReached: the queue is new and there are max_queues already.
+            QueueFull: the queue holds max_queue_depth messages already.
+            ValueError: the priority is outside 0 to 9.
+            EngineUnavailable: Redis cannot be reached.
+        """
+        future: asyncio.Future[None] = self._running_loop().create_future()
+        queue = message.destination
+        try:
+            stored = self._stored_fields(message)
+            keys = self._keys(queue)
+            batcher = self._batcher
+            waiting = None if batcher is None else batcher.waiting(keys.enqueue)
+            if waiting is not None:
+                assert isinstance(waiting, EnqueueCall)
+                waiting.add(stored, future)  # joins the call waiting for the next pipeline
+            else:
+                self._submit_call(
+                    EnqueueCall(queue, keys, stored, future, limits=self._limits, clock=self._clock)
+                )
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    async def fetch(
+        self, queue: str, consumer: str, *, count: int = 1, wait: float = 0.0
+    ) -> list[Delivery]:
+        """Lease up to ``count`` (at most MAX_FETCH) messages; see ``Engine.fetch``."""
+        if count < 1:
+            return []
+        count = min(count, MAX_FETCH)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        event: asyncio.Event | None = None
+        wakeups = self._wakeups
+        keys = self._keys(queue)
+        try:
+            while True:
+                if event is not None:
+                    event.clear()
+                call = FetchCall(
+                    queue,
+                    keys,
+                    count,
+                    consumer=self._consumer,
+                    armed=event is not None,
+                    limits=self._limits,
+                    clock=self._clock,
+                )
+                deliveries, more, next_due = await self._submit(call)
+                if deliveries:
+                    return deliveries
+                if more:
+                    continue
+                remaining = end - loop.time()
+                if remaining <= 0:
+                    return []
+                if event is None:
+                    assert wakeups is not None
+                    event = await wakeups.join(queue, timeout=remaining)
+                    continue  # look again, armed: a wake-up can no longer be missed
+                if next_due is not None:
+                    remaining = min(remaining, next_due - self._clock())
+                if remaining > 0:
+                    try:
+                        async with asyncio.timeout(remaining):
+                            await event.wait()
+                    except TimeoutError:
+                        pass
+        finally:
+            if event is not None and wakeups is not None:
+                wakeups.leave(queue, event)
+
+    def ack(self, queue: str, receipts: Sequence[str]) -> asyncio.Future[int]:
+        """Acknowledge leases; how many were live (a future, as ``enqueue`` returns)."""
+        return self._settle_leases(queue, receipts, release=False)
+
+    def release(self, queue: str, receipts: Sequence[str]) -> asyncio.Future[int]:
+        """End leases early; their messages are deliverable again at once."""
+        return self._settle_leases(queue, receipts, release=True)
+
+    # -- virtual queues ----------------------------------------------------
+
+    async def declare_virtual_queue(self, name: str, pattern: str) -> None:
+        """Create ``name@pattern`` (idempotent) and make every broker copy into it.
+
+        Raises:
+            InvalidVirtualQueue: the name or the pattern is refused.
+            QueueLimitReached: it is new and there are max_queues already.
+            EngineUnavailable: Redis cannot be reached.
+        """
+        full_name = virtual_queue(name, pattern).full_name
+        args = (full_name, pattern, self._limits.max_queues)
+        await self._command(script_command(DECLARE, (REGISTRY, VQUEUES, VQ_VERSION), args))
+        self._vq_version = None  # our cache is stale now: reload before the next publish
+
+    # -- expiry ------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        """Remove the expired messages of every queue that is due (see "Expiry").
+
+        What the sweeper task runs; tests with a fake clock call it directly.
+        Returns how many messages it removed.
+
+        Raises:
+            EngineUnavailable: Redis cannot be reached.
+        """
+        removed, _ = await self._sweep_once()
+        return removed
+
+    async def _sweep_once(self) -> tuple[int, float | None]:
+        """One sweep: (messages removed, the earliest score left, None if none)."""
+        now = self._clock()
+        due = await self._command(
+            ("ZRANGEBYSCORE", EXPIRY, "-inf", repr(now), "LIMIT", 0, SWEEP_QUEUES)
+        )
+        calls = []
+        for raw_name in due:
+            name = raw_name.decode()
+            call = SweepCall(name, self._keys(name), budget=SWEEP_BUDGET, clock=self._clock)
+            calls.append(self._submit(call))
+        # Submitted now, so it shares the sweeps' pipeline and sees their scores.
+        earliest = self._submit(CommandCall(("ZRANGE", EXPIRY, 0, 0, "WITHSCORES")))
+        *swept, first = await asyncio.gather(*calls, earliest)
+        removed = sum(result[0] for result in swept)
+        if not first:
+            return removed, None
+        # [member, score] (RESP2), or [[member, score]] (RESP3)
+        return removed, float(first[0][1] if isinstance(first[0], list) else first[1])
+
+    async def _sweep_periodically(self, interval: float) -> None:
+        failing = False
+        while True:
+            pause = interval
+            try:
+                _, earliest = await self._sweep_once()
+            except EngineUnavailable as exc:
+                # Redis is away: the next tick tries again. Said once per outage, not
+                # once a second.
+                _log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "redis.sweep_failed",
+                    extra={"reason": str(exc)},
+                )
+                failing = True
+            except Exception:  # a bug: logged, and the sweeper lives on (fetches still expire)
+                _log.exception("redis.sweep_failed")
+            else:
+                failing = False
+                if earliest is not None:
+                    pause = min(pause, max(MIN_SWEEP_PAUSE, earliest - self._clock()))
+            await asyncio.sleep(pause)
+
+    # -- observation -------------------------------------------------------
+
+    def on_notice(self, listener: NoticeListener) -> None:
+        """Receive delivery notices for messages published through this broker."""
+        self._notice_listeners.append(listener)
+
+    async def depth(self, queue: str) -> int:
+        """Messages in ``queue``: ready, leased and delayed."""
+        return int(await self._command(script_command(DEPTH, self._keys(queue).block, ())))
+
+    async def queues(self) -> list[str]:
+        """Every queue and virtual queue (virtual ones as ``name@pattern``)."""
+        members = await self._command(("SMEMBERS", REGISTRY))
+        return sorted(member.decode() for member in members)
+
+    # -- internals ---------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the engine started in, without asking asyncio each time.
+
+        ``asyncio.get_running_loop`` makes a system call (``getpid``) on every
+        call; ``enqueue`` runs once per queue publication.
+        """
+        loop = self._loop
+        if loop is None:
+            loop = asyncio.get_running_loop()  # not started: fails (EngineUnavailable) later
+        return loop
+
+    def _keys(self, queue: str) -> QueueKeys:
+        keys = self._keys_cache.get(queue)
+        if keys is None:
+            if len(self._keys_cache) >= 4 * self._limits.max_queues:
+                self._keys_cache.clear()  # names that were never queues; start over
+            keys = self._keys_cache[queue] = QueueKeys(queue)
+        return keys
+
+    def _stored_fields(self, message: Message) -> Stored:
+        """``message`` as a queue stores it, with ``default_ttl`` if it has no expiration."""
+        priority = message.priority
+        if priority not in _PRIORITIES:
+            raise ValueError(f"priority must be 0 to 9, got {priority}")
+        expiration = message.expiration
+        if expiration is None:
+            expiration = message.timestamp + self._limits.default_ttl
+        header = pack_header(message, expiration)
+        not_before = "" if message.not_before is None else repr(message.not_before)
+        spec = notice_spec(message, NOTICES)
+        return priority, not_before, repr(expiration), header, message.payload, spec
+
+    def _submit(self, call: FutureCall[T]) -> asyncio.Future[T]:
+        self._submit_call(call)
+        return call.future
+
+    def _submit_call(self, call: Call) -> None:
+        if self._batcher is None:
+            raise EngineUnavailable("the Redis engine is not started")
+        self._batcher.submit(call)
+
+    async def _command(self, command: tuple[Any, ...]) -> Any:
+        return await self._submit(CommandCall(command))
+
+    def _settle_leases(
+        self, queue: str, receipts: Sequence[str], *, release: bool
+    ) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = self._running_loop().create_future()
+        parsed = [found for text in receipts if (found := split_receipt(text)) is not None]
+        if not parsed:
+            future.set_result(0)
+            return future
+        call = LeasesCall(
+            queue,
+            self._keys(queue),
+            parsed,
+            future,
+            release=release,
+            limits=self._limits,
+            clock=self._clock,
+        )
+        try:
+            self._submit_call(call)
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    async def _load_virtual_queues(self) -> None:
+        """Load the virtual queues into the cache; concurrent callers share one load.
+
+        A caller that found a load under way waits for it to end, whatever its
+        outcome, and returns: ``publish`` then looks at the cache again and, if
+        the load failed, loads (and fails) itself.
+        """
+        loading = self._vq_loading
+        if loading is not None:
+            await asyncio.wait([loading])
+            return
+        loading = self._vq_loading = asyncio.get_running_loop().create_future()
+        try:
+            command = script_command(LOAD_VIRTUAL_QUEUES, (VQ_VERSION, VQUEUES), ())
+            version, flat = await self._command(command)
+            matcher = TopicMatcher()
+            for raw_name in flat[::2]:
+                full_name = raw_name.decode()
+                try:
+                    matcher.add(full_name, parse_virtual_queue(full_name))
+                except InvalidVirtualQueue as exc:  # declared under other rules: skip it
+                    _log.warning("virtual queue %r ignored: %s", full_name, exc)
+            self._vq_matcher, self._vq_version = matcher, version
+        finally:
+            self._vq_loading = None
+            loading.set_result(None)
+
+    def _new_connection(self) -> AbstractConnection:
+        assert self._client is not None
+        pool = self._client.connection_pool
+        connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
+        return connection
+
+    def _on_message(self, channel: bytes, data: bytes) -> None:
+        if channel.startswith(_WAKE_BYTES):
+            assert self._wakeups is not None
+            self._wakeups.wake(channel[len(_WAKE_BYTES) :].decode())
+        elif channel == _TOPICS_BYTES:
+            origin, message = unpack_topic(data)
+            if origin != self._origin:
+                for listener in self._topic_listeners:
+                    listener(message)
+        else:
+            notice = parse_notice(data)
+            for notice_listener in self._notice_listeners:
+                notice_listener(notice)
+
+    def _on_reconnect(self) -> None:
+        self._vq_version = None  # a declaration may have happened meanwhile: cheap to reload
+        if self._wakeups is not None:
+            self._wakeups.wake_all()

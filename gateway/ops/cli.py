@@ -1,0 +1,253 @@
+"""The ``asbp`` command.
+
+::
+
+    asbp broker [--config FILE] [--host H] [--port P] ...   run a broker
+    asbp config [--format toml|json] [same flags]            print the effective config
+    asbp selfcheck                                           round-trip the codec
+    asbp analytics --events DIR --output DIR [...]           the Spark analytics job
+    asbp                                                     (for now) asbp selfcheck
+
+``python -m gateway`` is ``asbp broker``. Exit status: 0 after a clean stop (SIGINT or
+SIGTERM), 2 for a configuration error, 1 when the broker cannot listen or fails to
+start, 130 when interrupted before it could install its signal handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import orjson
+
+import asbp
+from gateway.config.model import GatewayConfig
+from gateway.config.settings import (
+    ConfigError,
+    add_arguments,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+from gateway.eventlog.schema import STREAM_KEY
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILURE",
+    "add_analytics_arguments",
+    "broker",
+    "main",
+    "selfcheck",
+    "show_config",
+]
+
+#: Exit status for a configuration error, as argparse uses for a usage error.
+EXIT_CONFIG: int = 2
+#: Exit status when the broker cannot listen or its application fails to start.
+EXIT_FAILURE: int = 1
+
+# A Command for each shape the codec distinguishes: bare, quoted, lists, UTF-8.
+_SAMPLES: tuple[asbp.Command, ...] = (
+    asbp.Command(c="asbp.ping", u=1),
+    asbp.Command(
+        {"c": "display text", "g": ("friends", "country men")},
+        b"Hello World!",
+        d="de305d5475b4431badb2eb6b9e546014",
+    ),
+    asbp.Command({"c": "grüße", "r": ("bob*example.org",)}, b"\x00\xff"),
+)
+
+
+def selfcheck() -> int:
+    """Round-trip sample Commands through the codec and report the speed."""
+    for command in _SAMPLES:
+        frame = asbp.encode(command)
+        if asbp.decode(frame) != command:
+            print(f"FAIL: {command!r} did not survive a round trip", file=sys.stderr)
+            return 1
+        print(f"ok  {frame!r}")
+    frame = asbp.encode(_SAMPLES[1])
+    rounds = 20_000
+    start = time.perf_counter()
+    for _ in range(rounds):
+        asbp.decode(frame)
+    elapsed = time.perf_counter() - start
+    print(f"decode: {elapsed / rounds * 1e9:.0f} ns per Command ({len(frame)} bytes)")
+    return 0
+
+
+def broker(config: GatewayConfig, *, prog: str = "asbp broker") -> int:
+    """Run a broker with ``config`` until SIGINT or SIGTERM; return the exit status.
+
+    Configures logging from ``config`` first. A configuration error found only now (an
+    unusable ``data_dir``) is printed like the others; a failure to start is logged,
+    so that it reaches the same place as the rest of the broker's log.
+    """
+    from gateway.ops.logs import configure_logging
+
+    # Imported here: the servers and the app are what `asbp config` and `asbp
+    # selfcheck` should not wait for.
+    from gateway.ops.server import ServerError, serve
+
+    configure_logging(config.log_format, config.log_level)
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ServerError as exc:
+        logging.getLogger("gateway.ops.cli").critical("cannot start", extra={"error": str(exc)})
+        return EXIT_FAILURE
+    return 0
+
+
+def show_config(config: GatewayConfig, format: str) -> int:
+    """Print the effective ``config`` as TOML or JSON, secrets masked."""
+    if format == "json":
+        text = orjson.dumps(config_to_dict(config), option=orjson.OPT_INDENT_2).decode() + "\n"
+    else:
+        text = config_to_toml(config)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `asbp config | head`: the reader has seen enough
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def add_analytics_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``asbp analytics`` (``python -m agents.spark.analytics`` too)."""
+    source = parser.add_argument_group("the event log (one of)").add_mutually_exclusive_group(
+        required=True
+    )
+    source.add_argument(
+        "--events", metavar="PATH", help="NDJSON event files: a directory, a file or a glob"
+    )
+    source.add_argument("--redis-url", metavar="URL", help="read the Redis Stream at this URL")
+    parser.add_argument(
+        "--stream", default=STREAM_KEY, help="the stream's key (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--partitions", type=int, metavar="N", help="stream ID ranges read in parallel"
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="DIR", help="where the Parquet results go"
+    )
+    parser.add_argument(
+        "--since", metavar="TIME", help="first time (ISO 8601 with a zone, or Unix seconds)"
+    )
+    parser.add_argument("--until", metavar="TIME", help="end of the window (exclusive)")
+    parser.add_argument(
+        "--top", type=int, default=10, help="destinations per kind kept (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--accuracy",
+        type=int,
+        default=10_000,
+        help="percentile_approx accuracy: rank error <= events/accuracy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--master", help="Spark master (default: $SPARK_MASTER, else local[2]; spark-submit's wins)"
+    )
+    bus = parser.add_argument_group("publishing the summary (optional)")
+    bus.add_argument("--bus-url", metavar="URL", help="the broker's Tube URL, wss://host/tube")
+    bus.add_argument("--identity", help="the job's Application-Agent identity")
+    bus.add_argument("--key", metavar="FILE", help="the identity's private key (PEM)")
+    bus.add_argument(
+        "--audience", default="asbp-broker", help="the broker's audience (default: %(default)s)"
+    )
+    bus.add_argument("--cafile", metavar="FILE", help="CA certificates for wss://")
+    bus.add_argument(
+        "--insecure", action="store_true", help="allow a ws:// URL (development brokers only)"
+    )
+    bus.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to publish (default: %(default)s)"
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    prog: str = "asbp",
+) -> int:
+    """Entry point of the ``asbp`` console script; returns the exit status.
+
+    Args:
+        argv: the arguments after the program name; ``sys.argv[1:]`` by default.
+        environ: where ``ASBP_*`` settings are read; ``os.environ`` by default.
+        prog: the program name in usage and error messages.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description="The ASBP gateway.")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("selfcheck", help="round-trip sample Commands through the codec")
+    broker_parser = commands.add_parser(
+        "broker",
+        help="run a broker",
+        description="Run a broker until SIGINT or SIGTERM. Flags override ASBP_* "
+        "variables, which override the TOML file; see docs/configuration.md.",
+    )
+    add_arguments(broker_parser)
+    config_parser = commands.add_parser(
+        "config",
+        help="print the effective configuration (secrets masked)",
+        description="Print the configuration `asbp broker` would run with, given the "
+        "same flags, file and environment. Secrets are masked.",
+    )
+    config_parser.add_argument("--format", choices=("toml", "json"), default="toml")
+    add_arguments(config_parser)
+    demo_parser = commands.add_parser(
+        "demo",
+        help="run a broker and the example agent on loopback (the default)",
+        description="Run a broker on 127.0.0.1 with the example Application-Agent "
+        "(examples/echo_agent.py) connected, and print how to talk to it.",
+    )
+    demo_parser.add_argument("--port", type=int, default=8080)
+    demo_parser.add_argument("--data-dir", type=Path, default=Path(".asbp-demo"))
+    add_analytics_arguments(
+        commands.add_parser(
+            "analytics",
+            help="the Spark analytics job over the event log (needs the spark extra)",
+            description="Read the event log, write traffic, fault, latency and busiest-"
+            "destination figures as Parquet under --output, print a JSON summary and, "
+            "given --bus-url, publish it to /system/stats/analytics. See docs/spark.md.",
+        )
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "selfcheck":
+        return selfcheck()
+    if args.command == "analytics":
+        # Imported here: pyspark is the spark extra, and the broker never needs it.
+        from agents.spark.analytics_cli import analytics
+
+        return analytics(args, prog=f"{parser.prog} analytics")
+    if args.command in (None, "demo"):
+        from gateway.ops.demo import demo
+
+        try:
+            return demo(getattr(args, "port", 8080), getattr(args, "data_dir", Path(".asbp-demo")))
+        except KeyboardInterrupt:
+            return 130
+    try:
+        config = load_config(args, environ=os.environ if environ is None else environ)
+    except ConfigError as exc:
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "config":
+        return show_config(config, args.format)
+    try:
+        return broker(config, prog=f"{parser.prog} broker")
+    except KeyboardInterrupt:  # before the signal handlers were installed
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The built-in Commands the broker answers itself (names in gateway.routing.builtin_commands).
+
+A User-Agent may send ``asbp.ping``, ``asbp.commands`` and, while Subjects are
+on, ``asbp.logout``; an Application-Agent may send ``asbp.ping``,
+``asbp.commands``, ``asbp.register``, ``asbp.unregister``, ``asbp.join``,
+``asbp.leave`` and, while Subjects are on, ``asbp.authenticated`` and
+``asbp.refused``. Both may send the messaging requests while topics and queues
+are on. The router decides that a Command is one of these (see
+gateway.routing.router) and hands it to :meth:`Management.answer`, which answers it,
+or passes it on to gateway.messaging or gateway.routing.subject_auth, or faults.
+
+One code path serves both sides: a built-in answered to a Channel and the same
+one answered to a Tube differ only in how the reply and faults are sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+import orjson
+
+from asbp import Command, FaultCode
+from gateway.acl import Privilege
+from gateway.connections.channels import Channel
+from gateway.connections.tubes import Tube
+from gateway.routing import builtin_commands
+
+if TYPE_CHECKING:
+    from gateway.routing.router import Router
+
+__all__ = ["CHANNEL_BUILTINS", "SUBJECT_BUILTINS", "TUBE_BUILTINS", "Management"]
+
+#: The built-ins the broker answers for a User-Agent, besides messaging.
+CHANNEL_BUILTINS: Final = frozenset(
+    {builtin_commands.PING, builtin_commands.COMMANDS, builtin_commands.LOGOUT}
+)
+#: The built-ins the broker answers for an Application-Agent, besides messaging.
+TUBE_BUILTINS: Final = frozenset(
+    {
+        builtin_commands.PING,
+        builtin_commands.COMMANDS,
+        builtin_commands.REGISTER,
+        builtin_commands.UNREGISTER,
+        builtin_commands.JOIN,
+        builtin_commands.LEAVE,
+        builtin_commands.AUTHENTICATED,
+        builtin_commands.REFUSED,
+    }
+)
+#: Built-ins that exist only while Subjects are on.
+SUBJECT_BUILTINS: Final = frozenset(
+    {builtin_commands.LOGOUT, builtin_commands.AUTHENTICATED, builtin_commands.REFUSED}
+)
+#: The messaging built-ins a sender may use (notifications and notices only
+#: ever come from the broker).
+_MESSAGING_REQUESTS: Final = builtin_commands.MESSAGING - {
+    builtin_commands.NOTIFICATION,
+    builtin_commands.NOTICE,
+}
+
+
+class Management:
+    """Answers the built-ins for the router it belongs to.
+
+    Args:
+        router: whose Channels, Respondents, ACL, Subjects and messaging these
+            built-ins manage, and through which replies and faults are sent.
+        may_serve: whether an agent identity may register a Command-Name.
+        log: where registrations and refusals are logged.
+    """
+
+    def __init__(
+        self, router: Router, *, may_serve: Callable[[str, str], bool], log: logging.Logger
+    ) -> None:
+        self._router = router
+        self._may_serve = may_serve
+        self._log = log
+
+    def answer(self, peer: Channel | Tube, command: Command, name: str) -> None:
+        """Answer ``command``, the built-in ``name`` from ``peer``.
+
+        ``name`` is in :data:`CHANNEL_BUILTINS` (from a Channel) or
+        :data:`TUBE_BUILTINS` (from a Tube), or in ``builtin_commands.MESSAGING``.
+        """
+        router = self._router
+        command_id = command.command_id
+        if name in builtin_commands.MESSAGING:
+            messaging = router.messaging
+            if messaging is None:
+                self._fault(
+                    peer,
+                    FaultCode.NO_RESPONDENT,
+                    "topics and queues are not enabled at this broker",
+                    command_id,
+                    name,
+                )
+            elif isinstance(peer, Tube):
+                messaging.tube_command(peer, command, name)
+            else:
+                messaging.channel_command(peer, command, name)
+            return
+        if name in SUBJECT_BUILTINS:
+            auth = router.auth
+            if auth is None:
+                self._fault(
+                    peer,
+                    FaultCode.NO_RESPONDENT,
+                    "Subjects are not enabled at this broker",
+                    command_id,
+                    name,
+                )
+            elif isinstance(peer, Tube):
+                auth.answer(peer, command, name)
+            else:
+                auth.logout(peer, command)
+            return
+        reply: Command | None
+        if name == builtin_commands.PING:
+            reply = Command({"c": builtin_commands.PONG}, command.body)
+        elif name == builtin_commands.COMMANDS:
+            reply = self._commands(TUBE_BUILTINS if isinstance(peer, Tube) else CHANNEL_BUILTINS)
+        elif not isinstance(peer, Tube):
+            # The router hands a Channel only CHANNEL_BUILTINS and messaging.
+            raise AssertionError(f"{name!r} is not a User-Agent built-in")
+        elif name in (builtin_commands.REGISTER, builtin_commands.UNREGISTER):
+            reply = self._registration(peer, command, name)
+        else:
+            reply = self._membership(peer, command, name)
+        if reply is None:
+            return  # refused with a fault
+        if command_id is not None:
+            reply = reply.with_keys(u=command_id)
+        if isinstance(peer, Tube):
+            router.send_tube(peer, reply)
+        else:
+            router.send(peer, reply)
+
+    def _fault(
+        self,
+        peer: Channel | Tube,
+        code: FaultCode,
+        message: str,
+        command_id: int | None,
+        cause: str,
+    ) -> None:
+        if isinstance(peer, Tube):
+            self._router.fault_tube(peer, code, message, command_id=command_id, cause=cause)
+        else:
+            self._router.fault(peer, code, message, command_id=command_id, cause=cause)
+
+    def _commands(self, side: frozenset[str]) -> Command:
+        """COMMANDS: every Command-Name the sender may use right now."""
+        router = self._router
+        usable = side if router.auth else side - SUBJECT_BUILTINS
+        if router.messaging is not None:
+            usable = usable | _MESSAGING_REQUESTS
+        names = sorted(usable) + router.respondents.names()
+        return Command(
+            {"c": builtin_commands.COMMANDS, "m": "application/json"}, orjson.dumps(names)
+        )
+
+    def _registration(self, tube: Tube, command: Command, name: str) -> Command | None:
+        """REGISTER or UNREGISTER: which Command-Names (``names``) ``tube`` serves."""
+        router = self._router
+        command_id = command.command_id
+        names_value = command.get("names")
+        if not names_value:
+            router.fault_tube(
+                tube,
+                FaultCode.INVALID_HEADER_VALUE,
+                f"{name} needs the Command-Names in 'names'",
+                command_id=command_id,
+                cause=name,
+            )
+            return None
+        names = [names_value] if isinstance(names_value, str) else list(names_value)
+        reserved = [n for n in names if n.startswith(builtin_commands.PREFIX)]
+        if reserved:
+            router.fault_tube(
+                tube,
+                FaultCode.ACCESS_DENIED,
+                f"Command-Names starting with {builtin_commands.PREFIX!r} belong to the broker: "
+                f"{', '.join(reserved)}",
+                command_id=command_id,
+                cause=name,
+            )
+            return None
+        if name == builtin_commands.REGISTER:
+            forbidden = [
+                n
+                for n in names
+                if not self._may_serve(tube.agent_id, n)
+                or (
+                    router.acl is not None
+                    and not router.permitted(tube.id, tube.access, n, Privilege.READ, command_id)
+                )
+            ]
+            if forbidden:
+                # Nothing is registered: an agent that asks for a name it may
+                # not serve is misconfigured or spoofing, and must not get the
+                # rest by accident either.
+                self._log.warning(
+                    "tube.register_refused",
+                    extra={"tube": tube.id, "agent": tube.agent_id, "names": forbidden},
+                )
+                router.fault_tube(
+                    tube,
+                    FaultCode.ACCESS_DENIED,
+                    f"this Application-Agent may not serve {', '.join(forbidden)}",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return None
+            router.respondents.register(tube, names)
+        else:
+            router.respondents.unregister(tube, names)
+        self._log.info(
+            "tube." + name.removeprefix(builtin_commands.PREFIX),
+            extra={"tube": tube.id, "agent": tube.agent_id, "names": names},
+        )
+        return Command({"c": builtin_commands.ACCEPTED, "cause": name, "names": names})
+
+    def _membership(self, tube: Tube, command: Command, name: str) -> Command | None:
+        """JOIN or LEAVE: which Channels (``channels``) belong to which ``groups``."""
+        router = self._router
+        command_id = command.command_id
+        groups = command.get("groups")
+        group_names = [groups] if isinstance(groups, str) else list(groups or ())
+        channel_ids = command.get("channels")
+        ids = [channel_ids] if isinstance(channel_ids, str) else list(channel_ids or ())
+        if not group_names or not ids:
+            router.fault_tube(
+                tube,
+                FaultCode.INVALID_HEADER_VALUE,
+                f"{name} needs group names in 'groups' and Channel-Identifiers in 'channels'",
+                command_id=command_id,
+                cause=name,
+            )
+            return None
+        found = [router.channels.get(i) for i in ids]
+        channels = [c for c in found if c is not None]
+        if name == builtin_commands.JOIN:
+            missing = [i for i, c in zip(ids, found, strict=True) if c is None]
+            if missing:
+                router.fault_tube(
+                    tube,
+                    FaultCode.UNKNOWN_CHANNEL,
+                    f"no Channel {', '.join(missing)} at this broker; nothing joined",
+                    command_id=command_id,
+                    cause=name,
+                )
+                return None
+            for group in group_names:
+                router.channels.join(group, channels)
+        else:
+            for group in group_names:
+                router.channels.leave(group, channels)
+        return Command({"c": builtin_commands.ACCEPTED, "cause": name})

@@ -1,0 +1,269 @@
+"""Subject authentication (§7.3.1): the exchange between User-Agent, broker and agents.
+
+::
+
+    User-Agent                     Broker                         Application-Agent(s)
+      c=<Authenticate-Command>,u=4;<credentials>
+                          ─────►  mints s, adds s, i, b
+                                  ──── one Tube per agent identity allowed to serve it ──►
+                                                  ◄──── c=asbp.authenticated,s=…,roles=[…][,p=…]
+                                                   or  c=asbp.refused,s=…;<reason>
+      c=asbp.authenticated,s=…,u=4,roles=[…],a=…
+                          ◄─────  (first success)
+      or c=asbp.fault,code=3101,u=4;<reasons>   (every agent asked refused or left)
+      or c=asbp.fault,code=2103,u=4;…           (no answer within the Respondent timeout)
+
+Afterwards an Authenticated-Command carries ``s``: the broker checks that
+``s`` belongs to the sending Channel (fault 3201 otherwise) and routes it
+only among the agents that authenticated the Subject, always with ``s``.
+``asbp.logout`` with ``s`` ends the Subject; so does closing the Channel.
+
+The credentials travel only to agents allowed to serve the
+Authenticate-Command (see gateway.auth.trust): a spoofing agent never sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import asbp
+from asbp import ApplicationAgentId, Command, FaultCode, ProtocolError
+from gateway.connections.channels import Channel
+from gateway.connections.subjects import Subject, SubjectRegistry, SubjectState
+from gateway.connections.tubes import Tube
+from gateway.routing import builtin_commands
+
+if TYPE_CHECKING:
+    from gateway.routing.router import Router
+
+__all__ = ["Authenticator"]
+
+
+class Authenticator:
+    """Runs the Authenticate-Command exchange and checks every ``s``."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        command_name: str,
+        timeout: float,
+        max_per_channel: int,
+        clock: Callable[[], float],
+        log: logging.Logger,
+    ) -> None:
+        self.command_name = command_name
+        self.subjects = SubjectRegistry()
+        self._router = router
+        self._timeout = timeout
+        self._max_per_channel = max_per_channel
+        self._clock = clock
+        self._log = log
+
+    # -- from User-Agents ---------------------------------------------------
+
+    def authenticate(self, channel: Channel, command: Command) -> None:
+        """The Authenticate-Command arrived: mint ``s`` and ask the agents."""
+        router = self._router
+        command_id = command.command_id
+        if self.subjects.count(channel) >= self._max_per_channel:
+            router.fault(
+                channel,
+                FaultCode.AUTHENTICATION_FAILED,
+                f"a Channel may hold {self._max_per_channel} Subjects; log one out first",
+                command_id=command_id,
+                cause=self.command_name,
+            )
+            return
+        tubes = router.respondents.one_per_agent(self.command_name)
+        if not tubes:
+            router.fault(
+                channel,
+                FaultCode.NO_RESPONDENT,
+                f"no Command-Respondent serves {self.command_name!r}",
+                command_id=command_id,
+                cause=self.command_name,
+            )
+            return
+        subject = self.subjects.create(channel, command_id, self._clock() + self._timeout)
+        outbound = command.with_keys(s=subject.id, i=channel.id, b=router.broker_id)
+        if "a" in outbound:
+            outbound = outbound.without_keys("a")
+        try:
+            frame = asbp.encode(outbound)
+        except ProtocolError as exc:
+            self.subjects.end(subject)
+            router.fault(channel, exc.code, exc.message, command_id=command_id)
+            return
+        for tube in tubes:
+            subject.asked[tube.id] = tube.agent_id
+        self._log.info(
+            "subject.authenticate",
+            extra={
+                "channel": channel.id,
+                "subject": subject.id,
+                "agents": sorted(subject.asked.values()),
+            },
+        )
+        for tube in tubes:
+            router.send_tube_frame(tube, frame)
+
+    def resolve(self, channel: Channel, command: Command) -> Subject | None:
+        """The authenticated Subject named by ``s`` on ``channel``, or a fault (3201)."""
+        subject_id = command.subject_id
+        subject = self.subjects.get(subject_id) if subject_id is not None else None
+        if (
+            subject is None
+            or subject.channel is not channel
+            or subject.state is not SubjectState.AUTHENTICATED
+        ):
+            self._log.warning(
+                "subject.refused",
+                extra={"channel": channel.id, "subject": subject_id, "command": command.name},
+            )
+            self._router.fault(
+                channel,
+                FaultCode.ACCESS_DENIED,
+                "Subject-Identifier 's' does not belong to this Channel",
+                command_id=command.command_id,
+                cause=command.name,
+            )
+            return None
+        return subject
+
+    def logout(self, channel: Channel, command: Command) -> None:
+        """``asbp.logout``: end the Channel's Subject ``s``."""
+        subject_id = command.subject_id
+        subject = self.subjects.get(subject_id) if subject_id is not None else None
+        if subject is None or subject.channel is not channel:
+            self._router.fault(
+                channel,
+                FaultCode.ACCESS_DENIED,
+                "Subject-Identifier 's' does not belong to this Channel",
+                command_id=command.command_id,
+                cause=builtin_commands.LOGOUT,
+            )
+            return
+        self.end(subject, "logout")
+        reply = Command(c=builtin_commands.ACCEPTED, cause=builtin_commands.LOGOUT, s=subject.id)
+        if command.command_id is not None:
+            reply = reply.with_keys(u=command.command_id)
+        self._router.send(channel, reply)
+
+    # -- from Application-Agents ---------------------------------------------
+
+    def answer(self, tube: Tube, command: Command, name: str) -> None:
+        """``asbp.authenticated`` or ``asbp.refused`` from an agent that was asked."""
+        router = self._router
+        subject_id = command.subject_id
+        subject = self.subjects.get(subject_id) if subject_id is not None else None
+        if subject is None or (
+            tube.id not in subject.asked and tube.agent_id not in subject.authenticated_by
+        ):
+            router.fault_tube(
+                tube,
+                FaultCode.ACCESS_DENIED,
+                "no Subject awaits this agent's answer under that 's'",
+                command_id=command.command_id,
+                cause=name,
+            )
+            return
+        subject.asked.pop(tube.id, None)
+        if name == builtin_commands.REFUSED:
+            reason = command.body.decode("utf-8", "replace") or "refused"
+            subject.refusals.append(f"{tube.agent_id}: {reason}")
+            self._log.info(
+                "subject.refused_by_agent",
+                extra={"subject": subject.id, "agent": tube.agent_id, "reason": reason},
+            )
+            if subject.state is SubjectState.PENDING and not subject.asked:
+                self._fail(subject, FaultCode.AUTHENTICATION_FAILED, "; ".join(subject.refusals))
+        else:
+            self._authenticated(tube, subject, command)
+        if command.command_id is not None:
+            router.send_tube(
+                tube,
+                Command(
+                    c=builtin_commands.ACCEPTED, cause=name, s=subject.id, u=command.command_id
+                ),
+            )
+
+    def _authenticated(self, tube: Tube, subject: Subject, command: Command) -> None:
+        roles_value = command.get("roles") or ()
+        roles = (roles_value,) if isinstance(roles_value, str) else roles_value
+        first = subject.state is SubjectState.PENDING
+        subject.authenticated_by.add(tube.agent_id)
+        subject.roles = subject.roles | frozenset(roles)
+        subject.access = replace(subject.channel.access, roles=subject.roles, subject_id=subject.id)
+        if command.publisher is not None and subject.address is None:
+            subject.address = command.publisher
+        self._log.info(
+            "subject.authenticated",
+            extra={"subject": subject.id, "agent": tube.agent_id, "channel": subject.channel.id},
+        )
+        if not first:
+            return
+        subject.state = SubjectState.AUTHENTICATED
+        reply: dict[str, asbp.HeaderInput] = {
+            "c": builtin_commands.AUTHENTICATED,
+            "s": subject.id,
+            "a": tube.agent_id,
+            "roles": sorted(subject.roles),
+        }
+        if subject.address is not None:
+            reply["p"] = subject.address
+        if subject.command_id is not None:
+            reply["u"] = subject.command_id
+        self._router.send(subject.channel, Command(reply))
+
+    # -- endings ---------------------------------------------------------------
+
+    def _fail(self, subject: Subject, code: FaultCode, reason: str) -> None:
+        self.subjects.end(subject)
+        self._router.fault(
+            subject.channel,
+            code,
+            f"authentication failed: {reason}",
+            command_id=subject.command_id,
+            cause=self.command_name,
+        )
+
+    def end(self, subject: Subject, why: str) -> None:
+        """End ``subject`` and tell the agents that authenticated it."""
+        agents: set[ApplicationAgentId] = set(subject.authenticated_by)
+        self.subjects.end(subject)
+        self._log.info("subject.end", extra={"subject": subject.id, "reason": why})
+        if agents:
+            notice = Command(c=builtin_commands.SUBJECT_ENDED, s=subject.id, cause=why)
+            for tube in self._router.respondents.of_agents(agents):
+                self._router.send_tube(tube, notice)
+
+    def channel_closed(self, channel: Channel) -> None:
+        """Every Subject of a closed Channel ends."""
+        for subject in self.subjects.on_channel(channel):
+            self.end(subject, "channel closed")
+
+    def tube_closed(self, tube: Tube) -> None:
+        """A Tube that was asked and left counts as a refusal."""
+        for subject in self.subjects:
+            if subject.asked.pop(tube.id, None) is not None:
+                subject.refusals.append(f"{tube.agent_id}: the agent left")
+                if subject.state is SubjectState.PENDING and not subject.asked:
+                    self._fail(
+                        subject, FaultCode.AUTHENTICATION_FAILED, "; ".join(subject.refusals)
+                    )
+
+    def expire(self, *, now: float | None = None) -> int:
+        """Fail pending Subjects past their deadline; returns how many."""
+        now = self._clock() if now is None else now
+        late = [s for s in self.subjects if s.state is SubjectState.PENDING and s.deadline <= now]
+        for subject in late:
+            self._fail(
+                subject,
+                FaultCode.RESPONDENT_TIMEOUT,
+                f"no agent answered within {self._timeout:g} seconds",
+            )
+        return len(late)
