@@ -17,7 +17,13 @@ Every option can come from the environment instead: ``ASBP_TUBE_URLS``
 (comma-separated; repeat ``--url`` for several brokers), ``ASBP_AGENT_ID``,
 ``ASBP_AGENT_KEY_FILE`` and ``ASBP_AUDIENCE``; ``--clock-interval`` sets the
 seconds between ticks. Stop it with Ctrl-C: it
-unregisters, finishes what it is doing, and leaves.
+unregisters, finishes what it is doing, and leaves (at once, if it was still
+connecting).
+
+This file also ships inside the package, byte for byte, as
+``agents/examples/echo_agent.py``: ``asbp demo`` runs that copy
+(``python -m agents.examples.echo_agent``), so the demo works from an
+installed package too. tests/agents/test_examples.py keeps the two identical.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from datetime import UTC, datetime
 
 from agents import AgentCredentialSource, ApplicationAgent, Request
 from asbp import HeaderInput
+
+__all__ = ["TICKS", "build_agent", "main", "parse_args"]
 
 #: Parts in a clock stream.
 TICKS = 3
@@ -120,7 +128,18 @@ async def main(
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
     async with agent:
-        await agent.wait_registered()
+        # A stop while still connecting (no broker yet, or one that is stopping)
+        # must not wait for a registration that may never come.
+        registered = asyncio.create_task(agent.wait_registered())
+        stopping = asyncio.create_task(stop.wait())
+        _, pending = await asyncio.wait({registered, stopping}, return_when="FIRST_COMPLETED")
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        if stop.is_set():
+            return 0
+        registered.result()  # raises what wait_registered() raised
         print(f"serving echo and clock at {', '.join(args.urls)}", file=sys.stderr)
         if ready is not None:
             ready.set()

@@ -6,11 +6,13 @@
     asbp config [--format toml|json] [same flags]            print the effective config
     asbp selfcheck                                           round-trip the codec
     asbp analytics --events DIR --output DIR [...]           the Spark analytics job
-    asbp                                                     (for now) asbp selfcheck
+    asbp demo [--port P] [--data-dir DIR]                    a broker and the example agent
+    asbp [--port P] [--data-dir DIR]                         the same: asbp demo
 
 ``python -m gateway`` is ``asbp broker``. Exit status: 0 after a clean stop (SIGINT or
 SIGTERM), 2 for a configuration error, 1 when the broker cannot listen or fails to
-start, 130 when interrupted before it could install its signal handlers.
+start (one log line says why, for ``asbp broker`` and ``asbp demo`` alike), 130 when
+interrupted before it could install its signal handlers.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import orjson
@@ -93,18 +95,29 @@ def broker(config: GatewayConfig, *, prog: str = "asbp broker") -> int:
 
     # Imported here: the servers and the app are what `asbp config` and `asbp
     # selfcheck` should not wait for.
-    from gateway.ops.server import ServerError, serve
+    from gateway.ops.server import serve
 
     configure_logging(config.log_format, config.log_level)
-    try:
+
+    def run() -> int:
         asyncio.run(serve(config))
+        return 0
+
+    return _serving(run, prog)
+
+
+def _serving(run: Callable[[], int], prog: str) -> int:
+    """``run()``, with a failure to start reported in one line rather than a traceback."""
+    from gateway.ops.server import ServerError
+
+    try:
+        return run()
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ServerError as exc:
         logging.getLogger("gateway.ops.cli").critical("cannot start", extra={"error": str(exc)})
         return EXIT_FAILURE
-    return 0
 
 
 def show_config(config: GatewayConfig, format: str) -> int:
@@ -207,10 +220,18 @@ def main(
         "demo",
         help="run a broker and the example agent on loopback (the default)",
         description="Run a broker on 127.0.0.1 with the example Application-Agent "
-        "(examples/echo_agent.py) connected, and print how to talk to it.",
+        "(examples/echo_agent.py, shipped as agents.examples.echo_agent) connected, and "
+        "print how to talk to it. A bare `asbp` is `asbp demo`. Ctrl-C or SIGTERM stops both.",
     )
-    demo_parser.add_argument("--port", type=int, default=8080)
-    demo_parser.add_argument("--data-dir", type=Path, default=Path(".asbp-demo"))
+    demo_parser.add_argument(
+        "--port", type=int, default=8080, help="0: any free port (default: %(default)s)"
+    )
+    demo_parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".asbp-demo"),
+        help="the broker identity and the agent's key pair (default: %(default)s)",
+    )
     add_analytics_arguments(
         commands.add_parser(
             "analytics",
@@ -220,6 +241,11 @@ def main(
             "given --bus-url, publish it to /system/stats/analytics. See docs/spark.md.",
         )
     )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        # A bare `asbp` (the README's first command ends in it) is `asbp demo`, and takes
+        # the demo's options: `asbp --port 9000`.
+        argv.insert(0, "demo")
     args = parser.parse_args(argv)
 
     if args.command == "selfcheck":
@@ -229,12 +255,12 @@ def main(
         from agents.spark.analytics_cli import analytics
 
         return analytics(args, prog=f"{parser.prog} analytics")
-    if args.command in (None, "demo"):
-        from gateway.ops.demo import demo
-
+    if args.command == "demo":
         try:
-            return demo(getattr(args, "port", 8080), getattr(args, "data_dir", Path(".asbp-demo")))
-        except KeyboardInterrupt:
+            from gateway.ops.demo import demo
+
+            return _serving(lambda: demo(args.port, args.data_dir), f"{parser.prog} demo")
+        except KeyboardInterrupt:  # before the demo installed its signal handlers
             return 130
     try:
         config = load_config(args, environ=os.environ if environ is None else environ)

@@ -5,6 +5,27 @@ identity and a key pair for the example agent ``echo``, made on first run.
 The agent connects over a plain-text Tube, which the broker accepts only
 because the demo listens on loopback with ``insecure_dev_tubes``: a
 development convenience that the broker refuses anywhere else.
+
+Theory of operation
+-------------------
+The agent is ``agents/examples/echo_agent.py``, run as ``python -m
+agents.examples.echo_agent``: it ships inside the package, so the demo works
+from an installed wheel as from a checkout (``examples/echo_agent.py`` is the
+same file, for people to read).
+
+The demo goes through three phases (broker starting, agent starting, running),
+and a stop (SIGINT, SIGTERM or SIGHUP) may come in any of them. Each phase
+waits for its own outcome *or* the stop, never for its outcome alone, so a stop
+is honoured at once wherever it lands: the agent is told to leave (SIGTERM,
+then SIGKILL after :data:`AGENT_GRACE` seconds) and reaped, then the broker
+stops. The agent runs in a session of its own, so a Ctrl-C in the terminal
+reaches only the demo, which then stops the agent in order; a signal reaching
+the agent while it is still importing would otherwise end it with a
+KeyboardInterrupt traceback. Its standard error is read to the end and copied
+to the demo's, so a full pipe can never block it.
+
+A process killed with SIGKILL cannot clean up; its agent then keeps trying to
+reconnect until stopped by hand (its PID is printed at start).
 """
 
 from __future__ import annotations
@@ -15,18 +36,24 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agents.credentials import generate_agent_key
 from gateway.config.model import GatewayConfig
 
-__all__ = ["AGENT", "demo"]
+__all__ = ["AGENT", "AGENT_GRACE", "AGENT_MODULE", "READY_TIMEOUT", "demo"]
 
 #: The example agent's identity.
 AGENT: Final = "echo"
-#: Where the example agent lives in a source checkout.
-_EXAMPLE: Final = Path(__file__).resolve().parents[1] / "examples" / "echo_agent.py"
-_READY_TIMEOUT: Final = 20.0
+#: The example agent's module, inside the package (see the module docstring).
+AGENT_MODULE: Final = "agents.examples.echo_agent"
+#: Seconds the example agent gets to connect and register before the demo gives up.
+READY_TIMEOUT: Final = 20.0
+#: Seconds the example agent gets to unregister and leave once told to stop.
+AGENT_GRACE: Final = 5.0
+
+# SIGHUP too: closing the terminal should stop the agent, not orphan it.
+_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _agent_keys(data_dir: Path) -> tuple[Path, Path]:
@@ -58,75 +85,153 @@ Ctrl-C stops both.
 """
 
 
-async def _start_agent(base: str, key: Path) -> asyncio.subprocess.Process:
+def _say(text: str, *, error: bool = False) -> None:
+    print(text, file=sys.stderr if error else sys.stdout, flush=True)
+
+
+async def _spawn_agent(base: str, key: Path) -> asyncio.subprocess.Process:
     tube = base.replace("http", "ws", 1) + "/tube"
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(_EXAMPLE),
-        "--url",
-        tube,
-        "--identity",
-        AGENT,
-        "--key-file",
-        str(key),
+        "-m",
+        AGENT_MODULE,
+        *("--url", tube, "--identity", AGENT, "--key-file", str(key)),
+        stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # see the module docstring
     )
-    assert process.stderr is not None
-    async with asyncio.timeout(_READY_TIMEOUT):
-        while True:
-            line = await process.stderr.readline()
-            if not line:
-                raise RuntimeError("the example agent exited before it was ready")
-            if line.startswith(b"serving"):
-                break
+    _say(f"example agent: pid {process.pid}, connecting to {tube}")
     return process
+
+
+async def _read_until_serving(process: asyncio.subprocess.Process, log: list[bytes]) -> bool:
+    """True once the agent says it serves; False if it closed standard error first."""
+    assert process.stderr is not None
+    while line := await process.stderr.readline():
+        log.append(line)
+        if line.startswith(b"serving"):
+            return True
+    return False
+
+
+async def _copy_stderr(process: asyncio.subprocess.Process) -> None:
+    assert process.stderr is not None
+    while line := await process.stderr.readline():
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+
+
+async def _stop_agent(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after :data:`AGENT_GRACE` seconds; reaped either way."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # exited, not reaped yet
+            process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(AGENT_GRACE):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+    await process.wait()
+
+
+async def _first(stop: asyncio.Event, *tasks: asyncio.Future[Any]) -> None:
+    """Return when one of ``tasks`` is done or ``stop`` is set."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
 
 
 async def _run(config: GatewayConfig, key: Path) -> int:
     from gateway.ops.server import serve
 
     stop = asyncio.Event()
+    # The broker's own stop comes after the agent's: the agent unregisters and leaves
+    # while its broker still answers, rather than finding its Tube closed under it.
+    stop_broker = asyncio.Event()
     ready = asyncio.Event()
     base_url: list[str] = []
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
 
     def on_ready(url: str) -> None:
         base_url.append(url)
         ready.set()
 
-    server = asyncio.create_task(serve(config, ready=on_ready, shutdown_trigger=stop.wait))
+    _say(f"starting a broker on {config.host}:{config.port} (data in {config.data_dir})")
+    server = asyncio.create_task(serve(config, ready=on_ready, shutdown_trigger=stop_broker.wait))
     agent: asyncio.subprocess.Process | None = None
+    copying: asyncio.Task[None] | None = None
+    helpers: list[asyncio.Task[Any]] = []
     try:
-        done, _ = await asyncio.wait(
-            {server, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
-        )
-        if server in done:
+        # 1. The broker starts (or fails to: serve() raises, and so does this).
+        broker_ready = asyncio.create_task(ready.wait())
+        helpers.append(broker_ready)
+        await _first(stop, server, broker_ready)
+        if server.done():
             server.result()
+            return 0  # stopped before it was ready
+        if stop.is_set():
+            return 0
+
+        # 2. The agent starts: it registers, dies, takes too long, or a stop comes.
+        agent = await _spawn_agent(base_url[0], key)
+        log: list[bytes] = []
+        serving = asyncio.create_task(_read_until_serving(agent, log))
+        helpers.append(serving)
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                await _first(stop, serving, server)
+        except TimeoutError:
+            _say(f"the example agent did not register within {READY_TIMEOUT:g} s", error=True)
             return 1
-        if _EXAMPLE.exists():
-            agent = await _start_agent(base_url[0], key)
-            print(_banner(base_url[0]), flush=True)
-        else:
-            print(f"broker ready at {base_url[0]} (examples/ not found: no agent)", flush=True)
-        await stop.wait()
+        if stop.is_set() or server.done():
+            return 0
+        if not serving.result():
+            await agent.wait()
+            _say(f"the example agent exited ({agent.returncode}) before it was ready:", error=True)
+            sys.stderr.buffer.write(b"".join(log))
+            return 1
+        copying = asyncio.create_task(_copy_stderr(agent))
+        helpers.append(copying)
+        _say(_banner(base_url[0]))
+
+        # 3. Running, until a stop (or the agent dies: the demo is nothing without it).
+        exited = asyncio.create_task(agent.wait())
+        helpers.append(exited)
+        await _first(stop, exited, server)
+        if exited.done() and not stop.is_set():
+            _say(f"the example agent exited ({agent.returncode}); stopping", error=True)
+            return 1
+        return 0
     finally:
-        if agent is not None and agent.returncode is None:
-            agent.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(10):
-                    await agent.wait()
-            if agent.returncode is None:
-                agent.kill()
-                await agent.wait()
-        stop.set()
+        if agent is not None:
+            await _stop_agent(agent)
+            if copying is not None:
+                # Its last words ("no longer serving") are on their way: EOF follows
+                # its exit unless something it started still holds the pipe.
+                await asyncio.wait([copying], timeout=AGENT_GRACE)
+        await _cancel(helpers)
+        stop_broker.set()
         await server
-    return 0
 
 
 def demo(port: int = 8080, data_dir: Path = Path(".asbp-demo")) -> int:
-    """Run the demo until SIGINT or SIGTERM; returns the exit status."""
+    """Run the demo until SIGINT, SIGTERM or SIGHUP; return the exit status.
+
+    Raises:
+        ServerError: the broker cannot listen or fails to start.
+        ConfigError: the broker identity cannot be kept in ``data_dir``.
+    """
     from gateway.ops.logs import configure_logging
 
     key, pem = _agent_keys(data_dir)

@@ -140,3 +140,10 @@ async def test_both_examples_as_scripts(tmp_path: Path) -> None:
             if agent.returncode is None:
                 agent.kill()
                 await agent.wait()
+
+
+def test_the_demo_runs_the_example_byte_for_byte() -> None:
+    # `asbp demo` runs the packaged copy (an installed package has no examples/);
+    # people read examples/echo_agent.py. Edit one, copy it over the other.
+    packaged = Path(__file__).resolve().parents[2] / "agents" / "examples" / "echo_agent.py"
+    assert packaged.read_bytes() == (EXAMPLES / "echo_agent.py").read_bytes()

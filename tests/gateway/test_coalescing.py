@@ -21,7 +21,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from gateway.transports.asgi import Receive, Scope, Send
-from gateway.transports.coalescing import CoalescingTransport, CoalescingWebSocketProtocol
+from gateway.transports.coalescing import (
+    _AT_EOF,
+    CoalescingTransport,
+    CoalescingWebSocketProtocol,
+)
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 from tests.support import T
 
@@ -317,6 +321,53 @@ async def test_a_handler_that_fails_ends_the_connection(caplog: pytest.LogCaptur
                     await client.recv()
             await ended.wait()
         assert "cannot take b'boom'" in caplog.text
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_both_fast_paths_engage_on_the_pinned_versions() -> None:
+    """The reading shortcut depends on websockets' private parser state, the writing one
+    on Uvicorn's protocol attributes (pyproject.toml bounds both versions). Should an
+    upgrade move that state, each declines and everything still works, only slower:
+    nothing else would notice, so this test asserts that both actually engage."""
+    assert _AT_EOF is not None, "websockets' StreamReader.at_eof is gone"
+    protocols: list[CoalescingWebSocketProtocol] = []
+
+    class Recording(CoalescingWebSocketProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            protocols.append(self)
+            super().connection_made(transport)
+
+    read_by_us: list[bool] = []
+    sent_by_us: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        message = await receive()  # no RECEIVE_FRAMES handler: through the ASGI queue
+        # Set once data_received found websockets' parser between frames and parsed
+        # the frame itself; None while websockets parses.
+        read_by_us.append(protocols[0]._unparsed is not None)
+        sent_by_us.append(scope["extensions"][SEND_FRAME](message["bytes"], False))
+        await send({"type": "websocket.close", "code": 1000})
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()  # a client that connects first waits in the backlog: no race
+    server = uvicorn.Server(
+        uvicorn.Config(app, ws=Recording, lifespan="off", log_config=None, access_log=False)
+    )
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None) as client:
+                await client.send(b"plain")
+                assert await client.recv() == b"plain"
+        assert read_by_us == [True], "the reading shortcut no longer engages"
+        assert sent_by_us == [True], "the writing shortcut no longer engages"
     finally:
         server.should_exit = True
         await serving
