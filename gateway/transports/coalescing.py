@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
@@ -160,9 +160,8 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._reader: PlainFrameReader | None = None
         #: Whether websockets keeps reading for good (see _start_reading).
         self._websockets_reads = False
-        #: The end of the opening handshake's request was seen; what preceded it.
-        self._request_ended = False
-        self._request_tail = b""
+        #: What websockets was given before the handshake completed.
+        self._request = bytearray()
         self._extensions_negotiated = False
         self._on_frame: Callable[[bytes, bool], None] | None = None
         self._on_frame_context: contextvars.Context | None = None
@@ -202,20 +201,15 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._websockets_reads:
             return None
         if not self.handshake_complete:
-            if self._request_ended:
-                self._websockets_reads = True  # frames before the response
-                return None
-            seen = self._request_tail + data
-            end = seen.find(b"\r\n\r\n")
-            if end < 0:
-                self._request_tail = seen[-3:]
-            else:
-                self._request_ended = True
-                self._websockets_reads = end + 4 < len(seen)
+            self._request += data
             return None
+        # Every byte before the response belonged to the request: its first empty
+        # line, its end, is the last thing websockets was given.
+        request_whole = self._request.find(b"\r\n\r\n") == len(self._request) - 4
+        self._request = bytearray()
         self._websockets_reads = True  # unless the reader takes over, for good
         if (
-            not self._request_ended
+            not request_whole
             or self.close_sent
             or self.conn.state is not State.OPEN
             or self._extensions_negotiated
@@ -299,10 +293,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             # Negotiated extensions (permessage-deflate) change what frames mean.
             self._extensions_negotiated = "Sec-WebSocket-Extensions" in self.response.headers
             # Uvicorn types the extensions as dicts of settings; ASGI leaves them open.
-            extensions: dict[str, Any] | None = self.scope.get("extensions")
-            if extensions is not None:
-                extensions[SEND_FRAME] = self.send_frame
-                extensions[RECEIVE_FRAMES] = self.on_frame
+            extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+            extensions[SEND_FRAME] = self.send_frame
+            extensions[RECEIVE_FRAMES] = self.on_frame
 
     def send_frame(self, payload: bytes, text: bool) -> bool:
         """Frame ``payload`` as one binary (or, if ``text``, UTF-8 text) message and gather it.
