@@ -56,6 +56,7 @@ from starlette.applications import Starlette
 from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
+from gateway.transports.websocket import max_message_bytes
 
 __all__ = [
     "CHANNEL_PATH",
@@ -286,6 +287,7 @@ async def _run_hypercorn(
     hypercorn_config.graceful_timeout = GRACEFUL_TIMEOUT
     # Assigned, never mutated: Hypercorn's defaults are class-level lists.
     hypercorn_config.alpn_protocols = ["h2", "http/1.1"]
+    hypercorn_config.websocket_max_message_size = max_message_bytes(config.limits)
     if config.tls is None:
         sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     else:
@@ -356,6 +358,8 @@ async def _run_uvicorn(
             # Like Hypercorn, which never reads X-Forwarded-For: the peer address is the
             # one on the socket, whichever server runs.
             proxy_headers=False,
+            # The same limit as Hypercorn's: websockets refuses a longer message (1009).
+            ws_max_size=max_message_bytes(config.limits),
             timeout_graceful_shutdown=math.ceil(GRACEFUL_TIMEOUT),
             ssl_certfile=None if config.tls is None else config.tls.certfile,
             ssl_keyfile=None if config.tls is None else config.tls.keyfile,

@@ -33,16 +33,25 @@ message) cost more than the rest of sending. The frames are the same bytes
 websockets would write: one unmasked, unfragmented frame per message.
 
 Reading, likewise, it parses the plain messages itself once the connection is
-open: a whole, unfragmented, masked binary or (valid UTF-8) text frame within
-the size limit becomes the same ``websocket.receive`` event Uvicorn would have
-queued, and reading pauses after a read that queued events, as Uvicorn does.
-Every other frame (control frames, fragments, anything invalid or oversized),
-with whatever follows it, goes to Uvicorn's own parser (websockets), which
-handles it as always: pings, closes, protocol errors and their close codes do
-not change. This takes over only at a frame boundary: while websockets' parser
-waits for a frame to begin, with nothing buffered. Parsing frames through
+open, with :class:`~gateway.transports.plain_frames.PlainFrameReader` (our own
+RFC 6455 frame reader, which delimits every frame by its header): a whole,
+unfragmented, masked binary or (valid UTF-8) text frame within ``ws_max_size``
+becomes the same ``websocket.receive`` event Uvicorn would have queued (or goes
+to the RECEIVE_FRAMES handler), and reading pauses after a read that queued
+events, as Uvicorn does. Every other frame (control frames, fragmented
+messages with whatever comes between their fragments, anything invalid or
+oversized) is given, whole and in order, to websockets through its public
+``receive_data``, which handles it as always: pings, closes, protocol errors
+and their close codes do not change. Since websockets only ever gets whole
+frames, it is between frames whenever the reader goes on; nothing here reads
+websockets' parser state. Once websockets has failed or closed the connection
+(its public ``state``), or the application has closed it, websockets reads
+everything. The reader starts at the first read after the handshake, and only
+if websockets was given nothing but the request before it (a client that sends
+frames before the 101 is read by websockets throughout). Parsing frames through
 websockets' generator-based reader cost about 3 µs a message, as much as the
-broker's own work on a publication.
+broker's own work on a publication (bench/README.md, and bench/frames.py for
+the two readers side by side).
 
 Enabled with ``uvicorn.Config(ws=CoalescingWebSocketProtocol)``.
 """
@@ -52,18 +61,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 from websockets.protocol import State
-from websockets.streams import StreamReader
 
-try:
-    from websockets.speedups import apply_mask
-except ImportError:  # websockets built without its C extension: the same, slower
-    from websockets.utils import apply_mask
-
+from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
 __all__ = ["CoalescingTransport", "CoalescingWebSocketProtocol"]
@@ -154,12 +158,6 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.get_extra_info(name, default)
 
 
-# Where websockets' parser waits between frames. Its generators are not an API: if
-# another version has no such step, _at_frame_boundary never matches and every
-# frame goes through websockets, as with stock Uvicorn.
-_AT_EOF: Final = getattr(getattr(StreamReader, "at_eof", None), "__code__", None)
-
-
 class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
     """Uvicorn's ``websockets-sansio`` protocol on a :class:`CoalescingTransport`,
     reading plain messages itself and offering :meth:`send_frame`."""
@@ -167,118 +165,107 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._coalescing = CoalescingTransport(transport, self.loop)
-        #: Bytes not parsed yet while this reads frames itself; None: websockets reads.
-        self._unparsed: bytearray | None = None
+        #: Our reader, once the connection is open; None: websockets reads everything.
+        self._reader: PlainFrameReader | None = None
+        #: Whether websockets keeps reading for good (see _start_reading).
+        self._websockets_reads = False
+        #: What websockets was given before the handshake completed.
+        self._request = bytearray()
+        self._extensions_negotiated = False
         self._on_frame: Callable[[bytes, bool], None] | None = None
         self._on_frame_context: contextvars.Context | None = None
         super().connection_made(self._coalescing)
 
     def data_received(self, data: bytes) -> None:
-        unparsed = self._unparsed
-        if unparsed is None:
-            if not self._at_frame_boundary():
+        reader = self._reader
+        if reader is None:
+            reader = self._start_reading(data)
+            if reader is None:
                 super().data_received(data)
                 return
-            unparsed = self._unparsed = bytearray()
-        unparsed += data
-        self._read_frames(unparsed)
-
-    def _at_frame_boundary(self) -> bool:
-        """Whether websockets' parser waits for a new frame of an open, plain connection."""
-        conn = self.conn
-        if (
-            not self.handshake_complete
-            or self.close_sent
-            or conn.state is not State.OPEN
-            or conn.extensions
-            or conn.current_size is not None  # inside a fragmented message
-            or conn.reader.buffer
-            or conn.parser_exc is not None
-        ):
-            return False
-        # The parser is a generator: at a boundary, its innermost step is the reader's
-        # at_eof(), which the frame loop awaits before each frame.
-        step: Any = conn.parser
-        while getattr(step, "gi_yieldfrom", None) is not None:
-            step = step.gi_yieldfrom
-        return _AT_EOF is not None and getattr(step, "gi_code", None) is _AT_EOF
-
-    def _read_frames(self, unparsed: bytearray) -> None:
+        elif self.close_sent or self.conn.state is not State.OPEN:
+            # The application closed (websockets now waits for the client's echo).
+            self._hand_over(reader)
+            super().data_received(data)
+            return
+        reader.feed(data)
         handler = self._on_frame
         if handler is not None and self.queue.empty():
             # In the application's context, as its own receive loop would run it.
             assert self._on_frame_context is not None
-            self._on_frame_context.run(self._parse_frames, unparsed, handler)
+            self._on_frame_context.run(self._read_frames, reader, handler)
         else:
-            self._parse_frames(unparsed, None)
+            self._read_frames(reader, None)
 
-    def _parse_frames(
-        self, unparsed: bytearray, handler: Callable[[bytes, bool], None] | None
-    ) -> None:
-        """Hand the plain messages at the start of ``unparsed`` to ``handler`` (or queue
-        them), and what follows the first other frame to websockets."""
-        conn = self.conn
-        limit = conn.max_message_size
-        if conn.max_fragment_size is not None:
-            limit = conn.max_fragment_size if limit is None else min(limit, conn.max_fragment_size)
-        put = self.queue.put_nowait
-        size = len(unparsed)
-        at = 0
-        queued = False
-        while size - at >= 2:
-            first, second = unparsed[at], unparsed[at + 1]
-            length, head = second & 0x7F, at + 2
-            if length == 126:
-                if size - at < 4:
-                    break
-                length, head = int.from_bytes(unparsed[at + 2 : at + 4], "big"), at + 4
-            elif length == 127:
-                if size - at < 10:
-                    break
-                length, head = int.from_bytes(unparsed[at + 2 : at + 10], "big"), at + 10
-            opcode = first & 0x0F
-            plain = (
-                first & 0xF0 == 0x80  # FIN, no reserved bit
-                and opcode in (0x1, 0x2)
-                and second & 0x80  # masked, as a client must
-                and (limit is None or length <= limit)
-                and not self.close_sent
-            )
-            end = head + 4 + length
-            if plain and size < end:
-                break  # the rest of this frame is still to come
-            if plain:
-                payload = apply_mask(unparsed[head + 4 : end], unparsed[head : head + 4])
-                if opcode == 0x2:
-                    at = end
-                    if handler is not None:
-                        if not self._handle(handler, payload, False):
-                            return
-                    else:
-                        put({"type": "websocket.receive", "bytes": payload})
-                        queued = True
-                    continue
-                try:
-                    text = payload.decode()
-                except UnicodeDecodeError:
-                    pass  # websockets fails the connection with 1007
-                else:
-                    at = end
-                    if handler is not None:
-                        if not self._handle(handler, payload, True):
-                            return
-                    else:
-                        put({"type": "websocket.receive", "text": text})
-                        queued = True
-                    continue
-            # Not a plain message: websockets takes it from here, with what follows.
-            rest = bytes(unparsed[at:])
-            self._unparsed = None
-            self._pause_after(queued)
+    def _start_reading(self, data: bytes) -> PlainFrameReader | None:
+        """Our reader, if it can take over at ``data``; otherwise None: websockets reads it.
+
+        Before the handshake completes, websockets reads: the request, and any
+        frame a client sends too early (RFC 6455 §4.1 has it wait for the
+        response). The reader takes over only where websockets must be between
+        frames without our looking at its parser: at the first read after the
+        handshake, if every byte websockets was given belonged to the request.
+        The request (a GET, no body) ends at its first empty line.
+        """
+        if self._websockets_reads:
+            return None
+        if not self.handshake_complete:
+            self._request += data
+            return None
+        # Every byte before the response belonged to the request: its first empty
+        # line, its end, is the last thing websockets was given.
+        request_whole = self._request.find(b"\r\n\r\n") == len(self._request) - 4
+        self._request = bytearray()
+        self._websockets_reads = True  # unless the reader takes over, for good
+        if (
+            not request_whole
+            or self.close_sent
+            or self.conn.state is not State.OPEN
+            or self._extensions_negotiated
+        ):
+            return None
+        self._websockets_reads = False
+        self._reader = PlainFrameReader(max_size=self.config.ws_max_size)
+        return self._reader
+
+    def _hand_over(self, reader: PlainFrameReader) -> None:
+        """From now on, websockets reads everything, starting with what ``reader`` holds."""
+        self._reader = None
+        self._websockets_reads = True
+        rest = reader.rest()
+        if rest:
             super().data_received(rest)
-            return
-        del unparsed[:at]
-        self._pause_after(queued)
+
+    def _read_frames(
+        self, reader: PlainFrameReader, handler: Callable[[bytes, bool], None] | None
+    ) -> None:
+        """Hand the plain messages read to ``handler`` (or queue them) and the other
+        frames to websockets, in order, until the reader needs more data."""
+        queue = self.queue
+        queued = False
+        while (event := reader.next_event()) is not None:
+            kind, payload = event
+            if kind == OTHER:
+                super().data_received(payload)
+                if self.conn.state is not State.OPEN or self.close_sent:
+                    # Failed, or closing: websockets discards or answers the rest.
+                    self._hand_over(reader)
+                    break
+                if handler is not None and not queue.empty():
+                    handler = None  # websockets queued a message: the next ones follow it
+            elif handler is not None:
+                if not self._handle(handler, payload, kind == TEXT):
+                    return
+            else:
+                if kind == TEXT:
+                    queue.put_nowait({"type": "websocket.receive", "text": payload.decode()})
+                else:
+                    queue.put_nowait({"type": "websocket.receive", "bytes": payload})
+                queued = True
+        # As Uvicorn does once it queued a message: the app's receive() resumes reading.
+        if queued and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def _handle(self, handler: Callable[[bytes, bool], None], payload: bytes, text: bool) -> bool:
         """Call the application's frame handler; False if it failed (the connection ends)."""
@@ -288,7 +275,8 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             # What Uvicorn does when the application fails in its receive loop.
             self.logger.exception("Exception in ASGI application\n")
             self._on_frame = None
-            self._unparsed = None
+            self._reader = None
+            self._websockets_reads = True
             self.transport.close()
             return False
         return True
@@ -308,20 +296,15 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._on_frame_context = None if handler is None else contextvars.copy_context()
         return True
 
-    def _pause_after(self, queued: bool) -> None:
-        # As Uvicorn does once it queued a message: the app's receive() resumes reading.
-        if queued and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         if self.response.status_code == 101:  # the scope exists; its task has not run yet
+            # Negotiated extensions (permessage-deflate) change what frames mean.
+            self._extensions_negotiated = "Sec-WebSocket-Extensions" in self.response.headers
             # Uvicorn types the extensions as dicts of settings; ASGI leaves them open.
-            extensions: dict[str, Any] | None = self.scope.get("extensions")
-            if extensions is not None:
-                extensions[SEND_FRAME] = self.send_frame
-                extensions[RECEIVE_FRAMES] = self.on_frame
+            extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+            extensions[SEND_FRAME] = self.send_frame
+            extensions[RECEIVE_FRAMES] = self.on_frame
 
     def send_frame(self, payload: bytes, text: bool) -> bool:
         """Frame ``payload`` as one binary (or, if ``text``, UTF-8 text) message and gather it.
@@ -330,17 +313,17 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         refuse, or do more than write one plain frame; the caller sends the
         message through ASGI then.
         """
-        conn = self.conn
+        # Nothing of websockets' own output can be waiting here: Uvicorn writes what
+        # it queues (pongs, closes) right after each call into it, and never sends
+        # a fragmented message, so one whole frame now keeps every frame in order.
         if (
             self.disconnected
             or self.close_sent
             or not self.handshake_complete
             or self.initial_response is not None
             or not self.writable.is_set()
-            or conn.state is not State.OPEN
-            or conn.expect_continuation_frame
-            or conn.extensions
-            or conn.writes
+            or self._extensions_negotiated
+            or self.conn.state is not State.OPEN
         ):
             return False
         length = len(payload)

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from asbp import Command, FaultCode, encode
+from asbp import Command, FaultCode, Limits, encode
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.auth.throttle import HandshakeThrottle
 from gateway.connections.channels import Channel
@@ -45,6 +45,7 @@ __all__ = [
     "ReceiveFrames",
     "SendFrame",
     "channel_endpoint",
+    "max_message_bytes",
     "tube_endpoint",
 ]
 
@@ -69,6 +70,21 @@ SUBPROTOCOL: Final = "asbp"
 CLOSE_SLOW: Final = 1008
 #: WebSocket close code when the broker shuts down ("going away").
 CLOSE_GOING_AWAY: Final = 1001
+
+
+def max_message_bytes(limits: Limits) -> int:
+    """The largest WebSocket message a server should read for a broker with ``limits``.
+
+    Four ASBP frames' worth: a message a little over ``max_frame_bytes`` still
+    reaches the broker and is answered with fault 1101 on an open connection
+    (the client learns which Command was refused, by its ``u``), while one far
+    over it is refused by the server (close 1009) before it is buffered whole.
+    Both servers are given the same figure (Hypercorn's
+    ``websocket_max_message_size``, Uvicorn's ``ws_max_size``), so a client
+    meets the same limit on either; their own default (16 MiB) let every
+    connection hold 16 MiB for a message the broker would refuse anyway.
+    """
+    return 4 * limits.max_frame_bytes
 
 
 def _broker(scope: Scope) -> Broker:

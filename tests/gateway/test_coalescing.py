@@ -21,11 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from gateway.transports.asgi import Receive, Scope, Send
-from gateway.transports.coalescing import (
-    _AT_EOF,
-    CoalescingTransport,
-    CoalescingWebSocketProtocol,
-)
+from gateway.transports.coalescing import CoalescingTransport, CoalescingWebSocketProtocol
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 from tests.support import T
 
@@ -327,12 +323,167 @@ async def test_a_handler_that_fails_ends_the_connection(caplog: pytest.LogCaptur
         listener.close()
 
 
+async def test_the_transport_passes_everything_but_writing_through() -> None:
+    async with socket_pair() as (transport, peer):
+        assert transport.can_write_eof()
+        assert transport.is_reading()
+        transport.pause_reading()
+        assert not transport.is_reading()
+        transport.resume_reading()
+        assert transport.is_reading()
+        transport.set_write_buffer_limits(high=4096, low=1024)
+        assert transport.get_write_buffer_limits() == (1024, 4096)
+        protocol = transport.get_protocol()
+        transport.set_protocol(protocol)
+        assert transport.get_protocol() is protocol
+        assert transport.get_extra_info("sockname") is not None
+        transport.write(b"before the end")
+        transport.write_eof()  # writes what was gathered first
+        loop = asyncio.get_running_loop()
+        assert await loop.sock_recv(peer, 100) == b"before the end"
+        assert await loop.sock_recv(peer, 100) == b""
+
+
+async def echo(scope: Scope, receive: Receive, send: Send) -> None:
+    """Echo every message through ASGI (no RECEIVE_FRAMES handler), until a disconnect."""
+    assert (await receive())["type"] == "websocket.connect"
+    await send({"type": "websocket.accept"})
+    while (message := await receive())["type"] == "websocket.receive":
+        await send({**message, "type": "websocket.send"})
+
+
+def masked(opcode: int, payload: bytes) -> bytes:
+    """A whole client frame (masking key zero: the payload as it is)."""
+    assert len(payload) < 126
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+
+
+async def raw_connect(
+    port: int, *, request: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        + request
+    )
+    return reader, writer
+
+
+async def server_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    first, size = await reader.readexactly(2)
+    assert size < 126
+    return first & 0x0F, await reader.readexactly(size)
+
+
+async def test_without_a_handler_plain_messages_are_queued_in_order() -> None:
+    server, serving, listener = await serve(echo)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression=None) as client:
+                for n in range(20):  # sent at once: several per read
+                    await client.send(b"%d" % n if n % 2 else str(n))
+                echoed = [await client.recv() for _ in range(20)]
+        assert echoed == [b"%d" % n if n % 2 else str(n) for n in range(20)]
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_with_compression_websockets_reads_every_frame() -> None:
+    server, serving, listener = await serve(echo)
+    try:
+        async with asyncio.timeout(5 * T):
+            url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
+            async with connect(url, compression="deflate") as client:
+                for text in ("one", "two", "three"):
+                    await client.send(text)
+                    assert await client.recv() == text
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_frames_sent_before_the_response_are_read_by_websockets() -> None:
+    """A client that does not wait for the 101 (RFC 6455 §4.1 says it must): its
+    early frame, and every one after it, are websockets' to read. What becomes of
+    the early frame is Uvicorn's (its own protocol echoes ``later`` first here
+    too); ours is that the reader stays out and the connection keeps working."""
+    server, serving, listener = await serve(echo)
+    try:
+        async with asyncio.timeout(5 * T):
+            reader, writer = await raw_connect(
+                listener.getsockname()[1], request=masked(0x2, b"early")
+            )
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(masked(0x2, b"later"))
+            assert await server_frame(reader) == (0x2, b"later")
+            writer.write(masked(0x8, b"\x03\xe8"))
+            while (frame := await server_frame(reader))[0] != 0x8:
+                assert frame == (0x2, b"early")
+            assert frame == (0x8, b"\x03\xe8")
+            writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_after_the_application_closes_websockets_reads_the_rest() -> None:
+    """Messages that cross the application's close are dropped, as Uvicorn does,
+    and the client's echo of the close ends the connection."""
+    closing = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        assert (await receive())["type"] == "websocket.receive"
+        await send({"type": "websocket.close", "code": 1000})
+        closing.set()
+        assert (await receive())["type"] == "websocket.disconnect"
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            reader, writer = await raw_connect(listener.getsockname()[1])
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(masked(0x2, b"first"))
+            assert await server_frame(reader) == (0x8, b"\x03\xe8")
+            writer.write(masked(0x2, b"crossed the close") + masked(0x8, b"\x03\xe8"))
+            assert await reader.read() == b""  # closed, nothing more sent
+            writer.close()
+        assert closing.is_set()
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_a_refused_handshake_offers_no_extensions() -> None:
+    server, serving, listener = await serve(echo)
+    try:
+        async with asyncio.timeout(5 * T):
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+            writer.write(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+            )
+            status = await reader.readline()
+            assert status.startswith(b"HTTP/1.1 400"), status
+            writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
 async def test_both_fast_paths_engage_on_the_pinned_versions() -> None:
-    """The reading shortcut depends on websockets' private parser state, the writing one
-    on Uvicorn's protocol attributes (pyproject.toml bounds both versions). Should an
-    upgrade move that state, each declines and everything still works, only slower:
-    nothing else would notice, so this test asserts that both actually engage."""
-    assert _AT_EOF is not None, "websockets' StreamReader.at_eof is gone"
+    """The writing shortcut leans on Uvicorn's protocol (pyproject.toml bounds its version),
+    and the reading one hands over to websockets at documented points. Should an upgrade
+    change either, each declines and everything still works, only slower: nothing else
+    would notice, so this test asserts that both actually engage."""
     protocols: list[CoalescingWebSocketProtocol] = []
 
     class Recording(CoalescingWebSocketProtocol):
@@ -347,9 +498,9 @@ async def test_both_fast_paths_engage_on_the_pinned_versions() -> None:
         assert (await receive())["type"] == "websocket.connect"
         await send({"type": "websocket.accept"})
         message = await receive()  # no RECEIVE_FRAMES handler: through the ASGI queue
-        # Set once data_received found websockets' parser between frames and parsed
-        # the frame itself; None while websockets parses.
-        read_by_us.append(protocols[0]._unparsed is not None)
+        # Our reader stays in place for as long as it parses the frames itself; it is
+        # dropped for good the moment websockets takes over.
+        read_by_us.append(protocols[0]._reader is not None)
         sent_by_us.append(scope["extensions"][SEND_FRAME](message["bytes"], False))
         await send({"type": "websocket.close", "code": 1000})
 

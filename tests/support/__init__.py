@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from .ports import free_port
 from .redis import RedisServer, RedisServerError
-from .servers import RunningServer, ServerFailed, ServerName, serve_app, serve_app_async
+from .servers import (
+    RunningServer,
+    ServerFailed,
+    ServerName,
+    UvicornWebSocket,
+    serve_app,
+    serve_app_async,
+)
 from .timing import T
 from .tls import TlsFiles, client_ssl_context, generate_tls_files
 
@@ -20,6 +27,7 @@ __all__ = [
     "ServerName",
     "T",
     "TlsFiles",
+    "UvicornWebSocket",
     "client_ssl_context",
     "free_port",
     "generate_tls_files",

@@ -52,14 +52,29 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 from starlette.types import ASGIApp
 
+from asbp import DEFAULT_LIMITS
 from gateway.transports.coalescing import CoalescingWebSocketProtocol
+from gateway.transports.websocket import max_message_bytes
 
 from .timing import T
 from .tls import TlsFiles
 
-__all__ = ["HOST", "RunningServer", "ServerFailed", "ServerName", "serve_app", "serve_app_async"]
+__all__ = [
+    "HOST",
+    "RunningServer",
+    "ServerFailed",
+    "ServerName",
+    "UvicornWebSocket",
+    "serve_app",
+    "serve_app_async",
+]
 
 ServerName = Literal["hypercorn", "uvicorn"]
+#: Uvicorn's WebSocket protocol: ours, as the broker runs it, or Uvicorn's own.
+UvicornWebSocket = Literal["coalescing", "websockets-sansio"]
+
+# As gateway/ops/server.py configures both servers for the default limits.
+_MAX_MESSAGE_BYTES: Final = max_message_bytes(DEFAULT_LIMITS)
 
 #: Servers listen on IPv4 loopback only.
 HOST: Final = "127.0.0.1"
@@ -108,6 +123,8 @@ def serve_app(
     server: ServerName = "hypercorn",
     tls: TlsFiles | None = None,
     h2: bool | None = None,
+    uvicorn_ws: UvicornWebSocket = "coalescing",
+    max_message_bytes: int = _MAX_MESSAGE_BYTES,
 ) -> Iterator[RunningServer]:
     """Serve ``app`` on a fresh port until the block exits.
 
@@ -122,12 +139,23 @@ def serve_app(
         h2: offer HTTP/2 by ALPN. ``None`` means what the server supports (Hypercorn: yes,
             Uvicorn: no). Hypercorn always answers h2c prior knowledge, even with
             ``h2=False``: it detects the connection preface and has no switch for it.
+        uvicorn_ws: Uvicorn's WebSocket protocol: ``coalescing`` (ours, as the broker
+            runs it) or ``websockets-sansio`` (Uvicorn's own).
+        max_message_bytes: the largest WebSocket message the server reads (both
+            servers; by default what gateway/ops/server.py sets for the default limits).
 
     Raises:
         ServerFailed: the server did not become ready, failed, or did not stop in time.
         ValueError: ``h2=True`` with Uvicorn.
     """
-    serving = _Serving(app, server=server, tls=tls, h2=h2)
+    serving = _Serving(
+        app,
+        server=server,
+        tls=tls,
+        h2=h2,
+        uvicorn_ws=uvicorn_ws,
+        max_message_bytes=max_message_bytes,
+    )
     try:
         yield serving.start()
     finally:
@@ -141,9 +169,18 @@ async def serve_app_async(
     server: ServerName = "hypercorn",
     tls: TlsFiles | None = None,
     h2: bool | None = None,
+    uvicorn_ws: UvicornWebSocket = "coalescing",
+    max_message_bytes: int = _MAX_MESSAGE_BYTES,
 ) -> AsyncIterator[RunningServer]:
     """Like :func:`serve_app`, but waits for start and stop without blocking the caller's loop."""
-    serving = _Serving(app, server=server, tls=tls, h2=h2)
+    serving = _Serving(
+        app,
+        server=server,
+        tls=tls,
+        h2=h2,
+        uvicorn_ws=uvicorn_ws,
+        max_message_bytes=max_message_bytes,
+    )
     try:
         yield await anyio.to_thread.run_sync(serving.start)
     finally:
@@ -156,7 +193,14 @@ class _Serving:
     """One server thread, from socket binding to join."""
 
     def __init__(
-        self, app: ASGIApp, *, server: ServerName, tls: TlsFiles | None, h2: bool | None
+        self,
+        app: ASGIApp,
+        *,
+        server: ServerName,
+        tls: TlsFiles | None,
+        h2: bool | None,
+        uvicorn_ws: UvicornWebSocket,
+        max_message_bytes: int,
     ) -> None:
         if server == "uvicorn" and h2:
             raise ValueError("uvicorn serves HTTP/2 only with zttp, which is not installed")
@@ -172,9 +216,13 @@ class _Serving:
             raise
         self._running = RunningServer(server=server, host=HOST, port=port, tls=tls is not None)
         if server == "hypercorn":
-            serve = _hypercorn(app, self._sock, tls=tls, h2=h2 is not False)
+            serve = _hypercorn(
+                app, self._sock, tls=tls, h2=h2 is not False, max_message_bytes=max_message_bytes
+            )
         else:
-            serve = _uvicorn(app, self._sock, tls=tls)
+            serve = _uvicorn(
+                app, self._sock, tls=tls, ws=uvicorn_ws, max_message_bytes=max_message_bytes
+            )
         self._thread = _ServerThread(serve, name=f"{server}:{port}")
 
     def start(self) -> RunningServer:
@@ -267,9 +315,12 @@ def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any])
     loop.default_exception_handler(context)
 
 
-def _hypercorn(app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None, h2: bool) -> _Serve:
+def _hypercorn(
+    app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None, h2: bool, max_message_bytes: int
+) -> _Serve:
     async def serve(ready: _Ready, stop: asyncio.Event) -> None:
         config = _hypercorn_config(tls=tls, h2=h2)
+        config.websocket_max_message_size = max_message_bytes
         if tls is None:
             sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
         else:
@@ -320,13 +371,21 @@ class _UvicornServer(uvicorn.Server):
         self._on_ready()
 
 
-def _uvicorn(app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None) -> _Serve:
+def _uvicorn(
+    app: ASGIApp,
+    sock: socket.socket,
+    *,
+    tls: TlsFiles | None,
+    ws: UvicornWebSocket,
+    max_message_bytes: int,
+) -> _Serve:
     async def serve(ready: _Ready, stop: asyncio.Event) -> None:
         config = uvicorn.Config(
             app,
             http="h11",
             # As gateway/ops/server.py runs Uvicorn: websockets-sansio, writes coalesced.
-            ws=CoalescingWebSocketProtocol,
+            ws=CoalescingWebSocketProtocol if ws == "coalescing" else ws,
+            ws_max_size=max_message_bytes,
             lifespan="auto",
             log_config=None,  # leave the process's logging configuration alone
             access_log=False,
