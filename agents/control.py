@@ -1,7 +1,9 @@
 """The broker's built-in Command-Names, as the SDK speaks them, and a few builders.
 
-These mirror ``gateway.routing.builtin_commands`` (docs/protocol.md, "Built-in Commands");
-the SDK must not import the broker's code, so a test keeps the two equal.
+The names and the fault Command are protocol vocabulary (:mod:`asbp.names`,
+:mod:`asbp.fault_commands`; docs/protocol.md, "Built-in Commands"), re-exported
+here so the SDK's modules keep one import; the broker imports the same objects,
+and the SDK never imports the broker.
 
 Two extension keys are the SDK's own, for agent-to-agent requests (the
 broker has no way to address a Tube, so the answer travels as an ordinary
@@ -19,7 +21,23 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Final
 
-from asbp import Command, HeaderInput
+from asbp import HeaderInput
+from asbp.fault_commands import fault_command
+from asbp.grammar import MAX_COMMAND_ID
+from asbp.names import (
+    ACCEPTED,
+    CHANNEL,
+    COMMANDS,
+    FAULT,
+    JOIN,
+    LEAVE,
+    PING,
+    PONG,
+    PREFIX,
+    REGISTER,
+    TUBE,
+    UNREGISTER,
+)
 
 __all__ = [
     "ACCEPTED",
@@ -43,30 +61,12 @@ __all__ = [
     "text_body",
 ]
 
-#: Reserved for the broker's own Command-Names.
-PREFIX: Final = "asbp."
-CHANNEL: Final = "asbp.channel"
-TUBE: Final = "asbp.tube"
-FAULT: Final = "asbp.fault"
-ACCEPTED: Final = "asbp.accepted"
-PING: Final = "asbp.ping"
-PONG: Final = "asbp.pong"
-COMMANDS: Final = "asbp.commands"
-REGISTER: Final = "asbp.register"
-UNREGISTER: Final = "asbp.unregister"
-JOIN: Final = "asbp.join"
-LEAVE: Final = "asbp.leave"
-
 #: The SDK's agent-to-agent keys (see the module docstring).
 INBOX_KEY: Final = "inbox"
 REPLY_KEY: Final = "reply"
 
 #: A reply's default Command-Name is the request's plus this suffix.
 REPLY_SUFFIX: Final = ".reply"
-
-#: §1.3.4.2 u: the largest Command-Identifier (the draft's "65,563" is a typo;
-#: see docs/protocol.md).
-MAX_COMMAND_ID: Final = 65535
 
 
 def text_body(body: bytes | str, keys: dict[str, HeaderInput]) -> bytes:
@@ -75,14 +75,6 @@ def text_body(body: bytes | str, keys: dict[str, HeaderInput]) -> bytes:
         keys.setdefault("e", "UTF-8")
         return body.encode("utf-8")
     return body
-
-
-def fault_command(code: int, message: str, *, cause: str | None = None) -> Command:
-    """An ``asbp.fault`` with ``code`` and ``message``, shaped like the broker's."""
-    header: dict[str, HeaderInput] = {"c": FAULT, "code": int(code), "e": "UTF-8"}
-    if cause and "'" not in cause and "\r" not in cause and "\n" not in cause:
-        header["cause"] = cause
-    return Command(header, message.encode("utf-8", "replace"))
 
 
 class CommandIds:

@@ -37,6 +37,9 @@ from cryptography.hazmat.primitives.serialization import (
 from joserfc import jwt
 from joserfc.jwk import ECKey, Key, OKPKey, RSAKey
 
+# Re-exported: the SDK's callers built subprotocols from it before it moved to asbp.
+from asbp.names import BEARER_SUBPROTOCOL_PREFIX
+
 __all__ = [
     "BEARER_SUBPROTOCOL_PREFIX",
     "AgentCredentialSource",
@@ -44,10 +47,6 @@ __all__ = [
     "generate_agent_key",
     "mint_agent_token",
 ]
-
-#: The WebSocket subprotocol prefix that carries a credential; it must equal
-#: ``gateway.auth.credentials.BEARER_SUBPROTOCOL_PREFIX`` (a test checks it).
-BEARER_SUBPROTOCOL_PREFIX: Final = "asbp.bearer."
 
 #: Shorter RSA keys are refused, as the Broker refuses them too.
 MIN_RSA_BITS: Final = 2048

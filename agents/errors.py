@@ -2,31 +2,51 @@
 
 ::
 
-    Exception
-     ├── AgentError              anything the SDK raises on purpose
-     │    ├── FaultError         the peer answered with ``asbp.fault``
-     │    │                      .code: int  .fault: FaultCode | None
-     │    │                      .message  .command_id  .cause
-     │    ├── ConnectionLost     the Tube or Channel closed before the answer came
-     │    └── NotConnected       no open Tube or Channel to send on
-     └── TimeoutError            (built-in) no answer within the timeout
+    asbp.AsbpError               the one root (asbp/errors.py draws the rest)
+     └── AgentError              anything the SDK raises on purpose
+          ├── FaultError         the peer answered with ``asbp.fault``
+          │                      .code: int  .fault: FaultCode | None
+          │                      .message  .command_id  .cause
+          ├── ConnectionLost     the Tube or Channel closed before the answer came
+          ├── NotConnected       no open Tube or Channel to send on
+          ├── MultipartError     (agents.multipart) a long-poll response we cannot read
+          ├── StreamError        (agents.streams) parts that do not form one answer
+          ├── PublishError       (agents.spark.analytics_publish) no Tube for the summary
+          └── SparkError         (agents.spark.errors) the Spark side; its docstring
+                                 draws that branch
+    TimeoutError                 (built-in) no answer within the timeout
 
-``AgentError`` is deliberately not an ``asbp.AsbpError``: that tree is for
-errors *this* process maps to a fault code it sends, and its ``code`` is a
-``FaultCode``. A ``FaultError`` is the other direction: a code some peer sent,
-which may be one our table does not know, so its ``code`` is a plain ``int``
-and ``fault`` is the ``FaultCode`` when the number is one of ours.
+Why under ``AsbpError``: one ``except AsbpError`` then catches anything the
+bus stack raises on purpose, and each error carries a ``code`` a Respondent
+can answer with. An error the SDK raises inside a handler means the
+Respondent failed, so ``AgentError.code`` is ``RESPONDENT_FAILED`` (2107);
+a :class:`FaultError` carries the code the peer sent, so re-raising it from a
+handler passes the peer's fault on. Unlike the rest of the tree, an
+``AgentError`` prints as its message alone: it is read by the SDK's caller,
+not sent, and the code of a lost connection would only mislead.
 """
 
 from __future__ import annotations
 
-from asbp import Command, FaultCode
+from asbp import AsbpError, Command, FaultCode
+from asbp.fault_commands import read_fault
 
 __all__ = ["AgentError", "ConnectionLost", "FaultError", "NotConnected"]
 
 
-class AgentError(Exception):
-    """The root of every error the agent SDK raises on purpose."""
+class AgentError(AsbpError):
+    """The root of every error the agent SDK raises on purpose.
+
+    Attributes:
+        code: the fault code a Respondent answers with if this escapes its
+            handler (2107, the Respondent failed, unless a subclass knows better).
+        message: what went wrong.
+    """
+
+    code = FaultCode.RESPONDENT_FAILED
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class FaultError(AgentError):
@@ -47,9 +67,14 @@ class FaultError(AgentError):
         command_id: int | None = None,
         cause: str | None = None,
     ) -> None:
-        super().__init__(code, message)
-        self.code = int(code)
-        self.message = message
+        super().__init__(message)
+        # A plain int where the root has a FaultCode: a peer may send a code our
+        # table lacks, and refusing to represent it would hide what it said.
+        # FaultCode is an IntEnum, so every caller that treats .code as a number
+        # (the fault Command builders, comparisons) reads either alike.
+        self.code = int(code)  # type: ignore[assignment]  # see above
+        # As before this class joined AsbpError, so pickling rebuilds it.
+        self.args = (self.code, message)
         self.command_id = command_id
         self.cause = cause
 
@@ -68,17 +93,8 @@ class FaultError(AgentError):
     @classmethod
     def from_command(cls, command: Command) -> FaultError:
         """Read an ``asbp.fault`` Command; a missing or bad ``code`` reads as 0."""
-        raw = command.get("code")
-        code = 0
-        if isinstance(raw, str) and raw.isdigit() and len(raw) <= 9:
-            code = int(raw)
-        cause = command.get("cause")
-        return cls(
-            code,
-            command.body.decode("utf-8", "replace"),
-            command_id=command.command_id,
-            cause=cause if isinstance(cause, str) else None,
-        )
+        report = read_fault(command)
+        return cls(report.code, report.message, command_id=report.command_id, cause=report.cause)
 
 
 class ConnectionLost(AgentError):

@@ -38,6 +38,9 @@ from agents.channel import ChannelTransport, WebSocketChannel
 from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
 from asbp import Command, HeaderInput
 
+# Re-exported: the messaging Command-Names are protocol vocabulary (asbp.names).
+from asbp.names import ACK, NOTIFICATION, POLL, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
+
 __all__ = [
     "ACK",
     "NOTIFICATION",
@@ -51,13 +54,6 @@ __all__ = [
     "Publication",
     "publish_all",
 ]
-
-PUBLISH: Final = "asbp.publish"
-SUBSCRIBE: Final = "asbp.subscribe"
-UNSUBSCRIBE: Final = "asbp.unsubscribe"
-POLL: Final = "asbp.poll"
-ACK: Final = "asbp.ack"
-NOTIFICATION: Final = "asbp.notification"
 
 #: ``type``: TOPIC, QUEUE or VIRTUAL_QUEUE, spelt exactly so.
 DestinationType = Literal["TOPIC", "QUEUE", "VIRTUAL_QUEUE"]

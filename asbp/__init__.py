@@ -3,6 +3,11 @@
 ``decode`` turns one frame into a ``Command``; ``encode`` turns it back. This
 package does no I/O of any kind (no sockets, files or event loops), so the
 broker, the SDK and the tests all share one exact reading of the draft.
+
+The vocabulary both sides speak lives here too, so the broker (``gateway``)
+and the SDK (``agents``) import it and never each other: ``asbp.names`` (the
+built-in Command-Names), ``asbp.fault_commands`` (``asbp.fault`` Commands) and
+``asbp.eventlog`` (the event log's fields).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from asbp.errors import (
     TooManyKeys,
     TooManyListItems,
 )
+from asbp.fault_commands import FaultReport, fault_command, read_fault
 from asbp.faults import FaultCode
-from asbp.grammar import DEFAULT_LIMITS, KiB, Limits
+from asbp.grammar import DEFAULT_LIMITS, MAX_COMMAND_ID, KiB, Limits
 from asbp.header import (
     RESERVED_KEYS,
     ApplicationAgentId,
@@ -32,6 +38,7 @@ from asbp.header import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MAX_COMMAND_ID",
     "RESERVED_KEYS",
     "ApplicationAgentId",
     "AsbpError",
@@ -39,6 +46,7 @@ __all__ = [
     "Command",
     "ConversationAddress",
     "FaultCode",
+    "FaultReport",
     "FrameTooLarge",
     "HeaderInput",
     "HeaderTooLarge",
@@ -53,4 +61,6 @@ __all__ = [
     "TooManyListItems",
     "decode",
     "encode",
+    "fault_command",
+    "read_fault",
 ]

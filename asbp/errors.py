@@ -14,6 +14,15 @@
 Other packages (the broker's ACLs, engines, credentials) hang their own
 errors under ``AsbpError`` so that one ``except AsbpError`` maps any of them
 to a fault Command with a code.
+
+The SDK's branch (agents/errors.py and agents/spark/errors.py draw it whole)::
+
+    AsbpError
+     └── AgentError                agents: .code 2107 (the Respondent failed)
+          ├── FaultError           a fault a peer sent: .code as sent, an int
+          ├── ConnectionLost, NotConnected, MultipartError, StreamError
+          └── SparkError           agents.spark: EventSourceError, QueryError,
+                                   OptionError (also a ValueError), WalError, PublishError
 """
 
 from __future__ import annotations

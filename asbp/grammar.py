@@ -31,6 +31,7 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MAX_COMMAND_ID",
     "QUOTE",
     "RESERVED",
     "TERMINATOR",
@@ -55,6 +56,10 @@ TERMINATOR: Final = ";"
 #: §1.3.4: "Value-Tokens may be wrapped in single quotes". There is no
 #: escaping, so a quote can never appear inside a quoted token.
 QUOTE: Final = "'"
+#: §1.3.4.2 u: "The value should be between 0 and 65,563"; 65,563 is a typo for
+#: 65,535, the largest 16-bit value (docs/protocol.md, "65,563" in ``u``). A
+#: User-Agent wraps back to 0 after it.
+MAX_COMMAND_ID: Final = 65535
 
 # §1.3.4.1: "All whitespace characters MUST NOT be included in a ASBP header
 # outside of a Value-Token wrapped by single quotes." We read "whitespace" as

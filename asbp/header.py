@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, NewType
 
+from asbp.grammar import MAX_COMMAND_ID
+
 __all__ = [
     "RESERVED_KEYS",
     "ApplicationAgentId",
@@ -90,11 +92,9 @@ def _uuid_hex(value: str) -> str | None:
 
 
 def _command_id(value: str) -> str | None:
-    # §1.3.4.2 u: "between 0 and 65,563" is a typo for 65,535, the largest
-    # 16-bit value; see docs/protocol.md.
-    if _UINT.fullmatch(value) and len(value) <= 5 and int(value) <= 65535:
+    if _UINT.fullmatch(value) and len(value) <= 5 and int(value) <= MAX_COMMAND_ID:
         return None
-    return "must be an integer from 0 to 65535 without leading zeros"
+    return f"must be an integer from 0 to {MAX_COMMAND_ID} without leading zeros"
 
 
 def _one_based(value: str) -> str | None:

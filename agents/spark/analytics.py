@@ -355,9 +355,11 @@ def _iso(seconds: float | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m agents.spark.analytics`` (and spark-submit): ``asbp analytics``."""
-    from gateway.ops.cli import main as cli
+    # Imported here: the command line is the CLI module's, which imports this
+    # module's run() only when the job starts.
+    from agents.spark.analytics_cli import main as cli
 
-    return cli(["analytics", *(sys.argv[1:] if argv is None else argv)], prog="asbp")
+    return cli(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""``asbp analytics``: run the job from parsed options, print and publish the summary.
+"""``asbp analytics``: parse the options, run the job, print and publish the summary.
 
-The options are defined beside the other subcommands
-(:func:`gateway.ops.cli.add_analytics_arguments`); this module does the work, and
-is imported only when the subcommand runs, so the broker never imports pyspark.
+The job is the SDK's, so its command line is too: ``asbp analytics ARGS`` (the
+broker's CLI, ``gateway.ops.cli``) and ``python -m agents.spark.analytics ARGS``
+both hand ``ARGS`` to :func:`main`. The broker's CLI imports this module only
+when the subcommand runs, and this module imports nothing from the broker, so
+the SDK stands alone and the two never import each other. pyspark is imported
+only once the options are known to be good; without it (no ``spark`` extra)
+the command says how to install it instead of failing with a traceback.
 
 Exit status: 0 when the results are written (and the summary published, if
-asked); 2 for bad options; 1 when the log cannot be read or the summary cannot
-be published (the Parquet results are written by then).
+asked); 2 for bad options; 1 when pyspark is missing, the log cannot be read
+or the summary cannot be published (the Parquet results are written by then).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import os
 import ssl as ssl_module
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
@@ -24,8 +29,19 @@ import orjson
 
 from agents.credentials import AgentCredentialSource
 from agents.errors import AgentError
+from asbp.eventlog import STREAM_KEY
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "analytics", "parse_time"]
+__all__ = [
+    "DESCRIPTION",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "INSTALL_HINT",
+    "add_arguments",
+    "analytics",
+    "build_parser",
+    "main",
+    "parse_time",
+]
 
 #: Bad options (argparse's own status for usage errors).
 EXIT_USAGE: Final = 2
@@ -33,6 +49,84 @@ EXIT_USAGE: Final = 2
 EXIT_FAILURE: Final = 1
 #: Set by spark-submit for the Python driver it starts (the JVM is already up).
 _UNDER_SPARK_SUBMIT: Final = "PYSPARK_GATEWAY_PORT"
+#: How to get what the job needs (pyproject.toml's ``spark`` extra).
+INSTALL_HINT: Final = "pip install 'asbp-gateway[spark]'"
+#: The top-level modules of the ``spark`` extra: one of them missing means the
+#: extra is not installed, and any other missing module is a real bug to show.
+_SPARK_EXTRA: Final = frozenset({"pyspark", "py4j", "pyarrow", "pandas"})
+#: What ``asbp --help`` and ``asbp analytics --help`` say the job does.
+DESCRIPTION: Final = (
+    "Read the event log, write traffic, fault, latency and busiest-destination "
+    "figures as Parquet under --output, print a JSON summary and, given --bus-url, "
+    "publish it to /system/stats/analytics. See docs/spark.md."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``asbp analytics`` to ``parser``."""
+    source = parser.add_argument_group("the event log (one of)").add_mutually_exclusive_group(
+        required=True
+    )
+    source.add_argument(
+        "--events", metavar="PATH", help="NDJSON event files: a directory, a file or a glob"
+    )
+    source.add_argument("--redis-url", metavar="URL", help="read the Redis Stream at this URL")
+    parser.add_argument(
+        "--stream", default=STREAM_KEY, help="the stream's key (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--partitions", type=int, metavar="N", help="stream ID ranges read in parallel"
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="DIR", help="where the Parquet results go"
+    )
+    parser.add_argument(
+        "--since", metavar="TIME", help="first time (ISO 8601 with a zone, or Unix seconds)"
+    )
+    parser.add_argument("--until", metavar="TIME", help="end of the window (exclusive)")
+    parser.add_argument(
+        "--top", type=int, default=10, help="destinations per kind kept (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--accuracy",
+        type=int,
+        default=10_000,
+        help="percentile_approx accuracy: rank error <= events/accuracy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--master", help="Spark master (default: $SPARK_MASTER, else local[2]; spark-submit's wins)"
+    )
+    bus = parser.add_argument_group("publishing the summary (optional)")
+    bus.add_argument("--bus-url", metavar="URL", help="the broker's Tube URL, wss://host/tube")
+    bus.add_argument("--identity", help="the job's Application-Agent identity")
+    bus.add_argument("--key", metavar="FILE", help="the identity's private key (PEM)")
+    bus.add_argument(
+        "--audience", default="asbp-broker", help="the broker's audience (default: %(default)s)"
+    )
+    bus.add_argument("--cafile", metavar="FILE", help="CA certificates for wss://")
+    bus.add_argument(
+        "--insecure", action="store_true", help="allow a ws:// URL (development brokers only)"
+    )
+    bus.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to publish (default: %(default)s)"
+    )
+
+
+def build_parser(prog: str = "asbp analytics") -> argparse.ArgumentParser:
+    """The job's whole command line, named ``prog`` in usage and errors."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "asbp analytics") -> int:
+    """Parse ``argv`` (``sys.argv[1:]`` by default), run the job; return the exit status.
+
+    Raises:
+        SystemExit: argparse's, for ``--help`` and for options it cannot parse.
+    """
+    args = build_parser(prog).parse_args(argv)
+    return analytics(args, prog=prog)
 
 
 def parse_time(text: str) -> float:
@@ -87,11 +181,22 @@ def analytics(args: argparse.Namespace, *, prog: str = "asbp analytics") -> int:
         return usage("--identity and --key are for publishing: give --bus-url too")
 
     # pyspark is imported only now that the options are known to be good.
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
 
-    from agents.spark.analytics import TimeWindow, run
-    from agents.spark.events import EventSource, EventSourceError, NdjsonSource, RedisStreamSource
-    from agents.spark.session import session
+        from agents.spark.analytics import TimeWindow, run
+        from agents.spark.events import (
+            EventSource,
+            EventSourceError,
+            NdjsonSource,
+            RedisStreamSource,
+        )
+        from agents.spark.session import session
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _SPARK_EXTRA:
+            raise
+        print(f"{prog}: needs {exc.name}, which is not installed: {INSTALL_HINT}", file=sys.stderr)
+        return EXIT_FAILURE
 
     source: EventSource
     if args.events is not None:

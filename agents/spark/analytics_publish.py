@@ -27,19 +27,18 @@ import orjson
 
 from agents.backoff import Backoff
 from agents.credentials import AgentCredentialSource
-from agents.errors import AgentError
+from agents.spark.errors import SparkError
 from agents.tube import TubeLink, TubeSession
 from asbp import Command
+from asbp.names import PUBLISH
 
 __all__ = ["PUBLISH", "SUMMARY_TOPIC", "PublishError", "publish_summary"]
 
 #: Where the summary goes (a system topic: see docs/acl.md for who may write it).
 SUMMARY_TOPIC: Final = "/system/stats/analytics"
-#: The broker's built-in publication Command.
-PUBLISH: Final = "asbp.publish"
 
 
-class PublishError(AgentError):
+class PublishError(SparkError):
     """The summary could not be published: no Tube within the timeout."""
 
 

@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-The event log has one record shape (:mod:`gateway.eventlog.schema`) and two
-stores, and this module reads either into the same DataFrame: one column per
-:class:`~gateway.eventlog.schema.Event` field, typed by an explicit schema
-derived from that dataclass (so the two can never drift apart), plus
-``timestamp``, the event's ``time`` as a Spark timestamp.
+The event log has one record shape (:mod:`asbp.eventlog`, the vocabulary the
+broker writes by) and two stores, and this module reads either into the same
+DataFrame: one column per field of :data:`asbp.eventlog.EVENT_FIELDS`, typed by
+an explicit schema derived from that table (so the two can never drift apart;
+the broker's record type is tested against the same table), plus
+``timestamp``, the event's ``time`` as a Spark timestamp. Nothing here imports
+the broker: a Spark job runs where no broker is installed.
 
 **NDJSON files** (the memory engine: ``<data_dir>/events/events-*.ndjson``) are
 read by Spark's own JSON reader with the schema given, so there is no inference
@@ -36,14 +38,13 @@ long as this reader for a million events (``bench/analytics.py --redis --driver`
 from __future__ import annotations
 
 import os
-import types
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from glob import has_magic
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Union
+from typing import TYPE_CHECKING, Final
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -57,7 +58,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from gateway.eventlog.schema import FIELDS, FILE_GLOB, STREAM_FIELD, STREAM_KEY, Event
+from agents.spark.errors import SparkError
+from asbp.eventlog import EVENT_FIELDS, FILE_GLOB, STREAM_FIELD, STREAM_KEY, JsonType
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -90,45 +92,27 @@ DEFAULT_CHUNK: Final = 10_000
 _MAX_SEQUENCE: Final = 2**64 - 1
 
 
-class EventSourceError(Exception):
+class EventSourceError(SparkError):
     """The event log cannot be read: no such directory, an unusable stream option."""
 
 
-def _spark_type(annotation: object, field: str) -> tuple[DataType, bool]:
-    """The Spark type of one Event field, and whether it may be null."""
-    nullable = False
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        nullable = len(members) < len(typing.get_args(annotation))
-        if len(members) != 1:
-            raise TypeError(f"Event.{field}: a union of {members} has no Spark type")
-        annotation = members[0]
-        origin = typing.get_origin(annotation)
-    if origin is typing.Literal and all(isinstance(a, str) for a in typing.get_args(annotation)):
-        return StringType(), nullable
-    if annotation is str:
-        return StringType(), nullable
-    if annotation is int:
-        return LongType(), nullable
-    if annotation is float:
-        return DoubleType(), nullable
-    raise TypeError(f"Event.{field}: {annotation!r} has no Spark type")
+#: The Spark type of each JSON type an event field may have: a JSON integer is a
+#: 64-bit count (bytes, microseconds), a JSON number a double (Unix seconds).
+_SPARK_TYPES: Final[dict[JsonType, DataType]] = {
+    "string": StringType(),
+    "integer": LongType(),
+    "number": DoubleType(),
+}
 
 
 def event_schema() -> StructType:
-    """The Spark schema of one event, field for field from the Event dataclass.
-
-    Raises:
-        TypeError: a field type this reader does not know how to map; the
-            schema module grew a type, and this function must learn it.
-    """
-    hints = typing.get_type_hints(Event, include_extras=False)
-    fields = []
-    for name in FIELDS:
-        spark_type, nullable = _spark_type(hints[name], name)
-        fields.append(StructField(name, spark_type, nullable))
-    return StructType(fields)
+    """The Spark schema of one event, field for field from :data:`asbp.eventlog.EVENT_FIELDS`."""
+    return StructType(
+        [
+            StructField(field.name, _SPARK_TYPES[field.type], field.nullable)
+            for field in EVENT_FIELDS
+        ]
+    )
 
 
 #: The schema every reader applies (Spark's JSON reader makes every column nullable).

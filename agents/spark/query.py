@@ -62,6 +62,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from agents.spark.errors import SparkError
 from asbp import FaultCode
 
 __all__ = [
@@ -122,7 +123,7 @@ _ALIAS: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _ORDERED: Final = (NumericType, StringType, DateType, TimestampType, TimestampNTZType, BooleanType)
 
 
-class QueryError(Exception):
+class QueryError(SparkError):
     """A query, or a Spark Respondent's request, that cannot be answered.
 
     The agent answers it with an ``asbp.fault`` carrying ``code`` and
@@ -134,9 +135,7 @@ class QueryError(Exception):
     """
 
     def __init__(self, message: str, code: FaultCode = FaultCode.INVALID_MESSAGE_FORMAT) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+        super().__init__(message, code=code)
 
 
 @dataclass(frozen=True, slots=True)

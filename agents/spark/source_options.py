@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Final, Literal, cast
 
 from agents.messaging import DestinationType
+from agents.spark.errors import SparkError
 
 __all__ = [
     "DEFAULT_PREFETCH",
@@ -37,8 +38,13 @@ SINK_COLUMNS: Final = ("payload", "destination", "priority", "ttl")
 PayloadFormat = Literal["binary", "string"]
 
 
-class OptionError(ValueError):
-    """An option of the ``asbp`` Data Source is missing or wrong."""
+class OptionError(SparkError, ValueError):
+    """An option of the ``asbp`` Data Source is missing or wrong.
+
+    Also a ``ValueError``, as it was before the SDK's errors joined one tree: a
+    bad option is a bad argument, and callers (and PySpark's own habits) catch
+    it as one.
+    """
 
 
 def source_schema(payload: PayloadFormat) -> str:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents.messaging import Message
+from agents.spark.errors import SparkError
 
 __all__ = ["MAX_TOMBSTONES", "Entry", "WalError", "WriteAheadLog"]
 
@@ -57,7 +58,7 @@ _LOCK: Final = "wal.lock"
 _LOCK_RETRY: Final = 0.05
 
 
-class WalError(Exception):
+class WalError(SparkError):
     """The log cannot serve what was asked: a range it no longer holds, a corrupt file."""
 
 

@@ -61,6 +61,8 @@ from typing import Any, Final
 from joserfc import jws
 from joserfc.errors import JoseError
 
+# Re-exported: the prefix is protocol vocabulary the SDK offers and this module reads.
+from asbp.names import BEARER_SUBPROTOCOL_PREFIX
 from gateway.auth.errors import CredentialConfigError, CredentialRefused, RefusalReason
 from gateway.auth.jwt_replay import JtiCache
 from gateway.auth.keys import (
@@ -92,10 +94,6 @@ __all__ = [
     "load_pem_file",
 ]
 
-
-#: The WebSocket subprotocol prefix that carries a credential for clients
-#: that cannot set ``Authorization`` (browsers).
-BEARER_SUBPROTOCOL_PREFIX: Final = "asbp.bearer."
 
 #: The algorithms :class:`AgentCredentials` allows unless told otherwise.
 DEFAULT_ALGORITHMS: Final = ("Ed25519", "ES256", "RS256", "PS256")

@@ -3,7 +3,8 @@
 Both stores hold the same bytes for an event: one JSON object, as a line of an
 NDJSON file or as the ``e`` field of a Redis Stream entry, so a reader needs one
 parser. Fields are never renamed or retyped; new ones may be added, and readers
-ignore fields they do not know.
+ignore fields they do not know. The field table and the stores' names are
+protocol vocabulary (:mod:`asbp.eventlog`), shared with the SDK's Spark reader.
 
 An :class:`Event` is a ``msgspec.Struct``, and msgspec writes its JSON, one event
 (:meth:`Event.to_json`) or lines of them (:func:`to_ndjson`) alike: the router
@@ -18,10 +19,26 @@ time comes near (that is the year 300 million), and JSON readers read both alike
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import Final
 
 import msgspec
 import orjson
+
+# The vocabulary is the protocol core's, shared with the Spark reader (which must
+# not import the broker); re-exported so the broker's modules keep one import.
+from asbp.eventlog import (
+    DESTINATION_KINDS,
+    FIELDS,
+    FILE_GLOB,
+    FILES_DIRECTORY,
+    OUTCOMES,
+    SOURCE_KINDS,
+    STREAM_FIELD,
+    STREAM_KEY,
+    DestinationKind,
+    Outcome,
+    SourceKind,
+)
 
 __all__ = [
     "DESTINATION_KINDS",
@@ -39,38 +56,6 @@ __all__ = [
     "to_ndjson",
 ]
 
-SourceKind = Literal["channel", "agent", "course"]
-#: ``broker``: a built-in Command the broker answers itself (``asbp.ping``,
-#: ``asbp.subscribe``...); messaging built-ins record the topic or queue instead.
-DestinationKind = Literal[
-    "agent", "channel", "group", "topic", "queue", "virtual_queue", "broker", "course"
-]
-Outcome = Literal["delivered", "fault"]
-
-SOURCE_KINDS: Final[tuple[SourceKind, ...]] = ("channel", "agent", "course")
-DESTINATION_KINDS: Final[tuple[DestinationKind, ...]] = (
-    "agent",
-    "channel",
-    "group",
-    "topic",
-    "queue",
-    "virtual_queue",
-    "broker",
-    "course",
-)
-OUTCOMES: Final[tuple[Outcome, ...]] = ("delivered", "fault")
-
-#: The field of a Redis Stream entry that holds the event's JSON.
-STREAM_FIELD: Final = b"e"
-#: The Redis Stream the ``redis`` engine's brokers log to (all of them, one stream).
-STREAM_KEY: Final = "asbp:events"
-#: The ``memory`` engine's log: this directory under ``data_dir``...
-FILES_DIRECTORY: Final = "events"
-#: ...holding NDJSON files named ``events-<UTC time, to the microsecond>.ndjson``
-#: (``events-20261121T091500123456Z.ndjson``), so sorting the names sorts by time.
-FILE_GLOB: Final = "events-*.ndjson"
-
-
 # Holds no state between calls; building one per call would cost more than the
 # smallest batch's encoding.
 _ENCODER: Final = msgspec.json.Encoder()
@@ -80,6 +65,9 @@ _ENCODER: Final = msgspec.json.Encoder()
 # the collector need not track the tens of thousands buffered.
 class Event(msgspec.Struct, frozen=True, gc=False):
     """One routed Command.
+
+    Its fields are :data:`asbp.eventlog.EVENT_FIELDS`, in that order and with
+    those types (tests/gateway/test_eventlog.py holds the two together).
 
     Attributes:
         time: when the broker received the Command, Unix seconds (UTC).
@@ -142,7 +130,3 @@ class Event(msgspec.Struct, frozen=True, gc=False):
 def to_ndjson(events: Sequence[Event]) -> bytes:
     """``events`` as NDJSON: the :meth:`~Event.to_json` of each, and a newline."""
     return _ENCODER.encode_lines(events)
-
-
-#: The fields in order, for documentation and for readers building a schema.
-FIELDS: Final[tuple[str, ...]] = Event.__struct_fields__

@@ -37,12 +37,10 @@ from gateway.config.settings import (
     config_to_toml,
     load_config,
 )
-from gateway.eventlog.schema import STREAM_KEY
 
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILURE",
-    "add_analytics_arguments",
     "broker",
     "main",
     "selfcheck",
@@ -135,56 +133,6 @@ def show_config(config: GatewayConfig, format: str) -> int:
     return 0
 
 
-def add_analytics_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``asbp analytics`` (``python -m agents.spark.analytics`` too)."""
-    source = parser.add_argument_group("the event log (one of)").add_mutually_exclusive_group(
-        required=True
-    )
-    source.add_argument(
-        "--events", metavar="PATH", help="NDJSON event files: a directory, a file or a glob"
-    )
-    source.add_argument("--redis-url", metavar="URL", help="read the Redis Stream at this URL")
-    parser.add_argument(
-        "--stream", default=STREAM_KEY, help="the stream's key (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--partitions", type=int, metavar="N", help="stream ID ranges read in parallel"
-    )
-    parser.add_argument(
-        "--output", required=True, metavar="DIR", help="where the Parquet results go"
-    )
-    parser.add_argument(
-        "--since", metavar="TIME", help="first time (ISO 8601 with a zone, or Unix seconds)"
-    )
-    parser.add_argument("--until", metavar="TIME", help="end of the window (exclusive)")
-    parser.add_argument(
-        "--top", type=int, default=10, help="destinations per kind kept (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--accuracy",
-        type=int,
-        default=10_000,
-        help="percentile_approx accuracy: rank error <= events/accuracy (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--master", help="Spark master (default: $SPARK_MASTER, else local[2]; spark-submit's wins)"
-    )
-    bus = parser.add_argument_group("publishing the summary (optional)")
-    bus.add_argument("--bus-url", metavar="URL", help="the broker's Tube URL, wss://host/tube")
-    bus.add_argument("--identity", help="the job's Application-Agent identity")
-    bus.add_argument("--key", metavar="FILE", help="the identity's private key (PEM)")
-    bus.add_argument(
-        "--audience", default="asbp-broker", help="the broker's audience (default: %(default)s)"
-    )
-    bus.add_argument("--cafile", metavar="FILE", help="CA certificates for wss://")
-    bus.add_argument(
-        "--insecure", action="store_true", help="allow a ws:// URL (development brokers only)"
-    )
-    bus.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to publish (default: %(default)s)"
-    )
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -232,29 +180,30 @@ def main(
         default=Path(".asbp-demo"),
         help="the broker identity and the agent's key pair (default: %(default)s)",
     )
-    add_analytics_arguments(
-        commands.add_parser(
-            "analytics",
-            help="the Spark analytics job over the event log (needs the spark extra)",
-            description="Read the event log, write traffic, fault, latency and busiest-"
-            "destination figures as Parquet under --output, print a JSON summary and, "
-            "given --bus-url, publish it to /system/stats/analytics. See docs/spark.md.",
-        )
+    # Listed here for `asbp --help`; its options (and its own --help) are the SDK's
+    # (agents.spark.analytics_cli), which this parser hands everything after the word.
+    commands.add_parser(
+        "analytics",
+        add_help=False,
+        help="the Spark analytics job over the event log (needs the spark extra)",
     )
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         # A bare `asbp` (the README's first command ends in it) is `asbp demo`, and takes
         # the demo's options: `asbp --port 9000`.
         argv.insert(0, "demo")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
 
+    if args.command == "analytics":
+        # Imported here, and only here: the job is the SDK's, which never imports the
+        # broker, and pyspark (the spark extra) is what the broker never needs.
+        from agents.spark.analytics_cli import main as analytics
+
+        return analytics(rest, prog=f"{parser.prog} analytics")
+    if rest:  # what parse_args would have refused
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "selfcheck":
         return selfcheck()
-    if args.command == "analytics":
-        # Imported here: pyspark is the spark extra, and the broker never needs it.
-        from agents.spark.analytics_cli import analytics
-
-        return analytics(args, prog=f"{parser.prog} analytics")
     if args.command == "demo":
         try:
             from gateway.ops.demo import demo

@@ -42,7 +42,6 @@ from agents import control as agent_control
 from asbp import Command, FaultCode
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from gateway.routing import builtin_commands
 from tests.support import RunningServer, ServerName, T, serve_app_async
 
 pytestmark = pytest.mark.anyio
@@ -262,19 +261,6 @@ def test_every_module_exports_what_it_lists(module: str) -> None:
     imported = importlib.import_module(module)
     for name in imported.__all__:
         assert hasattr(imported, name), f"{module}.{name}"
-
-
-def test_control_names_match_the_broker() -> None:
-    for name in ("PREFIX", "CHANNEL", "TUBE", "FAULT", "ACCEPTED", "PING", "PONG", "COMMANDS"):
-        assert getattr(agent_control, name) == getattr(builtin_commands, name)
-    for name in ("REGISTER", "UNREGISTER", "JOIN", "LEAVE"):
-        assert getattr(agent_control, name) == getattr(builtin_commands, name)
-
-
-def test_fault_command_is_shaped_like_the_brokers() -> None:
-    ours = agent_control.fault_command(2101, "nope", cause="echo")
-    theirs = builtin_commands.fault_command(FaultCode.NO_RESPONDENT, "nope", cause="echo")
-    assert ours == theirs
 
 
 def test_agent_arguments_are_checked(tmp_path: Path) -> None:

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agents import AgentError, ConnectionLost, FaultError, NotConnected, messaging
+from agents import AgentError, ConnectionLost, FaultError, NotConnected
 from agents.messaging import Message, MessagingClient, Publication, publish_all
 from asbp import Command, FaultCode
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig, MessagingLimits
-from gateway.routing import builtin_commands
 from tests.support import RunningServer, T
 from tests.support.servers import serve_app_async
 
@@ -139,11 +138,6 @@ async def test_refusals_are_fault_errors_and_stop_a_bulk_publish(broker: Running
 async def test_a_malformed_notification_is_refused() -> None:
     with pytest.raises(AgentError, match="malformed"):
         Message.from_command(Command({"c": "asbp.notification", "destination": "x"}))
-
-
-async def test_the_command_names_are_the_brokers() -> None:
-    for name in ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE", "POLL", "ACK", "NOTIFICATION"):
-        assert getattr(messaging, name) == getattr(builtin_commands, name)
 
 
 async def test_a_bulk_publish_stops_at_the_first_refusal(broker: RunningServer) -> None:

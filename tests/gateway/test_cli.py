@@ -545,3 +545,56 @@ def test_the_broker_commands_never_import_pyspark() -> None:
         "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60 * T)
+
+
+# A real `asbp` process in which pyspark cannot be imported, as where the spark extra
+# is not installed: a meta-path finder refuses it the way a missing package is refused.
+_WITHOUT_PYSPARK = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NoPyspark(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pyspark" or name.startswith("pyspark."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoPyspark())
+from gateway.ops.cli import main
+sys.exit(main())
+"""
+
+
+def test_analytics_without_the_spark_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    options = ["--events", str(tmp_path / "events"), "--output", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PYSPARK, "analytics", *options],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60 * T,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == (
+        "asbp analytics: needs pyspark, which is not installed: pip install 'asbp-gateway[spark]'\n"
+    )
+
+
+def test_analytics_help_is_the_jobs_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["analytics", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: asbp analytics ") and "--redis-url" in out and "--bus-url" in out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "analytics" in capsys.readouterr().out
+
+
+def test_other_commands_still_refuse_unknown_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["config", "--no-such-flag"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

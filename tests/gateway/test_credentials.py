@@ -30,11 +30,9 @@ from joserfc.jwk import ECKey, Key, OctKey, OKPKey, RSAKey
 from starlette.datastructures import Headers
 
 import gateway.auth.credentials as credentials_module
-from agents.credentials import BEARER_SUBPROTOCOL_PREFIX as AGENT_PREFIX
 from agents.credentials import AgentCredentialSource
 from asbp.faults import FaultCode
 from gateway.auth.credentials import (
-    BEARER_SUBPROTOCOL_PREFIX,
     AgentCredentials,
     AgentKey,
     CredentialConfigError,
@@ -904,7 +902,6 @@ def test_agent_sdk_round_trip_through_headers_and_subprotocols(
 
     assert registry.verify(by_header, now=NOW).identity == "billing"
     assert registry.verify(by_protocol, now=NOW).identity == "billing"
-    assert AGENT_PREFIX == BEARER_SUBPROTOCOL_PREFIX
 
 
 def test_exports_exist() -> None:

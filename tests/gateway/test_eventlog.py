@@ -13,8 +13,10 @@ import argparse
 import asyncio
 import logging
 import time
+import types
+import typing
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, Union, cast
 
 import msgspec
 import orjson
@@ -23,6 +25,7 @@ import redis.asyncio
 
 import asbp
 from asbp import Command
+from asbp.eventlog import EVENT_FIELDS
 from gateway.broker import Broker
 from gateway.config.model import EventLogConfig
 from gateway.config.settings import ConfigError, add_arguments, load_config
@@ -130,6 +133,31 @@ def record(recorder: Recorder, number: int, command: str | None = None) -> None:
 
 # --------------------------------------------------------------------------
 # What is recorded
+
+
+#: How each JSON type of asbp.eventlog is annotated on the msgspec Struct.
+_PYTHON_TYPES = {"string": str, "integer": int, "number": float}
+
+
+def test_the_event_is_the_protocol_field_table() -> None:
+    # The Spark reader builds its schema from asbp.eventlog.EVENT_FIELDS without
+    # importing the broker; this holds the broker's Event to that same table.
+    assert Event.__struct_fields__ == FIELDS
+    hints = typing.get_type_hints(Event)
+    for field in EVENT_FIELDS:
+        annotation = hints[field.name]
+        unions = (Union, types.UnionType)  # Literal[...] | None is the first, str | None the second
+        members = typing.get_args(annotation) if typing.get_origin(annotation) in unions else ()
+        if field.nullable:
+            assert type(None) in members, field.name
+            (annotation,) = [member for member in members if member is not type(None)]
+        else:
+            assert not members, field.name
+        if field.values:
+            assert typing.get_origin(annotation) is Literal, field.name
+            assert typing.get_args(annotation) == field.values
+        else:
+            assert annotation is _PYTHON_TYPES[field.type], field.name
 
 
 async def test_a_round_trip_is_one_event_each_way(
