@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,29 +22,10 @@ import pytest
 from asbp import Command
 from gateway.config.model import MessagingLimits
 from gateway.messaging.service import message_id
-from tests.gateway.messaging.test_service import ENGINES, Messenger, RedisServers, start_broker
 from tests.support.gateway import Gateway, GatewayFactory, Peer, assert_fault
+from tests.support.messaging import Messenger, RedisServers, start_broker
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServers]:
-    servers = RedisServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        await servers.stop()
-
-
-@pytest.fixture
-async def broker(redis: RedisServers, make_gateway: GatewayFactory, engine: str) -> Gateway:
-    return await start_broker(make_gateway, engine, redis)
 
 
 def publish(destination: str, body: bytes, u: int, **keys: Any) -> Command:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ import asbp
 from asbp import Command
 from gateway.broker import Broker
 from gateway.config.model import ChannelLimits, MessagingLimits
-from tests.gateway.messaging.test_service import ENGINES, Messenger, RedisServers, start_broker
 from tests.support import T
 from tests.support.gateway import (
     Gateway,
@@ -29,22 +27,9 @@ from tests.support.gateway import (
     decode,
     small_receive_buffer_socket,
 )
+from tests.support.messaging import Messenger, RedisServers, start_broker, user
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServers]:
-    servers = RedisServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        await servers.stop()
 
 
 @pytest.fixture
@@ -60,10 +45,6 @@ def make_broker(
 @pytest.fixture
 async def broker(make_broker: Callable[..., Awaitable[Gateway]]) -> Gateway:
     return await make_broker()
-
-
-async def user(broker: Gateway) -> Messenger:
-    return Messenger.of(await broker.channel())
 
 
 def queue(**keys: Any) -> dict[str, Any]:
@@ -621,7 +602,7 @@ async def test_poll_a_virtual_queue(broker: Gateway) -> None:
 async def test_a_virtual_queue_delivers_only_topics_the_consumer_may_read(
     redis: RedisServers, make_gateway: GatewayFactory, engine: str
 ) -> None:
-    from tests.gateway.messaging.test_service import security
+    from tests.support.messaging import security
 
     policy = """
     [security]

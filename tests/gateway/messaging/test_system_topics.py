@@ -8,43 +8,18 @@ and ``/system/stats/queue-consumer-count/<queue>`` carry ``<broker>#<name>#<coun
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from gateway.config.model import MessagingLimits
-from tests.gateway.messaging.test_service import ENGINES, Messenger, RedisServers, start_broker
 from tests.support import T
 from tests.support.gateway import BROKER_ID, Gateway, GatewayFactory
+from tests.support.messaging import Messenger, RedisServers, start_broker, user
 
 pytestmark = pytest.mark.anyio
 
 TOPIC_COUNTS = "/system/stats/topic-consumer-count/"
 QUEUE_COUNTS = "/system/stats/queue-consumer-count/"
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServers]:
-    servers = RedisServers(tmp_path)
-    try:
-        yield servers
-    finally:
-        await servers.stop()
-
-
-@pytest.fixture
-async def broker(redis: RedisServers, make_gateway: GatewayFactory, engine: str) -> Gateway:
-    return await start_broker(make_gateway, engine, redis)
-
-
-async def user(broker: Gateway) -> Messenger:
-    return Messenger.of(await broker.channel())
 
 
 async def count(monitor: Messenger, topic: str) -> bytes:
