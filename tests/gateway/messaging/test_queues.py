@@ -1,8 +1,8 @@
 """Queues and virtual queues: store, compete, acknowledge, poll, expire, notify.
 
-End to end on both engines, like tests/gateway/test_messaging.py (whose helpers these
-tests use). Time-dependent behaviour (acknowledgement timeouts, time-to-live, delays)
-runs with short configured times and is awaited on the messages and notices it
+End to end on both engines, like test_service.py (with the helpers of
+tests/support/messaging.py). Time-dependent behaviour (acknowledgement timeouts,
+time-to-live, delays) runs with short configured times and is awaited on the messages and notices it
 produces, never on sleeps.
 """
 

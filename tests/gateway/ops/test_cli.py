@@ -352,7 +352,7 @@ def test_config_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_selfcheck_round_trips_the_samples(capsys: pytest.CaptureFixture[str]) -> None:
-    # `asbp` alone runs the demo (tests/test_demo.py); the self-check reads no config.
+    # `asbp` alone runs the demo (tests/gateway/ops/test_demo.py); the self-check reads no config.
     assert main(["selfcheck"], environ={"ASBP_PORT": "not even looked at"}) == 0
     assert capsys.readouterr().out.startswith("ok  ")
 
@@ -493,7 +493,7 @@ def test_endpoints(host: str, port: int, tls: bool, base: str, ws: str) -> None:
     assert endpoints.tubes.startswith(ws) and endpoints.tubes.endswith("/tube")
 
 
-# --- asbp analytics: option errors (the job itself: tests/spark/test_analytics.py) -------------
+# --- asbp analytics: option errors (the job itself: tests/agents/spark/test_analytics.py) ---
 
 
 @pytest.mark.parametrize(

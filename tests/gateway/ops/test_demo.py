@@ -226,6 +226,6 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: Path, args: list[str]) -
     lines = "".join(demo.stderr).splitlines()
     assert len(lines) == 1, demo.output
     assert " critical gateway.ops.cli: cannot start " in lines[0]
-    # The same message as `asbp broker` (tests/gateway/test_cli.py), in the demo's text format.
+    # The same message as `asbp broker` (tests/gateway/ops/test_cli.py), in the demo's text format.
     assert lines[0].endswith(f'error="cannot listen on 127.0.0.1:{port}: Address already in use"')
     assert "example agent" not in demo.output
