@@ -1000,7 +1000,7 @@ _REFERENCE_INTRO: Final = """
 
 <!-- Generated from the field docs in gateway/config/model.py by
      `python -m gateway.config.settings > docs/configuration.md`. Do not edit by hand:
-     tests/gateway/test_settings.py fails when this file is out of date. -->
+     tests/gateway/config/test_settings.py fails when this file is out of date. -->
 
 The broker reads its settings from four places, each overriding the one before:
 

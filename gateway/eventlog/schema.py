@@ -67,7 +67,7 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     """One routed Command.
 
     Its fields are :data:`asbp.eventlog.EVENT_FIELDS`, in that order and with
-    those types (tests/gateway/test_eventlog.py holds the two together).
+    those types (tests/gateway/eventlog/test_eventlog.py holds the two together).
 
     Attributes:
         time: when the broker received the Command, Unix seconds (UTC).

@@ -25,7 +25,7 @@ payloads and the publisher's keys were checked when the publication was read
 (gateway.messaging.requests, and the codec before it); ids, times, counts and
 receipts are the broker's or the engine's own. Only the token form is left to
 decide, with the grammar's rule (:func:`asbp.grammar.is_bare`), exactly as
-``asbp.encode`` does; tests/gateway/test_messaging_requests.py holds the two
+``asbp.encode`` does; tests/gateway/messaging/test_requests.py holds the two
 to the same bytes.
 """
 

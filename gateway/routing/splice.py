@@ -4,7 +4,7 @@ The router forwards a Command with a few pairs changed: ``i`` and ``b`` added
 (User-Agent to Respondent), or ``a`` set and ``d`` removed (Application-Agent
 to User-Agents). Rebuilding the Command and encoding it again costs ten times
 what splicing the pairs into the frame it arrived in does, so when the frame is
-at hand and the splice is provably the same (tests/gateway/test_splice.py
+at hand and the splice is provably the same (tests/gateway/routing/test_splice.py
 checks it against rebuilding), the :class:`Splicer` splices; otherwise it
 rebuilds. Either way the result is exactly what encoding the changed Command
 gives, within the same header limit.

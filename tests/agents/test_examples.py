@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 
 from agents import generate_agent_key
-from tests.agents.test_application_agent import running_broker
 from tests.support import RunningServer, T
+from tests.support.agents import running_broker
 
 pytestmark = pytest.mark.anyio
 

@@ -28,14 +28,14 @@ from agents import (
 from agents.control import MAX_COMMAND_ID, CommandIds
 from agents.multipart import MultipartError, boundary_of, parse_parts
 from asbp import Command, FaultCode
-from tests.agents.test_application_agent import (
+from tests.support import RunningServer, T
+from tests.support.agents import (
     install_echo,
     make_agent,
     make_credentials,
     running_broker,
     tube_url,
 )
-from tests.support import RunningServer, T
 
 Transport = Literal["websocket", "http"]
 TRANSPORTS: tuple[Transport, ...] = ("websocket", "http")

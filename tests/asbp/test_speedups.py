@@ -61,7 +61,7 @@ from asbp import (
 from asbp import _speedups as speedups
 from asbp._speedups import decode_fast
 from asbp.codec import _decode_fast
-from tests.asbp.test_fastpath import (
+from tests.support.fastpath import (
     BENCH,
     GIVE_UP,
     ID,
@@ -73,7 +73,7 @@ from tests.asbp.test_fastpath import (
     reference,
     structural_soup,
 )
-from tests.asbp.test_properties import any_frames, commands
+from tests.support.strategies import any_frames, commands
 
 #: These tests call the accelerator directly, or set ``codec.speedups_enabled``
 #: themselves: one pass of the suite is enough (see conftest.py).

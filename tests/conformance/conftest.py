@@ -14,62 +14,15 @@ it *is* the other, which is the whole cloud in that deployment.
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Final
 
 import pytest
 import redis
 
-from gateway.engines.base import Engine, EngineLimits
 from gateway.engines.memory.engine import MemoryEngine
 from tests.support import RedisServer
-
-#: Every engine the suite runs on; each test id ends in one of these.
-ENGINES: Final = ("memory", "redis")
-
-_DEFAULT_LIMITS: Final = EngineLimits()
-
-
-#: Builds an engine: (limits, clock, broker_id) -> a new, unstarted engine.
-Build = Callable[[EngineLimits, Callable[[], float], str], Engine]
-
-
-class Engines:
-    """Builds started engines of one kind, and closes them when the test ends."""
-
-    def __init__(self, kind: str, build: Build) -> None:
-        self.kind = kind
-        self._build = build
-        self._started: list[Engine] = []
-
-    async def one(
-        self,
-        *,
-        limits: EngineLimits = _DEFAULT_LIMITS,
-        clock: Callable[[], float] = time.time,
-        broker_id: str = "broker-a",
-    ) -> Engine:
-        """A started engine for the broker ``broker_id``."""
-        engine = self._build(limits, clock, broker_id)
-        await engine.start()
-        self._started.append(engine)
-        return engine
-
-    async def two(
-        self, *, limits: EngineLimits = _DEFAULT_LIMITS, clock: Callable[[], float] = time.time
-    ) -> tuple[Engine, Engine]:
-        """The engines of two brokers sharing the backing store (see the module docstring)."""
-        first = await self.one(limits=limits, clock=clock, broker_id="broker-a")
-        if self.kind == "memory":
-            return first, first
-        second = await self.one(limits=limits, clock=clock, broker_id="broker-b")
-        return first, second
-
-    async def close(self) -> None:
-        while self._started:
-            await self._started.pop().close()
+from tests.support.engines import ENGINES, Build, Engines
 
 
 @pytest.fixture(scope="session")

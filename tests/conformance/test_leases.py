@@ -9,9 +9,7 @@ import pytest
 
 from gateway.engines.base import Delivery, DeliveryNotice, EngineLimits, NoticeEvent
 from tests.support import T
-
-from . import FakeClock, Recorder, ids, make_message, notify_address
-from .conftest import Engines
+from tests.support.engines import Engines, FakeClock, Recorder, ids, make_message, notify_address
 
 pytestmark = pytest.mark.anyio
 

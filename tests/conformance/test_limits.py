@@ -6,9 +6,7 @@ import pytest
 
 from asbp import FaultCode
 from gateway.engines.base import EngineLimits, Message, QueueFull, QueueLimitReached
-
-from . import Recorder, ids, make_message
-from .conftest import Engines
+from tests.support.engines import Engines, Recorder, ids, make_message
 
 pytestmark = pytest.mark.anyio
 

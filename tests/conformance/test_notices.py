@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.engines.base import DeliveryNotice, Engine, EngineLimits, NoticeEvent
-
-from . import FakeClock, Recorder, ids, make_message, notify_address
-from .conftest import Engines
+from tests.support.engines import Engines, FakeClock, Recorder, ids, make_message, notify_address
 
 pytestmark = pytest.mark.anyio
 

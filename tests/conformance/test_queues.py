@@ -10,9 +10,7 @@ import pytest
 
 from gateway.engines.base import DEFAULT_PRIORITY, Delivery, Engine, EngineLimits, Message
 from tests.support import T
-
-from . import FakeClock, ids, make_message
-from .conftest import Engines
+from tests.support.engines import Engines, FakeClock, ids, make_message
 
 pytestmark = pytest.mark.anyio
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.engines.base import Message
-
-from . import Recorder, ids, make_message
-from .conftest import Engines
+from tests.support.engines import Engines, Recorder, ids, make_message
 
 pytestmark = pytest.mark.anyio
 

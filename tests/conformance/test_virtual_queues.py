@@ -6,9 +6,7 @@ import pytest
 
 from asbp import AsbpError, FaultCode
 from gateway.engines.base import DeliveryNotice, EngineLimits, Message, NoticeEvent
-
-from . import FakeClock, Recorder, ids, make_message, notify_address
-from .conftest import Engines
+from tests.support.engines import Engines, FakeClock, Recorder, ids, make_message, notify_address
 
 pytestmark = pytest.mark.anyio
 

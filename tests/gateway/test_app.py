@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asbp import Command
-from tests.gateway.conftest import BROKER_ID, SERVERS, Gateway, GatewayFactory
+from tests.support.gateway import BROKER_ID, SERVERS, Gateway, GatewayFactory
 
 
 @pytest.mark.anyio

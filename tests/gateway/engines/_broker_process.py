@@ -1,0 +1,130 @@
+"""A broker in its own process (``python -m gateway``), so that a test can SIGKILL it.
+
+The in-thread servers of tests/support cannot be killed like a crash: they share the
+test's process. Here the broker is a child process on a port it picks itself (port 0),
+and the test learns its URL from the ``listening`` event of its JSON log, never by
+waiting for time to pass.
+
+WebSocket clients of a killed broker must be abandoned, not closed
+(:func:`abandon`): a client that stopped reading while the broker was still
+sending has its reading paused by flow control (more than ``max_queue`` frames
+unread), so it never sees the kernel's end of the dead connection, and a
+closing handshake would wait its whole ``close_timeout`` (10 s) for a peer
+that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from asbp import decode
+from tests.support import T
+
+__all__ = ["BrokerProcess", "abandon", "broker_process", "open_channel", "receive"]
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerProcess:
+    """A running broker process and where its WebSocket transport listens."""
+
+    process: asyncio.subprocess.Process
+    #: ``ws://127.0.0.1:PORT/asbp``.
+    url: str
+
+    async def kill(self) -> None:
+        """SIGKILL the broker, as a crash would, and reap it."""
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def broker_process(
+    redis_url: str, directory: Path, *, ack_timeout: float, prefetch: int
+) -> AsyncIterator[BrokerProcess]:
+    """``python -m gateway --engine redis`` on a free port; stopped with SIGTERM at the end.
+
+    Args:
+        redis_url: the Redis every broker of the test shares.
+        directory: a new directory for its config file and ``data_dir``.
+        ack_timeout: its ``[messaging] ack_timeout``: the leases it takes last this long.
+        prefetch: its ``[messaging] prefetch``: unacknowledged messages per subscriber.
+    """
+    directory.mkdir(parents=True)
+    config = directory / "broker.toml"
+    config.write_text(f"[messaging]\nack_timeout = {ack_timeout}\nprefetch = {prefetch}\n")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway",
+        "--config", str(config),
+        "--engine", "redis", "--redis-url", redis_url,
+        "--host", "127.0.0.1", "--port", "0",
+        "--data-dir", str(directory),
+        "--log-format", "json",
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert process.stderr is not None
+    stderr = process.stderr
+    drain: asyncio.Task[None] | None = None
+    try:
+        with anyio.fail_after(30 * T):
+            url = await _listening(stderr)
+
+        async def drain_stderr() -> None:  # a full pipe would block the broker
+            while await stderr.readline():
+                pass
+
+        drain = asyncio.create_task(drain_stderr())
+        yield BrokerProcess(process, url)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30 * T):
+                await process.wait()
+        if drain is not None:
+            await drain
+
+
+async def _listening(stderr: asyncio.StreamReader) -> str:
+    """The WebSocket URL from the broker's ``listening`` log event."""
+    while True:
+        line = await stderr.readline()
+        assert line, "the broker exited before listening"
+        if line.startswith(b"{"):
+            event = orjson.loads(line)
+            if event.get("event") == "listening":
+                return str(event["url"]).replace("http://", "ws://", 1) + "/asbp"
+
+
+async def open_channel(url: str) -> ClientConnection:
+    """A User-Agent's WebSocket, past the broker's ``asbp.channel`` greeting."""
+    connection = await connect(url, compression=None, max_size=None)
+    greeting = decode(await receive(connection))
+    assert greeting.name == "asbp.channel", greeting
+    return connection
+
+
+async def receive(connection: ClientConnection) -> bytes:
+    """The next frame, as bytes."""
+    frame = await connection.recv()
+    return frame.encode() if isinstance(frame, str) else frame
+
+
+def abandon(connection: ClientConnection) -> None:
+    """Drop the connection to a killed broker without a closing handshake."""
+    connection.transport.abort()
