@@ -23,9 +23,11 @@ import pytest
 
 from asbp import Command
 from gateway.config.model import MessagingLimits
-from gateway.messaging.service import message_id
+from gateway.messaging.message_ids import MessageIdPool
 from tests.gateway.conftest import Gateway, GatewayFactory, Peer, assert_fault
 from tests.gateway.test_messaging import ENGINES, Messenger, RedisServers, start_broker
+
+message_id = MessageIdPool().next
 
 pytestmark = pytest.mark.anyio
 
