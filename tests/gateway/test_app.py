@@ -12,7 +12,7 @@ from tests.gateway.conftest import BROKER_ID, SERVERS, Gateway, GatewayFactory
 @pytest.mark.parametrize("server_name", SERVERS)
 async def test_healthz(gateway: Gateway) -> None:
     client = await gateway.http_client()
-    response = await client.get(f"{gateway.ops.server.http_url}/healthz")
+    response = await client.get(f"{gateway.server.http_url}/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
 
@@ -21,7 +21,7 @@ async def test_healthz(gateway: Gateway) -> None:
 @pytest.mark.parametrize("server_name", SERVERS)
 async def test_readyz_names_the_broker_and_counts_connections(gateway: Gateway) -> None:
     client = await gateway.http_client()
-    readyz = f"{gateway.ops.server.http_url}/readyz"
+    readyz = f"{gateway.server.http_url}/readyz"
     response = await client.get(readyz)
     assert response.status_code == 200
     assert response.json() == {"ready": True, "broker": BROKER_ID, "channels": 0, "tubes": 0}

@@ -45,7 +45,7 @@ MAX_FLOOD = 2000
 
 async def stalled_channel(gateway: Gateway) -> Peer:
     """A WebSocket Channel whose client reads its greeting and then stops reading."""
-    sock = small_receive_buffer_socket(gateway.ops.server.port)
+    sock = small_receive_buffer_socket(gateway.server.port)
     ws = await gateway.websocket("/asbp", sock=sock, max_queue=1, compression=None)
     greeting = decode(await ws.recv())
     return Peer(ws, greeting)
@@ -152,7 +152,7 @@ async def test_tube_that_stops_reading_is_closed_with_2105(
         tubes=TubeLimits(outbox_frames=OUTBOX_FRAMES, respondent_timeout=60),
         channels=ChannelLimits(max_in_flight=MAX_FLOOD),
     )
-    sock = small_receive_buffer_socket(gateway.ops.server.port)
+    sock = small_receive_buffer_socket(gateway.server.port)
     stalled_ws = await gateway.tube_connection(sock=sock, max_queue=1, compression=None)
     stalled = Peer(stalled_ws, decode(await stalled_ws.recv()))
     assert (await stalled.request(Command(c="asbp.register", names="work"))).name == (

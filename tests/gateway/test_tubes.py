@@ -136,7 +136,7 @@ async def test_tube_over_wss_is_accepted_without_the_dev_flag(
     make_gateway: GatewayFactory, server_name: ServerName, tls_files: TlsFiles
 ) -> None:
     gateway = await make_gateway(server=server_name, tls=tls_files, insecure_dev_tubes=False)
-    assert gateway.ops.server.ws_url.startswith("wss://")
+    assert gateway.server.ws_url.startswith("wss://")
     agent = await gateway.tube("billing", serves=("echo",))
     user = await gateway.channel()
     await user.send(Command({"c": "echo", "u": 1}, b"over tls"))
@@ -174,7 +174,7 @@ async def test_tube_refusal_is_logged_without_the_token(gateway: Gateway) -> Non
     token = REFUSALS["bad_signature"](gateway)
     with pytest.raises(InvalidStatus):
         await connect(
-            f"{gateway.ops.server.ws_url}/tube",
+            f"{gateway.server.ws_url}/tube",
             additional_headers={"Authorization": f"Bearer {token}"},
             open_timeout=5 * T,
         )
