@@ -32,6 +32,7 @@ from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.routing.router import Router
+from gateway.types import Outlets
 
 __all__ = ["Broker", "create_engine", "create_event_log"]
 
@@ -120,6 +121,13 @@ class Broker:
         self.log = log or logging.getLogger("asbp.gateway")
         self.channels = ChannelRegistry()
         self.respondents = RespondentTable()
+        self.engine = create_engine(config, broker_id=broker_id)
+        #: The event log; None when ``event_log.mode`` is off.
+        self.event_log = create_event_log(config, broker_id=broker_id, log=self.log)
+        # Built in order, each part handed what it calls: Messaging needs the
+        # router's replies and the router needs Messaging, so the router builds it
+        # (from _messaging) once its replies exist.
+        self.messaging: Messaging
         self.router = Router(
             broker_id=broker_id,
             channels=self.channels,
@@ -131,23 +139,25 @@ class Broker:
             authenticate_command=config.authenticate_command,
             acl=config.acl,
             may_serve=agent_trust(config).may_serve,
+            messaging=self._messaging,
+            recorder=self.event_log,
         )
-        self.engine = create_engine(config, broker_id=broker_id)
-        self.messaging = Messaging(
-            self.router,
-            self.engine,
-            broker_id=broker_id,
-            limits=config.messaging,
-            frame_limits=config.limits,
-            log=self.log,
-        )
-        self.router.messaging = self.messaging
-        #: The event log; None when ``event_log.mode`` is off.
-        self.event_log = create_event_log(config, broker_id=broker_id, log=self.log)
-        self.router.recorder = self.event_log
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False
+
+    def _messaging(self, outlets: Outlets) -> Messaging:
+        """The topics and queues of this broker, sending through ``outlets``."""
+        self.messaging = Messaging(
+            outlets,
+            self.engine,
+            broker_id=self.broker_id,
+            limits=self.config.messaging,
+            frame_limits=self.config.limits,
+            acl=self.config.acl,
+            log=self.log,
+        )
+        return self.messaging
 
     # -- life cycle ----------------------------------------------------------
 

@@ -15,7 +15,22 @@ reference. The parts:
   handing leased messages out.
 - :mod:`~gateway.messaging.system_topics`: ``/system/stats/…`` and
   ``/system/faults/<broker>``.
-- :mod:`~gateway.messaging.service`: :class:`Messaging`, which the router calls.
+- :mod:`~gateway.messaging.service`: :class:`Messaging`, which the router calls
+  (gateway.types.MessagingHooks): the façade over the parts below, and their
+  life cycle.
+- :mod:`~gateway.messaging.dispatch`: a Command on sight: read, checked, made
+  an operation.
+- :mod:`~gateway.messaging.acl_gate`: the access-control questions (3201).
+- :mod:`~gateway.messaging.sequencing`: each sender's operations, carried out
+  and answered in the order sent.
+- :mod:`~gateway.messaging.polling`: ``asbp.poll``.
+- :mod:`~gateway.messaging.subscribers`: this broker's topic subscriptions and
+  queue consumers.
+- :mod:`~gateway.messaging.delivery_notices`: ``asbp.notice``, held until the
+  publication is accepted.
+- :mod:`~gateway.messaging.endpoints`: endpoints by key, and outbox flow control.
+- :mod:`~gateway.messaging.message_ids`: the pool message ids are drawn from.
+- :mod:`~gateway.messaging.background`: what stopping waits for.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ __all__ = ["ANSWER_BYTES", "BATCH", "QueueConsumer", "cancel_and_wait"]
 #: per batch, not per message, and no subscriber left waiting for its share.
 BATCH: Final = 1000
 #: Outbox bytes a delivery leaves free for each answer still owed to its client
-#: (a poll's deliveries too: gateway.messaging.service).
+#: (a poll's deliveries too: gateway.messaging.polling).
 ANSWER_BYTES: Final = 256
 #: Seconds to wait before fetching again after the engine failed.
 RETRY: Final = 1.0

@@ -50,7 +50,7 @@ class Lease(NamedTuple):
 class Operation:
     """One messaging Command accepted on sight, waiting for the engine or under way.
 
-    Two kinds (gateway.messaging.service, "In order"):
+    Two kinds (gateway.messaging.service, "In order"; gateway.messaging.sequencing):
 
     - *pipelined* (queue publications, acknowledgements): ``run`` starts as
       soon as the Command's turn comes, without waiting for the engine calls
@@ -123,6 +123,11 @@ class Endpoint:
     #: Resolved when such a fetch ends (its room is taken or given back).
     poll_ended: asyncio.Future[None] | None = None
     closed: bool = False
+
+    def reply(self, frame: bytes) -> None:
+        """Send an answer, unless the client is gone (nobody is left to read it)."""
+        if not self.closed:
+            self.send(frame)
 
     def hold(self, receipt: str, queue: str, deadline: float) -> None:
         """Record a lease delivered to this endpoint."""

@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import orjson
 
 from asbp import Command, FaultCode
-from gateway.acl import Privilege
-from gateway.connections.channels import Channel
-from gateway.connections.tubes import Tube
+from gateway.acl import AccessContext, Privilege
+from gateway.connections.channels import Channel, ChannelRegistry
+from gateway.connections.tubes import RespondentTable, Tube
 from gateway.routing import builtin_commands
+from gateway.routing.subject_auth import Authenticator
+from gateway.types import MessagingHooks, Replies
 
-if TYPE_CHECKING:
-    from gateway.routing.router import Router
+__all__ = ["CHANNEL_BUILTINS", "SUBJECT_BUILTINS", "TUBE_BUILTINS", "Management", "Permitted"]
 
-__all__ = ["CHANNEL_BUILTINS", "SUBJECT_BUILTINS", "TUBE_BUILTINS", "Management"]
+#: Whether the ACL lets an access context send (WRITE) or serve (READ) a Command-Name:
+#: ``permitted(who, access, name, privilege, command_id)`` (gateway.routing.router).
+Permitted = Callable[[str, AccessContext, str, Privilege, int | None], bool]
 
 #: The built-ins the broker answers for a User-Agent, besides messaging.
 CHANNEL_BUILTINS: Final = frozenset(
@@ -65,16 +68,34 @@ class Management:
     """Answers the built-ins for the router it belongs to.
 
     Args:
-        router: whose Channels, Respondents, ACL, Subjects and messaging these
-            built-ins manage, and through which replies and faults are sent.
+        replies: where answers and faults go.
+        channels: the Channels that groups are made of.
+        respondents: the Tubes and the Command-Names they serve.
+        auth: Subject authentication; None while Subjects are off.
+        messaging: topics and queues; None while they are off.
+        permitted: asks the ACL; None while it is off.
         may_serve: whether an agent identity may register a Command-Name.
         log: where registrations and refusals are logged.
     """
 
     def __init__(
-        self, router: Router, *, may_serve: Callable[[str, str], bool], log: logging.Logger
+        self,
+        replies: Replies,
+        *,
+        channels: ChannelRegistry,
+        respondents: RespondentTable,
+        auth: Authenticator | None,
+        messaging: MessagingHooks | None,
+        permitted: Permitted | None,
+        may_serve: Callable[[str, str], bool],
+        log: logging.Logger,
     ) -> None:
-        self._router = router
+        self._replies = replies
+        self._channels = channels
+        self._respondents = respondents
+        self._auth = auth
+        self._messaging = messaging
+        self._permitted = permitted
         self._may_serve = may_serve
         self._log = log
 
@@ -84,10 +105,9 @@ class Management:
         ``name`` is in :data:`CHANNEL_BUILTINS` (from a Channel) or
         :data:`TUBE_BUILTINS` (from a Tube), or in ``builtin_commands.MESSAGING``.
         """
-        router = self._router
         command_id = command.command_id
         if name in builtin_commands.MESSAGING:
-            messaging = router.messaging
+            messaging = self._messaging
             if messaging is None:
                 self._fault(
                     peer,
@@ -98,11 +118,15 @@ class Management:
                 )
             elif isinstance(peer, Tube):
                 messaging.tube_command(peer, command, name)
+            elif "s" not in command:
+                messaging.channel_command(peer, peer.access, command, name)
             else:
-                messaging.channel_command(peer, command, name)
+                access = self._subject_access(peer, command, name)
+                if access is not None:
+                    messaging.channel_command(peer, access, command, name)
             return
         if name in SUBJECT_BUILTINS:
-            auth = router.auth
+            auth = self._auth
             if auth is None:
                 self._fault(
                     peer,
@@ -133,9 +157,27 @@ class Management:
         if command_id is not None:
             reply = reply.with_keys(u=command_id)
         if isinstance(peer, Tube):
-            router.send_tube(peer, reply)
+            self._replies.send_tube(peer, reply)
         else:
-            router.send(peer, reply)
+            self._replies.send(peer, reply)
+
+    def _subject_access(
+        self, channel: Channel, command: Command, name: str
+    ) -> AccessContext | None:
+        """The access of the Subject ``s`` names, or None after a fault (3201)."""
+        auth = self._auth
+        if auth is None:
+            # Subjects are off, so no Subject-Identifier belongs to this Channel.
+            self._replies.fault(
+                channel,
+                FaultCode.ACCESS_DENIED,
+                "Subject-Identifier 's' does not belong to this Channel",
+                command_id=command.command_id,
+                cause=name,
+            )
+            return None
+        subject = auth.resolve(channel, command)
+        return None if subject is None else subject.access
 
     def _fault(
         self,
@@ -146,28 +188,28 @@ class Management:
         cause: str,
     ) -> None:
         if isinstance(peer, Tube):
-            self._router.fault_tube(peer, code, message, command_id=command_id, cause=cause)
+            self._replies.fault_tube(peer, code, message, command_id=command_id, cause=cause)
         else:
-            self._router.fault(peer, code, message, command_id=command_id, cause=cause)
+            self._replies.fault(peer, code, message, command_id=command_id, cause=cause)
 
     def _commands(self, side: frozenset[str]) -> Command:
         """COMMANDS: every Command-Name the sender may use right now."""
-        router = self._router
-        usable = side if router.auth else side - SUBJECT_BUILTINS
-        if router.messaging is not None:
+        usable = side if self._auth else side - SUBJECT_BUILTINS
+        if self._messaging is not None:
             usable = usable | _MESSAGING_REQUESTS
-        names = sorted(usable) + router.respondents.names()
+        names = sorted(usable) + self._respondents.names()
         return Command(
             {"c": builtin_commands.COMMANDS, "m": "application/json"}, orjson.dumps(names)
         )
 
     def _registration(self, tube: Tube, command: Command, name: str) -> Command | None:
         """REGISTER or UNREGISTER: which Command-Names (``names``) ``tube`` serves."""
-        router = self._router
+        replies = self._replies
+        permitted = self._permitted
         command_id = command.command_id
         names_value = command.get("names")
         if not names_value:
-            router.fault_tube(
+            replies.fault_tube(
                 tube,
                 FaultCode.INVALID_HEADER_VALUE,
                 f"{name} needs the Command-Names in 'names'",
@@ -178,7 +220,7 @@ class Management:
         names = [names_value] if isinstance(names_value, str) else list(names_value)
         reserved = [n for n in names if n.startswith(builtin_commands.PREFIX)]
         if reserved:
-            router.fault_tube(
+            replies.fault_tube(
                 tube,
                 FaultCode.ACCESS_DENIED,
                 f"Command-Names starting with {builtin_commands.PREFIX!r} belong to the broker: "
@@ -193,8 +235,8 @@ class Management:
                 for n in names
                 if not self._may_serve(tube.agent_id, n)
                 or (
-                    router.acl is not None
-                    and not router.permitted(tube.id, tube.access, n, Privilege.READ, command_id)
+                    permitted is not None
+                    and not permitted(tube.id, tube.access, n, Privilege.READ, command_id)
                 )
             ]
             if forbidden:
@@ -205,7 +247,7 @@ class Management:
                     "tube.register_refused",
                     extra={"tube": tube.id, "agent": tube.agent_id, "names": forbidden},
                 )
-                router.fault_tube(
+                replies.fault_tube(
                     tube,
                     FaultCode.ACCESS_DENIED,
                     f"this Application-Agent may not serve {', '.join(forbidden)}",
@@ -213,9 +255,9 @@ class Management:
                     cause=name,
                 )
                 return None
-            router.respondents.register(tube, names)
+            self._respondents.register(tube, names)
         else:
-            router.respondents.unregister(tube, names)
+            self._respondents.unregister(tube, names)
         self._log.info(
             "tube." + name.removeprefix(builtin_commands.PREFIX),
             extra={"tube": tube.id, "agent": tube.agent_id, "names": names},
@@ -224,14 +266,14 @@ class Management:
 
     def _membership(self, tube: Tube, command: Command, name: str) -> Command | None:
         """JOIN or LEAVE: which Channels (``channels``) belong to which ``groups``."""
-        router = self._router
+        replies = self._replies
         command_id = command.command_id
         groups = command.get("groups")
         group_names = [groups] if isinstance(groups, str) else list(groups or ())
         channel_ids = command.get("channels")
         ids = [channel_ids] if isinstance(channel_ids, str) else list(channel_ids or ())
         if not group_names or not ids:
-            router.fault_tube(
+            replies.fault_tube(
                 tube,
                 FaultCode.INVALID_HEADER_VALUE,
                 f"{name} needs group names in 'groups' and Channel-Identifiers in 'channels'",
@@ -239,12 +281,12 @@ class Management:
                 cause=name,
             )
             return None
-        found = [router.channels.get(i) for i in ids]
+        found = [self._channels.get(i) for i in ids]
         channels = [c for c in found if c is not None]
         if name == builtin_commands.JOIN:
             missing = [i for i, c in zip(ids, found, strict=True) if c is None]
             if missing:
-                router.fault_tube(
+                replies.fault_tube(
                     tube,
                     FaultCode.UNKNOWN_CHANNEL,
                     f"no Channel {', '.join(missing)} at this broker; nothing joined",
@@ -253,8 +295,8 @@ class Management:
                 )
                 return None
             for group in group_names:
-                router.channels.join(group, channels)
+                self._channels.join(group, channels)
         else:
             for group in group_names:
-                router.channels.leave(group, channels)
+                self._channels.leave(group, channels)
         return Command({"c": builtin_commands.ACCEPTED, "cause": name})

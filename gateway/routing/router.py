@@ -31,20 +31,19 @@ From an Application-Agent (a Tube):
 Every fault carries the ``u`` of the Command it answers, when there is one.
 
 The event log (gateway.eventlog) gets one row per Command from a Channel or a
-Tube, recorded where the frame enters (``channel_frame``, ``channel_command``,
-``tube_frame``, ``tube_command``) once routing returns. Routing never awaits,
-so one Command is routed at a time and a few attributes describe it while it
-is: ``_source`` (whose faults count as its outcome), ``_routed`` (where it was
-handed on, set at each hand-off) and ``_fault_code``. Faults that come later
-(a Respondent timeout, an engine that fails) belong to no routing and are not
-in the log.
+Tube, recorded where the frame enters (gateway.routing.intake: ``channel_frame``,
+``channel_command``, ``tube_frame``, ``tube_command``, which the router hands
+out as its own) once routing returns. The router notes on the intake where
+each Command was handed on (``routed``) while it is being recorded
+(``source``), and the first fault it got.
 
-The router decides; its helpers each keep one concern: gateway.routing.management
-answers the built-ins, gateway.routing.splice writes the frames handed on,
-gateway.routing.inflight keeps the books of Commands in flight and gateway.routing.routelog
-computes what the event log gets. The entry points (``channel_frame``,
-``tube_frame``) stay mirrored rather than shared: they are the hot path, where
-one more call per frame shows.
+The router decides; its helpers each keep one concern: gateway.routing.intake
+decodes and records, gateway.routing.replies leaves Commands and faults in
+outboxes, gateway.routing.management answers the built-ins,
+gateway.routing.splice writes the frames handed on, gateway.routing.inflight
+keeps the books of Commands in flight and gateway.routing.routelog computes
+what the event log gets. Each is handed the narrow protocol it calls
+(gateway.types), never the router.
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
@@ -60,44 +58,18 @@ from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.eventlog.recorder import Recorder, Route
-from gateway.eventlog.schema import SourceKind
+from gateway.eventlog.recorder import Recorder
 from gateway.routing import builtin_commands
 from gateway.routing.inflight import InFlight, InFlightTable
+from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
-from gateway.routing.routelog import builtin_route, record_routed, record_undecoded
-from gateway.routing.routelog import clock_ns as _clock_ns
-from gateway.routing.routelog import text as _text
+from gateway.routing.replies import ReplySender
+from gateway.routing.routelog import builtin_route
 from gateway.routing.splice import Splicer
 from gateway.routing.subject_auth import Authenticator
+from gateway.types import MessagingHooks, Outlets
 
 __all__ = ["InFlight", "MessagingHooks", "Router"]
-
-
-class MessagingHooks(Protocol):
-    """What the router asks of topics and queues (gateway.messaging.Messaging)."""
-
-    def channel_command(self, channel: Channel, command: Command, name: str) -> None:
-        """A messaging built-in (builtin_commands.MESSAGING) from a User-Agent."""
-        ...
-
-    def tube_command(self, tube: Tube, command: Command, name: str) -> None:
-        """A messaging built-in from an Application-Agent."""
-        ...
-
-    def channel_closed(self, channel: Channel) -> None:
-        """A Channel closed: its subscriptions end, its leases are released."""
-        ...
-
-    def tube_closed(self, tube: Tube) -> None:
-        """A Tube closed: likewise."""
-        ...
-
-    def fault_sent(
-        self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
-    ) -> None:
-        """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
-        ...
 
 
 class Router:
@@ -119,7 +91,16 @@ class Router:
         max_subjects: int = 16,
         acl: Acl | None = None,
         may_serve: Callable[[str, str], bool] | None = None,
+        messaging: Callable[[Outlets], MessagingHooks] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
+        """Build the router and the helpers it owns, each handed what it calls.
+
+        Args:
+            messaging: builds topics and queues (gateway.messaging.Messaging) on the
+                router's :attr:`replies`; None: the messaging built-ins get 2101.
+            recorder: the event log; None when it is off.
+        """
         self.broker_id = broker_id
         self.channels = channels
         self.respondents = respondents
@@ -128,13 +109,30 @@ class Router:
         self._tube_limits = tube_limits
         self._log = log
         self._clock = clock
-        self._on_slow_tube = on_slow_tube
         self._in_flight = InFlightTable(timeout=tube_limits.respondent_timeout, clock=clock)
         self._splicer = Splicer(broker_id, limits)
         self.acl = acl if acl is not None and acl.enabled else None
+        #: Where every Command and fault the broker sends goes.
+        self.replies = ReplySender(
+            log=log,
+            close_channel=self.close_channel,
+            close_tube=self.close_tube,
+            on_fault=self._fault_sent,
+            on_slow_tube=on_slow_tube,
+        )
+        # Its methods, under the router's name too: the transports send through the
+        # router, and the routing below calls them without a second lookup.
+        self.send = self.replies.send
+        self.deliver = self.replies.deliver
+        self.send_tube = self.replies.send_tube
+        self.send_tube_frame = self.replies.send_tube_frame
+        self.fault = self.replies.fault
+        self.fault_tube = self.replies.fault_tube
         self.auth = (
             Authenticator(
-                self,
+                self.replies,
+                respondents=respondents,
+                broker_id=broker_id,
                 command_name=authenticate_command,
                 timeout=tube_limits.respondent_timeout,
                 max_per_channel=max_subjects,
@@ -144,208 +142,51 @@ class Router:
             if authenticate_command is not None
             else None
         )
+        #: Topics and queues; None when the broker has none.
+        self.messaging = messaging(self.replies) if messaging is not None else None
         self._management = Management(
-            self,
+            self.replies,
+            channels=channels,
+            respondents=respondents,
+            auth=self.auth,
+            messaging=self.messaging,
+            permitted=self.permitted if self.acl is not None else None,
             # Without an allow-list, any name but the Authenticate-Command, which
             # must be granted explicitly: credentials go only to trusted agents.
             may_serve=may_serve or (lambda agent, name: name != authenticate_command),
             log=log,
         )
-        #: Topics and queues; the broker sets it once its engine exists.
-        self.messaging: MessagingHooks | None = None
-        #: The event log; the broker sets it unless it is off.
-        self.recorder: Recorder | None = None
-        # The Command being routed (see the module docstring).
-        self._source: Channel | Tube | None = None
-        self._routed: Route | None = None
-        self._fault_code: int | None = None
+        self._intake = intake = Intake(
+            route_channel=self._route_channel,
+            route_tube=self._route_tube,
+            faults=self.replies,
+            limits=limits,
+            recorder=recorder,
+        )
+        # Where frames and Commands enter, under the router's name (the transports'
+        # call sites), bound once: the hot path pays no extra call for the split.
+        self.channel_frame = intake.channel_frame
+        self.channel_command = intake.channel_command
+        self.tube_frame = intake.tube_frame
+        self.tube_command = intake.tube_command
 
-    # -- delivery ------------------------------------------------------------
-
-    def send(self, channel: Channel, command: Command) -> None:
-        """Encode ``command`` and leave it for ``channel``."""
-        self.deliver(channel, asbp.encode(command))
-
-    def deliver(self, channel: Channel, frame: bytes) -> None:
-        """Leave an encoded Command for ``channel``; a full outbox closes it."""
-        if not channel.outbox.offer(frame) and not channel.closed:
-            self._log.warning(
-                "channel.slow_consumer",
-                extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
-            )
-            channel.fault = FaultCode.SLOW_CONSUMER
-            channel.outbox.abort()
-            self.close_channel(channel)
-
-    def send_tube(self, tube: Tube, command: Command) -> bool:
-        """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
-        return self.send_tube_frame(tube, asbp.encode(command))
-
-    def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
-        """Leave an encoded Command for ``tube``; False if it was too slow."""
-        if tube.outbox.offer(frame):
-            return True
-        if not tube.closed:
-            self._log.warning(
-                "tube.slow_consumer",
-                extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
-            )
-            tube.fault = FaultCode.SLOW_CONSUMER
-            tube.outbox.abort()
-            if self._on_slow_tube is not None:
-                self._on_slow_tube(tube)
-            self.close_tube(tube)
-        return False
-
-    def fault(
+    def _fault_sent(
         self,
-        channel: Channel,
+        to: Channel | Tube,
         code: FaultCode,
         message: str,
-        *,
-        command_id: int | None = None,
-        cause: str | None = None,
+        cause: str | None,
+        agent: str | None,
     ) -> None:
-        """Send ``channel`` a fault."""
-        self._log.info(
-            "channel.fault",
-            extra={"channel": channel.id, "code": int(code), "command": cause, "reason": message},
-        )
-        if channel is self._source and self._fault_code is None:
-            self._fault_code = int(code)
+        """A fault is about to go to ``to``: the outcome of the Command being routed,
+        if it is the sender's first, and a row of ``/system/faults/<broker>``."""
+        intake = self._intake
+        if to is intake.source and intake.fault_code is None:
+            intake.fault_code = int(code)
         if self.messaging is not None:
-            self.messaging.fault_sent(code, message, cause=cause, agent=None)
-        self.send(
-            channel,
-            builtin_commands.fault_command(code, message, command_id=command_id, cause=cause),
-        )
-
-    def fault_tube(
-        self,
-        tube: Tube,
-        code: FaultCode,
-        message: str,
-        *,
-        command_id: int | None = None,
-        cause: str | None = None,
-    ) -> None:
-        """Send ``tube`` a fault."""
-        self._log.info(
-            "tube.fault",
-            extra={
-                "tube": tube.id,
-                "agent": tube.agent_id,
-                "code": int(code),
-                "command": cause,
-                "reason": message,
-            },
-        )
-        if tube is self._source and self._fault_code is None:
-            self._fault_code = int(code)
-        if self.messaging is not None:
-            self.messaging.fault_sent(code, message, cause=cause, agent=tube.agent_id)
-        self.send_tube(
-            tube, builtin_commands.fault_command(code, message, command_id=command_id, cause=cause)
-        )
+            self.messaging.fault_sent(code, message, cause=cause, agent=agent)
 
     # -- Channels ------------------------------------------------------------
-
-    def channel_frame(self, channel: Channel, frame: bytes) -> None:
-        """A frame arrived from a User-Agent."""
-        recorder = self.recorder
-        if recorder is None or channel.closed:
-            try:
-                command = asbp.decode(frame, limits=self._limits)
-            except ProtocolError as exc:
-                self.fault(
-                    channel,
-                    exc.code,
-                    exc.message,
-                    command_id=builtin_commands.sniff_command_id(frame),
-                )
-                return
-            self._route_channel(channel, command, frame)
-            return
-        began = _clock_ns()
-        # Reset too: a routing that raised must not leave its route to the next.
-        self._source, self._routed, self._fault_code = channel, None, None
-        try:
-            command = asbp.decode(frame, limits=self._limits)
-        except ProtocolError as exc:
-            self.fault(
-                channel, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-            )
-            self._record_undecoded(recorder, "channel", channel.id, None, frame, began)
-            return
-        self._route_channel(channel, command, frame)
-        # The hot path, inline (see _record and routelog.record_routed for the same).
-        self._source = None
-        body_bytes = len(command.body)
-        recorder.record(
-            began,
-            "channel",
-            channel.id,
-            None,
-            _text(command, "c"),
-            _text(command, "s"),
-            len(frame) - body_bytes,
-            body_bytes,
-            self._routed,
-            self._fault_code,
-        )
-
-    def channel_command(
-        self, channel: Channel, command: Command, frame: bytes | None = None
-    ) -> None:
-        """Route a decoded Command from a User-Agent (``frame``: its bytes, if known)."""
-        recorder = self.recorder
-        if recorder is None or channel.closed:
-            self._route_channel(channel, command, frame)
-            return
-        began = _clock_ns()
-        self._source, self._routed, self._fault_code = channel, None, None
-        self._route_channel(channel, command, frame)
-        self._record(recorder, "channel", channel.id, None, command, frame, began)
-
-    def _record(
-        self,
-        recorder: Recorder,
-        source_kind: SourceKind,
-        source: str,
-        agent: str | None,
-        command: Command,
-        frame: bytes | None,
-        began: int,
-    ) -> None:
-        """Record the Command just routed; ``agent``: the sender, if an agent."""
-        # Only _source needs clearing: _routed and _fault_code are read only while
-        # it is set, and reset with it when the next Command starts.
-        self._source = None
-        record_routed(
-            recorder,
-            source_kind,
-            source,
-            agent,
-            command,
-            frame,
-            began,
-            self._routed,
-            self._fault_code,
-            self._limits,
-        )
-
-    def _record_undecoded(
-        self,
-        recorder: Recorder,
-        source_kind: SourceKind,
-        source: str,
-        agent: str | None,
-        frame: bytes,
-        began: int,
-    ) -> None:
-        """Record a frame that never decoded (and got a fault)."""
-        self._source = None
-        record_undecoded(recorder, source_kind, source, agent, frame, began, self._fault_code)
 
     def _route_channel(self, channel: Channel, command: Command, frame: bytes | None) -> None:
         if channel.closed:
@@ -363,15 +204,17 @@ class Router:
             )
             return
         if name in CHANNEL_BUILTINS or name in builtin_commands.MESSAGING:
-            if self._source is not None:
-                self._routed = builtin_route(command, name)
+            intake = self._intake
+            if intake.source is not None:
+                intake.routed = builtin_route(command, name)
             self._management.answer(channel, command, name)
             return
         auth = self.auth
         if auth is not None and name == auth.command_name:
-            if self._source is not None:
+            intake = self._intake
+            if intake.source is not None:
                 # To every agent that serves it; they answer the broker.
-                self._routed = ("agent", None, None)
+                intake.routed = ("agent", None, None)
             auth.authenticate(channel, command)
             return
         among = None
@@ -436,8 +279,9 @@ class Router:
                 "channel.command",
                 extra={"channel": channel.id, "command": name, "tube": tube.id, "u": command_id},
             )
-        if self._source is not None:
-            self._routed = ("agent", tube.agent_id, tube.agent_id)
+        intake = self._intake
+        if intake.source is not None:
+            intake.routed = ("agent", tube.agent_id, tube.agent_id)
         self.send_tube_frame(tube, outbound)
 
     def _from_channel(
@@ -566,59 +410,6 @@ class Router:
             extra={"tube": tube.id, "agent": tube.agent_id, "stranded": len(stranded)},
         )
 
-    def tube_frame(self, tube: Tube, frame: bytes) -> None:
-        """A frame arrived from an Application-Agent."""
-        recorder = self.recorder
-        if recorder is None or tube.closed:
-            try:
-                command = asbp.decode(frame, limits=self._limits)
-            except ProtocolError as exc:
-                self.fault_tube(
-                    tube, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-                )
-                return
-            self._route_tube(tube, command, frame)
-            return
-        began = _clock_ns()
-        self._source, self._routed, self._fault_code = tube, None, None
-        agent = tube.agent_id
-        try:
-            command = asbp.decode(frame, limits=self._limits)
-        except ProtocolError as exc:
-            self.fault_tube(
-                tube, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-            )
-            self._record_undecoded(recorder, "agent", agent, agent, frame, began)
-            return
-        self._route_tube(tube, command, frame)
-        # The hot path, inline (see _record and routelog.record_routed for the same).
-        self._source = None
-        body_bytes = len(command.body)
-        recorder.record(
-            began,
-            "agent",
-            agent,
-            agent,
-            _text(command, "c"),
-            _text(command, "s"),
-            len(frame) - body_bytes,
-            body_bytes,
-            self._routed,
-            self._fault_code,
-        )
-
-    def tube_command(self, tube: Tube, command: Command, frame: bytes | None = None) -> None:
-        """Route a decoded Command from an Application-Agent (``frame``: its bytes)."""
-        recorder = self.recorder
-        if recorder is None or tube.closed:
-            self._route_tube(tube, command, frame)
-            return
-        began = _clock_ns()
-        self._source, self._routed, self._fault_code = tube, None, None
-        self._route_tube(tube, command, frame)
-        agent = tube.agent_id
-        self._record(recorder, "agent", agent, agent, command, frame, began)
-
     def _route_tube(self, tube: Tube, command: Command, frame: bytes | None) -> None:
         if tube.closed:
             # The broker closed it (slow consumer) while its socket still reads: it
@@ -627,8 +418,9 @@ class Router:
         name = command.name
         addressed = "d" in command or "g" in command
         if (name in TUBE_BUILTINS or name in builtin_commands.MESSAGING) and not addressed:
-            if self._source is not None:
-                self._routed = builtin_route(command, name)
+            intake = self._intake
+            if intake.source is not None:
+                intake.routed = builtin_route(command, name)
             self._management.answer(tube, command, name)
             return
         if (
@@ -678,8 +470,9 @@ class Router:
                 cause=name,
             )
             return
-        if self._source is not None:
-            self._routed = ("agent", target.agent_id, None)
+        intake = self._intake
+        if intake.source is not None:
+            intake.routed = ("agent", target.agent_id, None)
         self.send_tube_frame(target, outbound)
 
     def _to_user_agents(self, tube: Tube, command: Command, frame: bytes | None) -> bytes | None:
@@ -704,12 +497,13 @@ class Router:
         if outbound is None:
             return
         frame = outbound
-        if self._source is not None:
+        intake = self._intake
+        if intake.source is not None:
             # Several destinations are joined with ","; with both, the Channels.
             if destinations:
-                self._routed = ("channel", ",".join(destinations), None)
+                intake.routed = ("channel", ",".join(destinations), None)
             else:
-                self._routed = ("group", ",".join(command.groups), None)
+                intake.routed = ("group", ",".join(command.groups), None)
         unknown: list[str] = []
         delivered: set[ChannelId] = set()
         get = self.channels.get

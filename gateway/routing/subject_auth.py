@@ -27,28 +27,38 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import asbp
 from asbp import ApplicationAgentId, Command, FaultCode, ProtocolError
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject, SubjectRegistry, SubjectState
-from gateway.connections.tubes import Tube
+from gateway.connections.tubes import RespondentTable, Tube
 from gateway.routing import builtin_commands
-
-if TYPE_CHECKING:
-    from gateway.routing.router import Router
+from gateway.types import SubjectReplies
 
 __all__ = ["Authenticator"]
 
 
 class Authenticator:
-    """Runs the Authenticate-Command exchange and checks every ``s``."""
+    """Runs the Authenticate-Command exchange and checks every ``s``.
+
+    Args:
+        replies: where answers, faults and the credentials go.
+        respondents: the agents that serve the Authenticate-Command.
+        broker_id: this broker, added as ``b`` to what the agents get.
+        command_name: the Authenticate-Command.
+        timeout: seconds the agents have to answer.
+        max_per_channel: Subjects one Channel may hold.
+        clock: monotonic seconds.
+        log: the broker's logger.
+    """
 
     def __init__(
         self,
-        router: Router,
+        replies: SubjectReplies,
         *,
+        respondents: RespondentTable,
+        broker_id: str,
         command_name: str,
         timeout: float,
         max_per_channel: int,
@@ -57,7 +67,9 @@ class Authenticator:
     ) -> None:
         self.command_name = command_name
         self.subjects = SubjectRegistry()
-        self._router = router
+        self._replies = replies
+        self._respondents = respondents
+        self._broker_id = broker_id
         self._timeout = timeout
         self._max_per_channel = max_per_channel
         self._clock = clock
@@ -67,10 +79,10 @@ class Authenticator:
 
     def authenticate(self, channel: Channel, command: Command) -> None:
         """The Authenticate-Command arrived: mint ``s`` and ask the agents."""
-        router = self._router
+        replies = self._replies
         command_id = command.command_id
         if self.subjects.count(channel) >= self._max_per_channel:
-            router.fault(
+            replies.fault(
                 channel,
                 FaultCode.AUTHENTICATION_FAILED,
                 f"a Channel may hold {self._max_per_channel} Subjects; log one out first",
@@ -78,9 +90,9 @@ class Authenticator:
                 cause=self.command_name,
             )
             return
-        tubes = router.respondents.one_per_agent(self.command_name)
+        tubes = self._respondents.one_per_agent(self.command_name)
         if not tubes:
-            router.fault(
+            replies.fault(
                 channel,
                 FaultCode.NO_RESPONDENT,
                 f"no Command-Respondent serves {self.command_name!r}",
@@ -89,14 +101,14 @@ class Authenticator:
             )
             return
         subject = self.subjects.create(channel, command_id, self._clock() + self._timeout)
-        outbound = command.with_keys(s=subject.id, i=channel.id, b=router.broker_id)
+        outbound = command.with_keys(s=subject.id, i=channel.id, b=self._broker_id)
         if "a" in outbound:
             outbound = outbound.without_keys("a")
         try:
             frame = asbp.encode(outbound)
         except ProtocolError as exc:
             self.subjects.end(subject)
-            router.fault(channel, exc.code, exc.message, command_id=command_id)
+            replies.fault(channel, exc.code, exc.message, command_id=command_id)
             return
         for tube in tubes:
             subject.asked[tube.id] = tube.agent_id
@@ -109,7 +121,7 @@ class Authenticator:
             },
         )
         for tube in tubes:
-            router.send_tube_frame(tube, frame)
+            replies.send_tube_frame(tube, frame)
 
     def resolve(self, channel: Channel, command: Command) -> Subject | None:
         """The authenticated Subject named by ``s`` on ``channel``, or a fault (3201)."""
@@ -124,7 +136,7 @@ class Authenticator:
                 "subject.refused",
                 extra={"channel": channel.id, "subject": subject_id, "command": command.name},
             )
-            self._router.fault(
+            self._replies.fault(
                 channel,
                 FaultCode.ACCESS_DENIED,
                 "Subject-Identifier 's' does not belong to this Channel",
@@ -139,7 +151,7 @@ class Authenticator:
         subject_id = command.subject_id
         subject = self.subjects.get(subject_id) if subject_id is not None else None
         if subject is None or subject.channel is not channel:
-            self._router.fault(
+            self._replies.fault(
                 channel,
                 FaultCode.ACCESS_DENIED,
                 "Subject-Identifier 's' does not belong to this Channel",
@@ -151,19 +163,19 @@ class Authenticator:
         reply = Command(c=builtin_commands.ACCEPTED, cause=builtin_commands.LOGOUT, s=subject.id)
         if command.command_id is not None:
             reply = reply.with_keys(u=command.command_id)
-        self._router.send(channel, reply)
+        self._replies.send(channel, reply)
 
     # -- from Application-Agents ---------------------------------------------
 
     def answer(self, tube: Tube, command: Command, name: str) -> None:
         """``asbp.authenticated`` or ``asbp.refused`` from an agent that was asked."""
-        router = self._router
+        replies = self._replies
         subject_id = command.subject_id
         subject = self.subjects.get(subject_id) if subject_id is not None else None
         if subject is None or (
             tube.id not in subject.asked and tube.agent_id not in subject.authenticated_by
         ):
-            router.fault_tube(
+            replies.fault_tube(
                 tube,
                 FaultCode.ACCESS_DENIED,
                 "no Subject awaits this agent's answer under that 's'",
@@ -184,7 +196,7 @@ class Authenticator:
         else:
             self._authenticated(tube, subject, command)
         if command.command_id is not None:
-            router.send_tube(
+            replies.send_tube(
                 tube,
                 Command(
                     c=builtin_commands.ACCEPTED, cause=name, s=subject.id, u=command.command_id
@@ -217,13 +229,13 @@ class Authenticator:
             reply["p"] = subject.address
         if subject.command_id is not None:
             reply["u"] = subject.command_id
-        self._router.send(subject.channel, Command(reply))
+        self._replies.send(subject.channel, Command(reply))
 
     # -- endings ---------------------------------------------------------------
 
     def _fail(self, subject: Subject, code: FaultCode, reason: str) -> None:
         self.subjects.end(subject)
-        self._router.fault(
+        self._replies.fault(
             subject.channel,
             code,
             f"authentication failed: {reason}",
@@ -238,8 +250,8 @@ class Authenticator:
         self._log.info("subject.end", extra={"subject": subject.id, "reason": why})
         if agents:
             notice = Command(c=builtin_commands.SUBJECT_ENDED, s=subject.id, cause=why)
-            for tube in self._router.respondents.of_agents(agents):
-                self._router.send_tube(tube, notice)
+            for tube in self._respondents.of_agents(agents):
+                self._replies.send_tube(tube, notice)
 
     def channel_closed(self, channel: Channel) -> None:
         """Every Subject of a closed Channel ends."""

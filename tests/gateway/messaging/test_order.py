@@ -21,9 +21,11 @@ import pytest
 
 from asbp import Command
 from gateway.config.model import MessagingLimits
-from gateway.messaging.service import message_id
+from gateway.messaging.message_ids import MessageIdPool
 from tests.support.gateway import Gateway, GatewayFactory, Peer, assert_fault
 from tests.support.messaging import Messenger, RedisServers, start_broker
+
+message_id = MessageIdPool().next
 
 pytestmark = pytest.mark.anyio
 

@@ -10,6 +10,7 @@ import asbp
 from asbp import AsbpError, Command
 from gateway.acl import DestinationType
 from gateway.engines.base import Delivery, DeliveryNotice, Message, NoticeEvent
+from gateway.messaging.message_ids import MessageIdPool
 from gateway.messaging.notifications import (
     accepted,
     notice,
@@ -25,7 +26,8 @@ from gateway.messaging.requests import (
     read_publish,
     read_subscription,
 )
-from gateway.messaging.service import message_id
+
+message_id = MessageIdPool().next
 
 
 def command(name: str, body: bytes = b"", **keys: Any) -> Command:

@@ -1,0 +1,141 @@
+"""How the broker leaves Commands and faults for Channels and Tubes.
+
+Every frame the broker sends goes through a :class:`ReplySender`: the
+router's own routing, the built-in answers (gateway.routing.management),
+Subject authentication (gateway.routing.subject_auth) and the messaging
+built-ins (gateway.messaging), each through the narrow protocol it needs
+(gateway.types: Replies, Outlets, SubjectReplies).
+
+Nothing here blocks. An outbox that has no room is a client that does not
+read: fault 2105, its outbox aborted and the Channel or Tube closed (the
+router's ``close_channel`` / ``close_tube``), rather than the broker
+buffering without bound. Every fault is logged and reported to ``on_fault``
+(the router counts it as the outcome of the Command being routed, and the
+messaging built-ins publish it on ``/system/faults/<broker>``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import asbp
+from asbp import Command, FaultCode
+from gateway.connections.channels import Channel
+from gateway.connections.tubes import Tube
+from gateway.routing import builtin_commands
+
+__all__ = ["FaultListener", "ReplySender"]
+
+#: Told of every fault sent: ``(to, code, message, cause, agent)``, where ``agent``
+#: is the Tube's agent identity, or None for a Channel.
+FaultListener = Callable[[Channel | Tube, FaultCode, str, str | None, str | None], None]
+
+
+class ReplySender:
+    """Leaves frames in outboxes; closes the clients too slow to take them.
+
+    Args:
+        log: the broker's logger.
+        close_channel: closes a Channel whose outbox overflowed.
+        close_tube: closes a Tube whose outbox overflowed.
+        on_fault: told of every fault, before it is sent.
+        on_slow_tube: told of a Tube closed for being slow, before it closes.
+    """
+
+    __slots__ = ("_close_channel", "_close_tube", "_log", "_on_fault", "_on_slow_tube")
+
+    def __init__(
+        self,
+        *,
+        log: logging.Logger,
+        close_channel: Callable[[Channel], None],
+        close_tube: Callable[[Tube], None],
+        on_fault: FaultListener,
+        on_slow_tube: Callable[[Tube], None] | None = None,
+    ) -> None:
+        self._log = log
+        self._close_channel = close_channel
+        self._close_tube = close_tube
+        self._on_fault = on_fault
+        self._on_slow_tube = on_slow_tube
+
+    def send(self, channel: Channel, command: Command) -> None:
+        """Encode ``command`` and leave it for ``channel``."""
+        self.deliver(channel, asbp.encode(command))
+
+    def deliver(self, channel: Channel, frame: bytes) -> None:
+        """Leave an encoded Command for ``channel``; a full outbox closes it."""
+        if not channel.outbox.offer(frame) and not channel.closed:
+            self._log.warning(
+                "channel.slow_consumer",
+                extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
+            )
+            channel.fault = FaultCode.SLOW_CONSUMER
+            channel.outbox.abort()
+            self._close_channel(channel)
+
+    def send_tube(self, tube: Tube, command: Command) -> bool:
+        """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
+        return self.send_tube_frame(tube, asbp.encode(command))
+
+    def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
+        """Leave an encoded Command for ``tube``; False if it was too slow."""
+        if tube.outbox.offer(frame):
+            return True
+        if not tube.closed:
+            self._log.warning(
+                "tube.slow_consumer",
+                extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
+            )
+            tube.fault = FaultCode.SLOW_CONSUMER
+            tube.outbox.abort()
+            if self._on_slow_tube is not None:
+                self._on_slow_tube(tube)
+            self._close_tube(tube)
+        return False
+
+    def fault(
+        self,
+        channel: Channel,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``channel`` a fault."""
+        self._log.info(
+            "channel.fault",
+            extra={"channel": channel.id, "code": int(code), "command": cause, "reason": message},
+        )
+        self._on_fault(channel, code, message, cause, None)
+        self.send(
+            channel,
+            builtin_commands.fault_command(code, message, command_id=command_id, cause=cause),
+        )
+
+    def fault_tube(
+        self,
+        tube: Tube,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``tube`` a fault."""
+        self._log.info(
+            "tube.fault",
+            extra={
+                "tube": tube.id,
+                "agent": tube.agent_id,
+                "code": int(code),
+                "command": cause,
+                "reason": message,
+            },
+        )
+        self._on_fault(tube, code, message, cause, tube.agent_id)
+        self.send_tube(
+            tube, builtin_commands.fault_command(code, message, command_id=command_id, cause=cause)
+        )

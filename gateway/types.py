@@ -1,0 +1,122 @@
+"""Narrow protocols for the gateway's injected collaborators (as hypercorn/typing.py).
+
+A collaborator is handed the few methods it calls, not the object that
+happens to provide them: :class:`~gateway.routing.management.Management`
+and :class:`~gateway.routing.subject_auth.Authenticator` send through
+:class:`Replies`, the messaging built-ins through :class:`Outlets`, and the
+router reaches topics and queues through :class:`MessagingHooks`. Each
+names what the other side may rely on, and a test can hand in a real object
+of its own that has just these methods.
+
+::
+
+    Router ──owns──► ReplySender (gateway.routing.replies): Replies, Outlets
+      │                 ▲            ▲
+      │                 │ Replies    │ Outlets
+      │           Management,    Messaging (gateway.messaging)
+      │           Authenticator      ▲
+      └──────── MessagingHooks ──────┘
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from asbp import Command, FaultCode
+
+if TYPE_CHECKING:
+    from gateway.acl import AccessContext
+    from gateway.connections.channels import Channel
+    from gateway.connections.tubes import Tube
+
+__all__ = ["Faults", "MessagingHooks", "Outlets", "Replies", "SubjectReplies"]
+
+
+class Faults(Protocol):
+    """Sends faults to Channels and Tubes."""
+
+    def fault(
+        self,
+        channel: Channel,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``channel`` a fault (``command_id``: the ``u`` it answers)."""
+        ...
+
+    def fault_tube(
+        self,
+        tube: Tube,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Send ``tube`` a fault."""
+        ...
+
+
+class Replies(Faults, Protocol):
+    """Sends built-in answers: Commands to encode, and faults."""
+
+    def send(self, channel: Channel, command: Command) -> None:
+        """Encode ``command`` and leave it for ``channel``."""
+        ...
+
+    def send_tube(self, tube: Tube, command: Command) -> bool:
+        """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
+        ...
+
+
+class Outlets(Faults, Protocol):
+    """Leaves frames encoded already (once for many receivers) in outboxes, and faults."""
+
+    def deliver(self, channel: Channel, frame: bytes) -> None:
+        """Leave an encoded Command for ``channel``; a full outbox closes it."""
+        ...
+
+    def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
+        """Leave an encoded Command for ``tube``; False if it was too slow."""
+        ...
+
+
+class SubjectReplies(Replies, Protocol):
+    """What Subject authentication sends: answers, faults, and one encoded frame
+    (the credentials) to each agent asked."""
+
+    def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
+        """Leave an encoded Command for ``tube``; False if it was too slow."""
+        ...
+
+
+class MessagingHooks(Protocol):
+    """What the router asks of topics and queues (gateway.messaging.Messaging)."""
+
+    def channel_command(
+        self, channel: Channel, access: AccessContext, command: Command, name: str
+    ) -> None:
+        """A messaging built-in (builtin_commands.MESSAGING) from a User-Agent, sent
+        with ``access`` (the Channel's, or its Subject's when ``s`` names one)."""
+        ...
+
+    def tube_command(self, tube: Tube, command: Command, name: str) -> None:
+        """A messaging built-in from an Application-Agent."""
+        ...
+
+    def channel_closed(self, channel: Channel) -> None:
+        """A Channel closed: its subscriptions end, its leases are released."""
+        ...
+
+    def tube_closed(self, tube: Tube) -> None:
+        """A Tube closed: likewise."""
+        ...
+
+    def fault_sent(
+        self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
+    ) -> None:
+        """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
