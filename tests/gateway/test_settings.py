@@ -1,4 +1,4 @@
-"""Tests for gateway.config.settings (and gateway.broker_id): real TOML files, plain environ dicts.
+"""Tests for gateway.config (and gateway.broker_id): real TOML files, plain environ dicts.
 
 Every source of a setting is exercised, every error path is asserted to name its source,
 and docs/configuration.md is checked against the generator.
@@ -23,6 +23,15 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
 from gateway.broker_id import BROKER_ID_FILE, broker_identity
+from gateway.config import (
+    ConfigError,
+    add_arguments,
+    config_reference,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+from gateway.config.fields import settings
 from gateway.config.model import (
     ChannelLimits,
     EventLogConfig,
@@ -30,15 +39,6 @@ from gateway.config.model import (
     MessagingLimits,
     TlsConfig,
     TubeLimits,
-)
-from gateway.config.settings import (
-    ConfigError,
-    add_arguments,
-    config_reference,
-    config_to_dict,
-    config_to_toml,
-    load_config,
-    settings,
 )
 from tests.support import T, TlsFiles, generate_tls_files
 
@@ -685,7 +685,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
 
 def test_the_reference_is_up_to_date() -> None:
     assert REFERENCE.read_text(encoding="utf-8") == config_reference(), (
-        "docs/configuration.md is stale: python -m gateway.config.settings > docs/configuration.md"
+        "docs/configuration.md is stale: python -m gateway.config > docs/configuration.md"
     )
 
 
@@ -697,9 +697,9 @@ def test_the_reference_lists_every_setting() -> None:
             assert f"`{setting.flag}`" in reference
 
 
-def test_python_m_gateway_settings_prints_the_reference() -> None:
+def test_python_m_gateway_config_prints_the_reference() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.config.settings"],
+        [sys.executable, "-m", "gateway.config"],
         capture_output=True,
         text=True,
         cwd=ROOT,
