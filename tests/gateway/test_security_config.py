@@ -257,6 +257,8 @@ def test_a_bad_policy_names_the_file_and_line(conf: Path) -> None:
 
     line = line_of(text, "QUEU")
     assert problem.source == f"{file}:{line}"
+    # The same facts as data, for a caller that wants more than the message.
+    assert (problem.key, problem.line) == ("security", line)
     assert str(problem).startswith(
         f"{file}:{line}: policy 'default', entries[0]: types: unknown value 'QUEU'"
     )

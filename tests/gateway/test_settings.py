@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
+from asbp import AsbpError
 from gateway.broker_id import BROKER_ID_FILE, broker_identity
 from gateway.config import (
     ConfigError,
@@ -655,6 +656,17 @@ def test_insecure_dev_tubes_allowed_on_loopback(host: str) -> None:
 def test_config_error_carries_source_and_detail() -> None:
     error = config_error(environ={"ASBP_PORT": "x"})
     assert (error.source, error.detail) == ("ASBP_PORT", "expected an integer, got 'x'")
+    assert (error.key, error.line) == ("port", None)
+    # In the one error tree, still a ValueError, and printed without a fault code.
+    assert isinstance(error, AsbpError) and isinstance(error, ValueError)
+    assert str(error) == error.message == "ASBP_PORT: expected an integer, got 'x'"
+    error = config_error({"channels.long_poll_timeout": 0})
+    assert (error.key, error.source) == (
+        "channels.long_poll_timeout",
+        "override 'channels.long_poll_timeout'",
+    )
+    # A rule across settings names the setting that has to change.
+    assert config_error(environ={"ASBP_TLS_KEYFILE": "key.pem"}).key == "tls.keyfile"
 
 
 # --- the setting descriptions and the generated reference -----------------------------------
