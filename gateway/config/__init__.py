@@ -2,17 +2,19 @@
 
 ::
 
-    model.py      the frozen dataclasses (GatewayConfig and one per table), field docs
-    fields.py     every setting described once from those fields: key, kind, env, flag
+    settings.py   the old module's names, re-exported for code written against it
     loading.py    load_config and add_arguments: defaults < file < environment < flags
-    checks.py     the rules of one value and the rules across values
     rendering.py  the effective config as data or TOML, and docs/configuration.md
+    checks.py     the rules of one value and the rules across values
     errors.py     ConfigError (a gateway.errors.LocalError, so an asbp.AsbpError)
+    fields.py     every setting described once from the model: key, kind, env, flag
+    model.py      the frozen dataclasses (GatewayConfig and one per table), field docs
     text.py       values as text, in messages and in TOML
 
-Dependencies run down this list's reverse: ``model`` imports nothing here; ``loading``
-and ``rendering`` import the rest. ``checks`` imports :mod:`gateway.auth` inside its
-functions, because :mod:`gateway.auth.trust` imports :mod:`gateway.config.model`.
+Each module imports only modules below it in this list. ``checks`` imports
+:mod:`gateway.auth` inside its functions, because :mod:`gateway.auth.trust` imports
+:mod:`gateway.config.model`, which runs this file first.
+``python -m gateway.config > docs/configuration.md`` regenerates the reference.
 
 The list of every setting, :func:`gateway.config.fields.settings`, is not re-exported
 here: the old ``gateway.config.settings`` module (a re-export kept for code written
