@@ -1,19 +1,25 @@
-"""The error tree: every error the gateway raises on purpose has one root.
+"""The error tree: every error raised on purpose, by the core or the gateway, has one root.
 
 ::
 
     AsbpError                      .code: FaultCode, .message: str
-     └── ProtocolError             a frame or Command breaks draft section 1.3.4
-          ├── FrameTooLarge        1101  frame longer than max_frame_bytes
-          ├── HeaderTooLarge       1104  header longer than max_header_bytes
-          ├── TooManyKeys          1105  more pairs than max_keys
-          ├── TooManyListItems     1106  a list longer than max_list_items
-          ├── MalformedHeader      1201  the grammar is broken
-          └── InvalidHeaderValue   1203  a reserved key holds a bad value
+     ├── ProtocolError             a frame or Command breaks draft section 1.3.4
+     │    ├── FrameTooLarge        1101  frame longer than max_frame_bytes
+     │    ├── HeaderTooLarge       1104  header longer than max_header_bytes
+     │    ├── TooManyKeys          1105  more pairs than max_keys
+     │    ├── TooManyListItems     1106  a list longer than max_list_items
+     │    ├── MalformedHeader      1201  the grammar is broken
+     │    └── InvalidHeaderValue   1203  a reserved key holds a bad value
+     ├── GatewayError              the broker's errors, drawn in gateway/errors.py:
+     │    │                        faults (AccessDenied 3201, CredentialRefused 3101,
+     │    │                        EngineUnavailable 2005, ...) and
+     │    └── LocalError           errors never sent to a peer (ConfigError,
+     │                             AclConfigError, CredentialConfigError, ...)
+     └── AgentError                the SDK's and Spark's errors, drawn below
 
-Other packages (the broker's ACLs, engines, credentials) hang their own
-errors under ``AsbpError`` so that one ``except AsbpError`` maps any of them
-to a fault Command with a code.
+``asbp`` imports nothing from the gateway, so its branch is drawn here only in outline;
+``gateway/errors.py`` holds the full drawing. One ``except AsbpError`` catches any of
+them; a fault's ``code`` is what the broker reports to the peer.
 
 The SDK's branch (agents/errors.py and agents/spark/errors.py draw it whole)::
 
@@ -42,10 +48,11 @@ __all__ = [
 
 
 class AsbpError(Exception):
-    """The root of every error that maps to an ASBP fault.
+    """The root of every error the core or the gateway raises on purpose.
 
     Attributes:
-        code: the fault code to report to the peer.
+        code: the fault code to report to the peer (errors that never reach a peer,
+            gateway's ``LocalError``, keep the default and say so).
         message: what went wrong, for a human.
     """
 

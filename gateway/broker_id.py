@@ -21,8 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Final
 
+from gateway.config.checks import BROKER_ID_PATTERN
+from gateway.config.errors import ConfigError
 from gateway.config.model import GatewayConfig
-from gateway.config.settings import BROKER_ID_PATTERN, ConfigError
 
 __all__ = ["BROKER_ID_FILE", "broker_identity"]
 

@@ -9,7 +9,7 @@ misread. Plain ``yes``/``no``/``on``/``off`` are refused too, since Kubernetes'
 YAML 1.1 parser reads them as booleans; and, as it does, ``0440`` is octal.
 
 Then the checks: every TOML key, ``ASBP_*`` variable and ``--flag`` exists in
-gateway.config.settings, and the ConfigMap loads as a broker configuration once the
+gateway.config, and the ConfigMap loads as a broker configuration once the
 Secrets' files exist; the probes ask for routes the app serves; the image's
 entry point is the console script of pyproject.toml; selectors, names, ports
 and mounts agree across files; Redis keeps an fsynced AOF on its volume; the
@@ -33,8 +33,9 @@ from starlette.routing import Route
 
 from agents import generate_agent_key
 from gateway.app import create_app
+from gateway.config import CONFIG_ENV_VAR, add_arguments, load_config
+from gateway.config.fields import settings
 from gateway.config.model import GatewayConfig
-from gateway.config.settings import CONFIG_ENV_VAR, add_arguments, load_config, settings
 from gateway.messaging.service import STOP_GRACE
 from gateway.ops.cli import main as cli_main
 from gateway.ops.server import GRACEFUL_TIMEOUT

@@ -2,19 +2,19 @@
 
 ::
 
-    ValueError
-     └── AclConfigError        start-up: a policy file or Acl that cannot be built
-    AsbpError                  (asbp.errors)
-     └── AccessDenied   3201   a request a policy refused; sent to the peer
+    GatewayError                 (gateway.errors, under asbp.errors.AsbpError)
+     ├── AccessDenied     3201   a request a policy refused; sent to the peer
+     └── LocalError
+          └── AclConfigError     start-up: a policy file or Acl that cannot be built
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from asbp.errors import AsbpError
 from asbp.faults import FaultCode
 from gateway.acl.entries import Decision, DestinationType, Privilege
+from gateway.errors import GatewayError, LocalError
 
 __all__ = ["AccessDenied", "AclConfigError"]
 
@@ -22,11 +22,12 @@ __all__ = ["AccessDenied", "AclConfigError"]
 _MAX_ECHO: Final = 200
 
 
-class AclConfigError(ValueError):
+# Also a ValueError: it was one before the error tree had it, and callers of
+# acl_from_config and load_acl may catch it that way.
+class AclConfigError(LocalError, ValueError):
     """The security policies cannot be loaded; the broker must not start.
 
-    Raised at start-up and never sent to a peer, so it is a ``ValueError`` rather
-    than an :class:`~asbp.errors.AsbpError` (which carries a wire fault code).
+    Raised at start-up and never sent to a peer, so it has no fault code of its own.
 
     Attributes:
         detail: what is wrong, naming the policy and entry.
@@ -52,7 +53,7 @@ class AclConfigError(ValueError):
         super().__init__(f"{where}: {detail}" if where else detail)
 
 
-class AccessDenied(AsbpError):
+class AccessDenied(GatewayError):
     """A security policy refused the request (fault 3201, Sapo's "Access denied").
 
     The message names the destination and the privilege, which the peer already

@@ -62,6 +62,7 @@ from gateway.acl.errors import AclConfigError
 from gateway.acl.patterns import PatternError, compile_destination
 from gateway.acl.policy import Acl
 from gateway.acl.toml_lines import KeyPath, key_lines
+from gateway.errors import LocalError
 
 __all__ = ["SECURITY_TABLE", "acl_from_config", "load_acl"]
 
@@ -145,7 +146,9 @@ def acl_from_config(
     return _Loader(text, source).build(security)
 
 
-class _Invalid(Exception):
+class _Invalid(LocalError):
+    """A fault in the table at ``key``, before :meth:`_Loader.error` finds its line."""
+
     def __init__(self, detail: str, key: KeyPath) -> None:
         super().__init__(detail)
         self.detail = detail

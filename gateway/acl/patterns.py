@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # the stubs live under the old public names
 else:  # and the modules under private ones since 3.11 (importing the old names warns)
     from re import _constants, _parser
 
+from asbp.faults import FaultCode
+from gateway.errors import LocalError
+
 __all__ = ["FLAGS", "PatternError", "UnsafePatternError", "compile_destination"]
 
 #: The flags every destination pattern is compiled with.
@@ -76,8 +79,17 @@ _END: Final = -1
 _UNKNOWN: Final = -2
 
 
-class PatternError(ValueError):
-    """A destination pattern is not a valid regular expression."""
+# Also a ValueError: it was one before the error tree had it, and callers of
+# compile_destination may catch it that way.
+class PatternError(LocalError, ValueError):
+    """A destination pattern is not a valid regular expression.
+
+    A :class:`~gateway.errors.LocalError`: its callers put its message inside their
+    own (an ACL file's error, a fault naming the destination), so ``str()`` has no
+    code. ``code`` is the fault those callers report, Sapo's 2001.
+    """
+
+    code = FaultCode.INVALID_DESTINATION_NAME
 
 
 class UnsafePatternError(PatternError):

@@ -27,6 +27,8 @@ import re
 import tomllib
 from typing import Final
 
+from gateway.errors import LocalError
+
 __all__ = ["KeyPath", "key_lines"]
 
 #: A path into the parsed document: table keys and array indexes.
@@ -37,8 +39,8 @@ _BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
 _SCALAR: Final = re.compile(r"[^,\]}\r\n#]+")
 
 
-class _ScanError(Exception):
-    """The scanner met text it cannot follow."""
+class _ScanError(LocalError):
+    """The scanner met text it cannot follow; :func:`key_lines` keeps what it found."""
 
 
 def key_lines(text: str) -> dict[KeyPath, int]:

@@ -1,17 +1,20 @@
 """What can go wrong with Application-Agent credentials (gateway.auth.credentials).
 
-:class:`CredentialRefused` is a handshake refused: an
-:class:`~asbp.errors.AsbpError` with fault code 3101 and a
-:class:`RefusalReason`. :class:`CredentialConfigError` is a key or a
-credentials config that cannot be loaded, at start-up.
+::
+
+    GatewayError                   (gateway.errors, under asbp.errors.AsbpError)
+     ├── CredentialRefused   3101  a handshake refused; .reason: RefusalReason
+     └── LocalError
+          └── CredentialConfigError  start-up: a key or credentials config that
+                                     cannot be loaded
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from asbp.errors import AsbpError
 from asbp.faults import FaultCode
+from gateway.errors import GatewayError, LocalError
 
 __all__ = ["CredentialConfigError", "CredentialRefused", "RefusalReason"]
 
@@ -51,7 +54,7 @@ class RefusalReason(Enum):
     REPLAY_CACHE_FULL = "replay_cache_full"
 
 
-class CredentialRefused(AsbpError):
+class CredentialRefused(GatewayError):
     """The handshake credential is refused; no Command may flow.
 
     Attributes:
@@ -68,11 +71,12 @@ class CredentialRefused(AsbpError):
         super().__init__(f"credential refused ({reason.value}): {message}")
 
 
-class CredentialConfigError(ValueError):
+# Also a ValueError: it was one before the error tree had it, and callers of
+# AgentCredentials.from_config and the key loaders may catch it that way.
+class CredentialConfigError(LocalError, ValueError):
     """A key or the credentials config cannot be loaded.
 
-    Raised at start-up, never sent to a peer, so it is a ``ValueError`` rather
-    than an :class:`~asbp.errors.AsbpError` (which carries a wire fault code).
+    Raised at start-up and never sent to a peer, so it has no fault code of its own.
 
     Attributes:
         detail: what is wrong, without the identity and source.

@@ -49,6 +49,7 @@ from typing import Any, Final
 
 from gateway.acl import PatternError, compile_destination
 from gateway.config.model import GatewayConfig
+from gateway.errors import LocalError
 
 __all__ = ["SERVES_KEY", "AgentTrust", "ServeConfigError", "ServePolicy", "agent_trust"]
 
@@ -60,8 +61,12 @@ SERVES_KEY: Final = "serves"
 _LITERAL_ESCAPE: Final = re.compile(r"\\([^0-9A-Za-z])")
 
 
-class ServeConfigError(ValueError):
+# Also a ValueError: it was one before the error tree had it, and callers of
+# AgentTrust.from_agents_table may catch it that way.
+class ServeConfigError(LocalError, ValueError):
     """An agent's ``serves`` allow-list cannot be loaded; the broker must not start.
+
+    Raised at start-up and never sent to a peer, so it has no fault code of its own.
 
     Attributes:
         identity: the agent whose table is at fault.
@@ -197,7 +202,7 @@ class AgentTrust:
 
 
 def agent_trust(config: GatewayConfig) -> AgentTrust:
-    """The :class:`AgentTrust` for ``config`` (already validated by gateway.config.settings).
+    """The :class:`AgentTrust` for ``config`` (already validated by gateway.config.loading).
 
     Raises:
         ServeConfigError: a bad ``serves``, for a config built without the settings.

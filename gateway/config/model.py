@@ -2,7 +2,7 @@
 
 Sources, lowest precedence first: the defaults below, a TOML file
 (``--config`` or ``ASBP_CONFIG``), ``ASBP_*`` environment variables, then
-command-line flags. Loading lives in ``gateway.config.settings``; this module only
+command-line flags. Loading lives in ``gateway.config.loading``; this module only
 says what can be configured and what each field means.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import asbp
 
-# Imported at run time, not under TYPE_CHECKING: gateway.config.settings reads these
+# Imported at run time, not under TYPE_CHECKING: gateway.config.fields reads these
 # annotations with typing.get_type_hints. gateway.acl is pure and cheap to import.
 from gateway.acl import Acl
 

@@ -47,7 +47,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from asbp import AsbpError, FaultCode
+from asbp import FaultCode
+from gateway.errors import GatewayError
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -70,7 +71,7 @@ __all__ = [
 DEFAULT_PRIORITY: Final = 4
 
 
-class EngineUnavailable(AsbpError):
+class EngineUnavailable(GatewayError):
     """The backing store cannot be reached; the operation may not have happened.
 
     "May not", not "did not": when a connection fails after a request went out,
@@ -82,7 +83,7 @@ class EngineUnavailable(AsbpError):
     code = FaultCode.ENGINE_UNAVAILABLE
 
 
-class QueueLimitReached(AsbpError):
+class QueueLimitReached(GatewayError):
     """A new queue would pass the configured maximum number of queues (2003)."""
 
     code = FaultCode.MAX_QUEUES_REACHED

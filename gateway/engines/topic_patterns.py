@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from asbp import AsbpError, FaultCode
+from asbp import FaultCode
 from gateway.acl import PatternError, compile_destination
+from gateway.errors import GatewayError
 
 __all__ = [
     "VIRTUAL_QUEUE_SEPARATOR",
@@ -47,7 +48,9 @@ VIRTUAL_QUEUE_SEPARATOR: Final = "@"
 _REGEX_SYNTAX: Final = frozenset(".^$*+?{}[]\\|()")
 
 
-class InvalidVirtualQueue(AsbpError, ValueError):
+# Also a ValueError: virtual_queue() and parse_virtual_queue() validate arguments,
+# and their callers may catch a bad one that way.
+class InvalidVirtualQueue(GatewayError, ValueError):
     """A virtual-queue name or pattern is refused (fault 2001).
 
     Attributes:

@@ -56,6 +56,7 @@ from starlette.applications import Starlette
 from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
+from gateway.errors import LocalError
 from gateway.transports.websocket import max_message_bytes
 
 __all__ = [
@@ -84,8 +85,14 @@ logger = logging.getLogger(__name__)
 _Ready = Callable[[], None]
 
 
-class ServerError(RuntimeError):
-    """The broker could not listen, or the application failed to start."""
+# Also a RuntimeError: it was one before the error tree had it, and callers of
+# serve() may catch it that way.
+class ServerError(LocalError, RuntimeError):
+    """The broker could not listen, or the application failed to start.
+
+    Raised to the caller of :func:`serve` and never sent to a peer, so it has no fault
+    code of its own.
+    """
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """Security configuration: agents' ``serves`` allow-lists (gateway.auth.trust), the
-``[security]`` table as gateway.config.settings loads it, and how start-up reports mistakes."""
+``[security]`` table as gateway.config loads it, and how start-up reports mistakes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from agents.credentials import generate_agent_key
 from gateway.acl import DEFAULT_POLICY, Acl
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import AgentTrust, ServeConfigError, ServePolicy, agent_trust
+from gateway.config import ConfigError, config_to_dict, config_to_toml, load_config
 from gateway.config.model import GatewayConfig
-from gateway.config.settings import ConfigError, config_to_dict, config_to_toml, load_config
 from gateway.ops.cli import main
 
 AUTH = "auth.login"
@@ -168,7 +168,7 @@ def test_credentials_accept_the_serves_key(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# gateway.config.settings: [security], serves and authenticate_command from the file
+# gateway.config: [security], serves and authenticate_command from the file
 
 
 @pytest.fixture
@@ -257,6 +257,8 @@ def test_a_bad_policy_names_the_file_and_line(conf: Path) -> None:
 
     line = line_of(text, "QUEU")
     assert problem.source == f"{file}:{line}"
+    # The same facts as data, for a caller that wants more than the message.
+    assert (problem.key, problem.line) == ("security", line)
     assert str(problem).startswith(
         f"{file}:{line}: policy 'default', entries[0]: types: unknown value 'QUEU'"
     )

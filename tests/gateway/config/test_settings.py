@@ -1,4 +1,4 @@
-"""Tests for gateway.config.settings (and gateway.broker_id): real TOML files, plain environ dicts.
+"""Tests for gateway.config (and gateway.broker_id): real TOML files, plain environ dicts.
 
 Every source of a setting is exercised, every error path is asserted to name its source,
 and docs/configuration.md is checked against the generator.
@@ -22,7 +22,17 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import asbp
+from asbp import AsbpError
 from gateway.broker_id import BROKER_ID_FILE, broker_identity
+from gateway.config import (
+    ConfigError,
+    add_arguments,
+    config_reference,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+from gateway.config.fields import settings
 from gateway.config.model import (
     ChannelLimits,
     EventLogConfig,
@@ -30,15 +40,6 @@ from gateway.config.model import (
     MessagingLimits,
     TlsConfig,
     TubeLimits,
-)
-from gateway.config.settings import (
-    ConfigError,
-    add_arguments,
-    config_reference,
-    config_to_dict,
-    config_to_toml,
-    load_config,
-    settings,
 )
 from tests.support import T, TlsFiles, generate_tls_files
 
@@ -655,6 +656,17 @@ def test_insecure_dev_tubes_allowed_on_loopback(host: str) -> None:
 def test_config_error_carries_source_and_detail() -> None:
     error = config_error(environ={"ASBP_PORT": "x"})
     assert (error.source, error.detail) == ("ASBP_PORT", "expected an integer, got 'x'")
+    assert (error.key, error.line) == ("port", None)
+    # In the one error tree, still a ValueError, and printed without a fault code.
+    assert isinstance(error, AsbpError) and isinstance(error, ValueError)
+    assert str(error) == error.message == "ASBP_PORT: expected an integer, got 'x'"
+    error = config_error({"channels.long_poll_timeout": 0})
+    assert (error.key, error.source) == (
+        "channels.long_poll_timeout",
+        "override 'channels.long_poll_timeout'",
+    )
+    # A rule across settings names the setting that has to change.
+    assert config_error(environ={"ASBP_TLS_KEYFILE": "key.pem"}).key == "tls.keyfile"
 
 
 # --- the setting descriptions and the generated reference -----------------------------------
@@ -685,7 +697,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
 
 def test_the_reference_is_up_to_date() -> None:
     assert REFERENCE.read_text(encoding="utf-8") == config_reference(), (
-        "docs/configuration.md is stale: python -m gateway.config.settings > docs/configuration.md"
+        "docs/configuration.md is stale: python -m gateway.config > docs/configuration.md"
     )
 
 
@@ -697,9 +709,9 @@ def test_the_reference_lists_every_setting() -> None:
             assert f"`{setting.flag}`" in reference
 
 
-def test_python_m_gateway_settings_prints_the_reference() -> None:
+def test_python_m_gateway_config_prints_the_reference() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.config.settings"],
+        [sys.executable, "-m", "gateway.config"],
         capture_output=True,
         text=True,
         cwd=ROOT,

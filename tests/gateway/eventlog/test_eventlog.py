@@ -27,8 +27,8 @@ import asbp
 from asbp import Command
 from asbp.eventlog import EVENT_FIELDS
 from gateway.broker import Broker
+from gateway.config import ConfigError, add_arguments, load_config
 from gateway.config.model import EventLogConfig
-from gateway.config.settings import ConfigError, add_arguments, load_config
 from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import CHUNK, Recorder
 from gateway.eventlog.schema import (

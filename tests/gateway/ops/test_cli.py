@@ -31,8 +31,9 @@ import orjson
 import pytest
 
 from gateway.broker_id import BROKER_ID_FILE
+from gateway.config import load_config
+from gateway.config.fields import FOREIGN_ENV_VARS
 from gateway.config.model import GatewayConfig, TlsConfig
-from gateway.config.settings import FOREIGN_ENV_VARS, load_config
 from gateway.ops.cli import main
 from gateway.ops.server import Endpoints, ServerError, serve
 from tests.support import T, TlsFiles, client_ssl_context, free_port, generate_tls_files
