@@ -2,7 +2,6 @@
 
 ::
 
-    settings.py   the old module's names, re-exported for code written against it
     loading.py    load_config and add_arguments: defaults < file < environment < flags
     rendering.py  the effective config as data or TOML, and docs/configuration.md
     checks.py     the rules of one value and the rules across values
@@ -17,8 +16,7 @@ Each module imports only modules below it in this list. ``checks`` imports
 ``python -m gateway.config > docs/configuration.md`` regenerates the reference.
 
 The list of every setting, :func:`gateway.config.fields.settings`, is not re-exported
-here: the old ``gateway.config.settings`` module (a re-export kept for code written
-against it) would replace it as this package's ``settings`` attribute once imported.
+here: a package attribute named ``settings`` is too easily confused with a module.
 """
 
 from gateway.config.errors import ConfigError

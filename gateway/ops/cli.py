@@ -29,9 +29,9 @@ from pathlib import Path
 import orjson
 
 import asbp
-from gateway.config.model import GatewayConfig
-from gateway.config.settings import (
+from gateway.config import (
     ConfigError,
+    GatewayConfig,
     add_arguments,
     config_to_dict,
     config_to_toml,

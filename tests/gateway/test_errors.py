@@ -144,7 +144,6 @@ def test_a_local_error_prints_its_message_alone() -> None:
         "gateway.config.checks",
         "gateway.config.loading",
         "gateway.config.rendering",
-        "gateway.config.settings",
         "gateway.errors",
         "gateway.acl",
     ],
