@@ -11,6 +11,12 @@
           │    └── QueueFull     2006  the queue holds max_queue_depth messages
           ├── InvalidVirtualQueue 2001 gateway.engines.topic_patterns: .name .pattern
           │                            (also a ValueError)
+          ├── InvalidDestinationName 2001  gateway.messaging.requests
+          ├── InvalidDestinationType 2002  gateway.messaging.requests
+          ├── TooManySubscriptions   2004  gateway.messaging.subscribers
+          ├── TooManyPending         2106  gateway.messaging.sequencing: a sender's queue
+          │                                of engine calls is full
+          ├── MessageTooLarge        1101  gateway.messaging.dispatch
           └── LocalError               never sent to a peer; str() is the message alone
                ├── ConfigError         gateway.config.errors: .source .detail .key .line
                ├── AclConfigError      gateway.acl.errors: .source .line .key .detail
@@ -30,11 +36,6 @@ layer wraps a :class:`PatternError` in ``InvalidDestinationName``.
 Every ``LocalError`` above except ``ServerError`` is also a ``ValueError``, and
 ``ServerError`` a ``RuntimeError``: they were those before this tree had them, and
 callers outside this repository (and tests) catch them that way.
-
-The messaging faults (``TooManySubscriptions`` 2004, ``MessageTooLarge`` 1101,
-``TooManyPending`` 2106 in ``gateway.messaging.service``; ``InvalidDestinationName``
-2001 and ``InvalidDestinationType`` 2002 in ``gateway.messaging.requests``) still
-derive from ``AsbpError`` directly; they belong under ``GatewayError`` too.
 """
 
 from __future__ import annotations

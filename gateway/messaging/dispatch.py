@@ -25,6 +25,7 @@ from asbp import AsbpError, Command, FaultCode
 from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
 from gateway.engines.base import DEFAULT_PRIORITY, Engine, new_message
+from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
 from gateway.messaging.delivery_notices import DeliveryNotices
 from gateway.messaging.message_ids import MessageIdPool
@@ -39,7 +40,7 @@ from gateway.routing import builtin_commands
 __all__ = ["CommandDispatcher", "MessageTooLarge"]
 
 
-class MessageTooLarge(AsbpError):
+class MessageTooLarge(GatewayError):
     """Sapo 1101: a notification of this message would not fit the frame limit."""
 
     code = FaultCode.INVALID_MESSAGE_SIZE

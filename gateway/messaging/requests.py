@@ -34,10 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from asbp import AsbpError, Command, FaultCode, HeaderValue, InvalidHeaderValue
+from asbp import Command, FaultCode, HeaderValue, InvalidHeaderValue
 from gateway.acl import DestinationType, PatternError, compile_destination
 from gateway.engines.base import NoticeEvent
 from gateway.engines.topic_patterns import parse_virtual_queue
+from gateway.errors import GatewayError
 
 __all__ = [
     "CARRIED_KEYS",
@@ -78,13 +79,13 @@ _NOTICES: Final = {
 }
 
 
-class InvalidDestinationName(AsbpError):
+class InvalidDestinationName(GatewayError):
     """Sapo 2001: the destination name (or pattern) is not acceptable."""
 
     code = FaultCode.INVALID_DESTINATION_NAME
 
 
-class InvalidDestinationType(AsbpError):
+class InvalidDestinationType(GatewayError):
     """Sapo 2002: the destination type is unknown, or not one this Command takes."""
 
     code = FaultCode.INVALID_DESTINATION_TYPE

@@ -35,6 +35,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from asbp import AsbpError, FaultCode
+from gateway.errors import GatewayError
 from gateway.messaging.background import BackgroundWork
 from gateway.messaging.eager import start_eagerly
 from gateway.messaging.subscriptions import Endpoint, Operation
@@ -42,7 +43,7 @@ from gateway.messaging.subscriptions import Endpoint, Operation
 __all__ = ["Sequencer", "TooManyPending"]
 
 
-class TooManyPending(AsbpError):
+class TooManyPending(GatewayError):
     """2106: the sender has ``max_pending`` messaging Commands waiting already."""
 
     code = FaultCode.TOO_MANY_IN_FLIGHT

@@ -29,6 +29,7 @@ from asbp import AsbpError, FaultCode
 from gateway.acl import AccessContext, DestinationType
 from gateway.config.model import MessagingLimits
 from gateway.engines.base import Engine, Message
+from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
 from gateway.messaging.background import BackgroundWork
 from gateway.messaging.consumers import QueueConsumer
@@ -44,7 +45,7 @@ __all__ = ["FETCH_WAIT", "Subscribers", "TooManySubscriptions"]
 FETCH_WAIT: Final = 1.0
 
 
-class TooManySubscriptions(AsbpError):
+class TooManySubscriptions(GatewayError):
     """Sapo 2004: one more distinct subscription would pass ``max_subscriptions``."""
 
     code = FaultCode.MAX_SUBSCRIPTIONS_REACHED
