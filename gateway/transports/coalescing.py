@@ -296,6 +296,20 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._on_frame_context = None if handler is None else contextvars.copy_context()
         return True
 
+    def shutdown(self) -> None:
+        """What Uvicorn does to each connection when the server stops, minus its race.
+
+        Uvicorn sends every open connection a 1012 close. When the peer's close frame came
+        first, websockets has answered it already (the state is CLOSING or CLOSED) and
+        refuses a second close frame with ``InvalidState``, which aborts the server's
+        whole shutdown; the closing handshake is done, so only the socket is left to close.
+        """
+        if self.handshake_complete and not self.close_sent and self.conn.state is not State.OPEN:
+            self.stop_keepalive()
+            self.transport.close()
+            return
+        super().shutdown()
+
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         if self.response.status_code == 101:  # the scope exists; its task has not run yet

@@ -129,14 +129,14 @@ async def test_behind_uvicorn_every_message_arrives_in_order_then_the_close() ->
         listener.close()
 
 
-async def serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
+async def serve(
+    app: Any, protocol: type[CoalescingWebSocketProtocol] = CoalescingWebSocketProtocol
+) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
     """``app`` behind Uvicorn with the coalescing protocol, on a listening socket."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()  # a client that connects first waits in the backlog: no race
-    config = uvicorn.Config(
-        app, ws=CoalescingWebSocketProtocol, lifespan="off", log_config=None, access_log=False
-    )
+    config = uvicorn.Config(app, ws=protocol, lifespan="off", log_config=None, access_log=False)
     server = uvicorn.Server(config)
     return server, asyncio.create_task(server.serve(sockets=[listener])), listener
 
@@ -504,13 +504,7 @@ async def test_both_fast_paths_engage_on_the_pinned_versions() -> None:
         sent_by_us.append(scope["extensions"][SEND_FRAME](message["bytes"], False))
         await send({"type": "websocket.close", "code": 1000})
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()  # a client that connects first waits in the backlog: no race
-    server = uvicorn.Server(
-        uvicorn.Config(app, ws=Recording, lifespan="off", log_config=None, access_log=False)
-    )
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    server, serving, listener = await serve(app, protocol=Recording)
     try:
         async with asyncio.timeout(5 * T):
             url = f"ws://127.0.0.1:{listener.getsockname()[1]}/"
@@ -519,6 +513,47 @@ async def test_both_fast_paths_engage_on_the_pinned_versions() -> None:
                 assert await client.recv() == b"plain"
         assert read_by_us == [True], "the reading shortcut no longer engages"
         assert sent_by_us == [True], "the writing shortcut no longer engages"
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+async def test_a_server_stopping_after_the_peers_close_frame_stops_cleanly() -> None:
+    """Uvicorn's shutdown sends 1012 to every connection; one whose peer closed first (a
+    close websockets has already answered) must not make it raise InvalidState."""
+    protocols: list[CoalescingWebSocketProtocol] = []
+    shut: list[bool] = []
+    done = asyncio.Event()
+
+    class Recording(CoalescingWebSocketProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            protocols.append(self)
+            super().connection_made(transport)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        assert (await receive())["type"] == "websocket.disconnect"
+        # The peer's close is answered and the socket is closing, but the connection is
+        # still the server's until connection_lost runs: what a stopping server meets.
+        protocol = protocols[0]
+        assert not protocol.close_sent
+        protocol.shutdown()  # raised InvalidState before
+        shut.append(protocol.transport.is_closing())
+        done.set()
+
+    server, serving, listener = await serve(app, protocol=Recording)
+    try:
+        async with asyncio.timeout(5 * T):
+            reader, writer = await raw_connect(listener.getsockname()[1])
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+            writer.write(masked(0x8, b"\x03\xe8"))  # close 1000
+            assert await server_frame(reader) == (0x8, b"\x03\xe8")  # websockets' answer
+            assert await reader.read() == b""
+            writer.close()
+            await done.wait()
+        assert shut == [True]
     finally:
         server.should_exit = True
         await serving
