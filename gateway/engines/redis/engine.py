@@ -51,26 +51,9 @@ The delivery count itself is the pending list's counter, read back with
 XPENDING after each XCLAIM. ``ack`` is XACK + XDEL of every live receipt, by
 priority, in one script.
 
-*Expiry.* A fetch removes the expired messages it meets; the *sweep* removes
-the others, so that a queue nobody consumes still loses its expired messages
-(and their publishers get the EXPIRED notice) near their expiration, as the
-memory engine's periodic sweep does. ``asbp:expiry`` holds every queue with
-something in it, scored by the earliest time its sweep could find work: a
-message's expiration, a delayed message's due time, the end of a lease (the
-lease decides until then: a message that expired while leased leaves when its
-lease ends, unless acknowledged). ``enqueue`` and the virtual-queue copies lower
-a queue's score to their messages' times (``ZADD LT``, once per script call),
-and a release to now. Each engine runs a sweeper task: every
-``sweep_interval`` seconds at most, sooner when the index's earliest score
-comes first, it reads the queues that are due and runs one script per queue
-(:meth:`RedisEngine.sweep`). That script removes the expired messages no
-consumer has read yet (after the group's last delivered id) and those whose
-lease ended, promotes due delayed messages, and sets the queue's next score
-from what is left, or removes the queue from the index when nothing is. It
-examines ``SWEEP_BUDGET`` entries at most, and comes back to a queue at the next
-tick if that was not enough. Every broker sweeps; the scripts are atomic, so
-two sweeps of one queue cost twice, never a duplicate notice. A delayed message
-that expires before it is due leaves when it is due.
+*Expiry.* A fetch removes the expired messages it meets; a sweeper removes the
+others, so that a queue nobody consumes still loses its expired messages near
+their expiration (:mod:`gateway.engines.redis.expiry`).
 
 *Topics* are one pub/sub channel that every engine subscribes to. Regular
 expression subscriptions live in the broker, which must see every topic
@@ -131,7 +114,6 @@ which may sit in different slots); a single Redis, or one behind Sentinel, is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -153,7 +135,6 @@ from gateway.engines.base import (
 )
 from gateway.engines.redis.batch import Batcher, Call
 from gateway.engines.redis.calls import (
-    EXPIRY,
     NOTICES,
     REGISTRY,
     TOPICS,
@@ -168,7 +149,6 @@ from gateway.engines.redis.calls import (
     PublishCall,
     QueueKeys,
     Stored,
-    SweepCall,
     script_command,
 )
 from gateway.engines.redis.codec import (
@@ -179,6 +159,7 @@ from gateway.engines.redis.codec import (
     split_receipt,
     unpack_topic,
 )
+from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
 from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
 from gateway.engines.topic_patterns import (
@@ -194,14 +175,6 @@ _log = logging.getLogger(__name__)
 
 #: The most messages one ``fetch`` leases (a larger ``count`` is cut to it).
 MAX_FETCH: Final = 1000
-#: Seconds between two sweeps for expired messages, at most (as the memory engine's).
-DEFAULT_SWEEP_INTERVAL: Final = 1.0
-#: Seconds between two sweeps, at least: the pause when a sweep left work due.
-MIN_SWEEP_PAUSE: Final = 0.01
-#: Queues one sweep looks at, at most (the rest at the next one).
-SWEEP_QUEUES: Final = 100
-#: Entries one queue's sweep examines, at most.
-SWEEP_BUDGET: Final = 1000
 #: Seconds to connect, and to wait for a reply, before Redis counts as unavailable.
 CONNECT_TIMEOUT: Final = 5.0
 COMMAND_TIMEOUT: Final = 10.0
@@ -263,7 +236,7 @@ class RedisEngine:
         self._vq_matcher = TopicMatcher()
         self._vq_loading: asyncio.Future[None] | None = None
         self._sweep_interval = sweep_interval
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper = Sweeper(self._submit, self._keys, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- life cycle --------------------------------------------------------
@@ -301,20 +274,14 @@ class RedisEngine:
             await self.close()
             raise
         if self._sweep_interval is not None:
-            self._sweeper = asyncio.create_task(
-                self._sweep_periodically(self._sweep_interval), name="redis sweep"
-            )
+            self._sweeper.start(self._sweep_interval)
 
     async def close(self) -> None:
         """Write what was submitted, stop listening and disconnect (idempotent).
 
         A ``fetch`` still waiting wakes up and raises EngineUnavailable.
         """
-        sweeper, self._sweeper = self._sweeper, None
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+        await self._sweeper.stop()
         if self._batcher is not None:
             await self._batcher.close()
         if self._wakeups is not None:
@@ -479,51 +446,8 @@ class RedisEngine:
         Raises:
             EngineUnavailable: Redis cannot be reached.
         """
-        removed, _ = await self._sweep_once()
+        removed, _ = await self._sweeper.sweep_once()
         return removed
-
-    async def _sweep_once(self) -> tuple[int, float | None]:
-        """One sweep: (messages removed, the earliest score left, None if none)."""
-        now = self._clock()
-        due = await self._command(
-            ("ZRANGEBYSCORE", EXPIRY, "-inf", repr(now), "LIMIT", 0, SWEEP_QUEUES)
-        )
-        calls = []
-        for raw_name in due:
-            name = raw_name.decode()
-            call = SweepCall(name, self._keys(name), budget=SWEEP_BUDGET, clock=self._clock)
-            calls.append(self._submit(call))
-        # Submitted now, so it shares the sweeps' pipeline and sees their scores.
-        earliest = self._submit(CommandCall(("ZRANGE", EXPIRY, 0, 0, "WITHSCORES")))
-        *swept, first = await asyncio.gather(*calls, earliest)
-        removed = sum(result[0] for result in swept)
-        if not first:
-            return removed, None
-        # [member, score] (RESP2), or [[member, score]] (RESP3)
-        return removed, float(first[0][1] if isinstance(first[0], list) else first[1])
-
-    async def _sweep_periodically(self, interval: float) -> None:
-        failing = False
-        while True:
-            pause = interval
-            try:
-                _, earliest = await self._sweep_once()
-            except EngineUnavailable as exc:
-                # Redis is away: the next tick tries again. Said once per outage, not
-                # once a second.
-                _log.log(
-                    logging.DEBUG if failing else logging.WARNING,
-                    "redis.sweep_failed",
-                    extra={"reason": str(exc)},
-                )
-                failing = True
-            except Exception:  # a bug: logged, and the sweeper lives on (fetches still expire)
-                _log.exception("redis.sweep_failed")
-            else:
-                failing = False
-                if earliest is not None:
-                    pause = min(pause, max(MIN_SWEEP_PAUSE, earliest - self._clock()))
-            await asyncio.sleep(pause)
 
     # -- observation -------------------------------------------------------
 

@@ -22,7 +22,8 @@ from pyspark.sql import functions as F
 
 from agents import FaultError, Request, UserAgent
 from agents.backoff import Backoff
-from agents.spark.agent import SparkApplicationAgent, parse_args
+from agents.spark.agent import SparkApplicationAgent
+from agents.spark.agent_cli import parse_args
 from agents.spark.parts import QueryResult, fetch, json_row
 from agents.spark.query import MAX_ITEMS, Order, Query, QueryError
 from agents.streams import StreamError, StreamPart, ordered_parts, reassemble
