@@ -558,3 +558,27 @@ async def test_a_server_stopping_after_the_peers_close_frame_stops_cleanly() -> 
         server.should_exit = True
         await serving
         listener.close()
+
+
+async def test_a_server_stopping_under_an_open_connection_closes_it_with_1012() -> None:
+    accepted = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        accepted.set()
+        assert (await receive())["type"] == "websocket.disconnect"
+
+    server, serving, listener = await serve(app)
+    try:
+        async with asyncio.timeout(5 * T):
+            reader, writer = await raw_connect(listener.getsockname()[1])
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+            await accepted.wait()
+            server.should_exit = True  # Uvicorn's shutdown meets the connection still open
+            assert await server_frame(reader) == (0x8, b"\x03\xf4")  # close 1012
+            writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
