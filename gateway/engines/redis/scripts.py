@@ -467,10 +467,9 @@ return out
 """,
 )
 
-#: Remove one queue's expired messages that no fetch is about to meet, and
-#: compute when the queue next needs a sweep (see gateway.engines.redis.engine, "Expiry").
-#: KEYS: the expiry index, the queue's block (delayed, waiting, s0..s9), l0..l9.
-#: ARGV: queue, now, budget (entries examined at most).
+#: Remove one queue's expired messages no fetch is about to meet, and compute its next
+#: sweep (gateway.engines.redis.expiry). KEYS: the expiry index, the queue's block
+#: (delayed, waiting, s0..s9), l0..l9. ARGV: queue, now, budget (entries examined at most).
 #: Returns {removed, more}: ``more`` is 1 when the budget ran out.
 SWEEP: Final = _script(
     "sweep",
