@@ -1,6 +1,6 @@
 """The broker beside NATS and RabbitMQ, in one run: request/reply, durable queues, fan-out.
 
-    python bench/peers.py [--quick] [--repeats N] [--cases rr queues fanout]
+    python bench/peers.py [--quick] [--repeats N] [--cases rr queues fanout] [--install-only]
 
 Each case runs our broker and its peers in the same run, interleaved (the
 order rotated each repeat), ``--repeats`` times; tables show medians, and
@@ -809,6 +809,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few hundred operations per case")
     parser.add_argument("--repeats", type=int, help="interleaved repeats (3; 1 with --quick)")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument(
+        "--install-only", action="store_true", help="install the peers if missing, then stop"
+    )
     # request/reply, as bench/roundtrip.py
     parser.add_argument("--trips", type=int, default=2000, help="sequential requests (2000)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests (200)")
@@ -824,6 +827,8 @@ def main() -> None:
         args.trips, args.warmup, args.requests, args.messages = 200, 50, 500, 300
         args.subscribers = min(args.subscribers, 200)
     install_peers()
+    if args.install_only:
+        return
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     asyncio.run(run(args), debug=False)
