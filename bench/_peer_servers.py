@@ -86,12 +86,11 @@ def install_peers() -> None:
         if "Candidate: (none)" in policy or not re.search(r"Candidate: \S", policy):
             subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         print(f"installing {', '.join(missing)} (apt-get)", flush=True)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", *missing],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
+        install = ["apt-get", "install", "-y", "-qq", *missing]
+        if subprocess.run(install, check=False, env=env, stdout=subprocess.DEVNULL).returncode:
+            # Lists old enough to name versions the mirror no longer has: read them anew.
+            subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+            subprocess.run(install, check=True, env=env, stdout=subprocess.DEVNULL)
     wanted = [name for name, module in PIP_PACKAGES.items() if not importlib.util.find_spec(module)]
     if wanted:
         # Into this interpreter's environment, as `pip install -e '.[bench]'` would.
