@@ -25,7 +25,7 @@ PEERS = ROOT / "bench" / "peers.py"
 #: Each case's heading, as the benchmark prints it.
 CASES = ("request/reply", "durable queues", "fan-out")
 RATIO = re.compile(r"^  ratio .+ \d+\.\d\d ", re.MULTILINE)
-GOAL = re.compile(r"^  goal .+: \d+\.\d\d, (met|missed)$", re.MULTILINE)
+GOAL = re.compile(r"^  goal .+: \d+\.\d\d, (met|missed)\b", re.MULTILINE)
 
 
 def environment() -> dict[str, str]:
