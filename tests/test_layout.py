@@ -24,6 +24,9 @@ ROOT = TESTS.parent
 STANDALONE = {
     "support": "the helpers every test shares",
     "conformance": "one suite, run on every engine",
+    # bench/ holds scripts, not a package: its smoke tests (each benchmark's --quick
+    # mode starts and prints its ratios) have no source package to mirror.
+    "bench": "smoke tests of the benchmarks in bench/",
 }
 
 
