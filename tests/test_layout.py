@@ -24,6 +24,7 @@ ROOT = TESTS.parent
 STANDALONE = {
     "support": "the helpers every test shares",
     "conformance": "one suite, run on every engine",
+    "browser": "the TypeScript client (agents/js, an npm package): in Node and in Chromium",
 }
 
 
