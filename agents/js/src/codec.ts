@@ -468,7 +468,7 @@ function headerText(command: Command, limits: Limits): string {
 }
 
 /** Write one Command as one frame; ProtocolError (1101, 1104, 1105, 1106) past the limits. */
-export function encode(command: Command, limits: Limits = DEFAULT_LIMITS): Uint8Array {
+export function encode(command: Command, limits: Limits = DEFAULT_LIMITS): Uint8Array<ArrayBuffer> {
   const head = utf8.encode(headerText(command, limits));
   if (head.length > limits.maxHeaderBytes) {
     throw new ProtocolError(
