@@ -72,13 +72,15 @@ export function openWebSocket(
   };
   socket.onclose = (event: CloseEvent) => finish(`WebSocket closed (${event.code}${event.reason ? ` ${event.reason}` : ""})`);
   socket.onerror = () => {
+    if (closed) return;
+    // Finished first: some runtimes (Node's undici) fire error again from close().
+    finish("WebSocket error");
     // onclose follows onerror; closing here too makes it certain in every runtime.
     try {
       socket.close();
     } catch {
       /* already closing */
     }
-    finish("WebSocket error");
   };
   return {
     kind: "websocket",
@@ -86,12 +88,13 @@ export function openWebSocket(
       socket.send(encode(command, limits));
     },
     close() {
+      if (closed) return;
+      finish("closed by the client");
       try {
         socket.close(1000);
       } catch {
         /* already closed */
       }
-      finish("closed by the client");
     },
   };
 }
