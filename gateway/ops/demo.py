@@ -246,7 +246,9 @@ def demo(port: int = 8080, data_dir: Path = Path(".asbp-demo")) -> int:
         # The page at / (same origin, so no CORS needed for it; localhost is the same
         # broker under another name, which the browser counts as another origin).
         demo_page=True,
-        cors_origins=f"http://localhost:{port} http://127.0.0.1:{port}",
+        # (With --port 0 the port is known only once bound: the page is then served to
+        # its own origin alone.)
+        cors_origins=f"http://localhost:{port} http://127.0.0.1:{port}" if port else None,
         authenticate_command=SIGN_IN,
         agents={
             AGENT: {
