@@ -103,6 +103,9 @@ export function faultOf(command: Command): FaultError {
 
 const isFault = (command: Command): boolean => command.name === "asbp.fault";
 
+/** Commands kept while no Channel is open, at most. */
+export const MAX_QUEUED = 1024;
+
 /** An async queue: what an iterator over a stream or a subscription reads. */
 class Inbox<T> implements AsyncIterableIterator<T> {
   private items: T[] = [];
@@ -537,10 +540,22 @@ export class Client {
     }
   }
 
-  /** Send when connected, or queue until a Channel opens. */
+  /**
+   * Send when connected, or queue until a Channel opens. The queue is bounded
+   * (MAX_QUEUED): past it, the Command is refused with fault 2105 rather than
+   * let a page that keeps sending while offline grow without end.
+   */
   private dispatch(make: () => Command): void {
     if (this.current && (this.state === "open" || this.state === "long-poll")) this.write(make());
-    else this.outbox.push(make);
+    else if (this.outbox.length >= MAX_QUEUED) {
+      throw new AsbpError(2105, `${MAX_QUEUED} Commands already wait for a connection`);
+    } else this.outbox.push(make);
+  }
+
+  /** Take a Command that was never sent out of the queue (its request was abandoned). */
+  private unqueue(make: () => Command): void {
+    const at = this.outbox.indexOf(make);
+    if (at !== -1) this.outbox.splice(at, 1);
   }
 
   // -- frames in -----------------------------------------------------------
@@ -605,6 +620,7 @@ export class Client {
     };
     const abandon = (error: Error): void => {
       if (this.pending.get(id) === entry) this.pending.delete(id);
+      this.unqueue(make);
       finish();
       fail(error);
     };
@@ -622,8 +638,13 @@ export class Client {
         fail(error);
       },
     };
+    const make = (): Command => new Command([["c", name], ["u", id], ...keysOf(options.keys)], body);
     this.pending.set(id, entry);
-    this.dispatch(() => new Command([["c", name], ["u", id], ...keysOf(options.keys)], body));
+    try {
+      this.dispatch(make);
+    } catch (error) {
+      abandon(error as Error);
+    }
   }
 
   /**

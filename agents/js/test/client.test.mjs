@@ -4,7 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import net from "node:net";
-import { Client, ConnectionLost, FaultError, TimeoutError, ProtocolError } from "../dist/index.js";
+import { Client, ConnectionLost, FaultError, MAX_QUEUED, TimeoutError, ProtocolError } from "../dist/index.js";
 
 const URL_ = process.env.ASBP_URL;
 assert.ok(URL_, "ASBP_URL (the broker's http://host:port) is required: pytest tests/browser sets it");
@@ -174,5 +174,18 @@ test("Command-Identifiers wrap after 65535", async () => {
   const [last, first] = await Promise.all([client.request("asbp.ping", "a"), client.request("asbp.ping", "b")]);
   assert.equal(last.get("u"), "65535");
   assert.equal(first.get("u"), "0");
+  client.close();
+});
+
+test("Commands wait for a Channel in a bounded queue, and leave it when abandoned", async () => {
+  const client = new Client(`${URL_}/asbp`); // not connected yet
+  await assert.rejects(client.request("asbp.ping", "late", { timeout: 20 }), TimeoutError);
+  assert.equal(client.outbox.length, 0, "the timed-out request left the queue");
+  for (let n = 0; n < MAX_QUEUED; n++) client.send("asbp.ping");
+  assert.throws(() => client.send("asbp.ping"), (e) => e.code === 2105);
+  await assert.rejects(client.request("asbp.ping"), (e) => e.code === 2105);
+  client.outbox.length = 0;
+  await client.connect();
+  assert.equal((await client.request("asbp.ping", "now")).text(), "now");
   client.close();
 });
