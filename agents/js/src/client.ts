@@ -673,7 +673,13 @@ export class Client {
    */
   stream(name: string, body?: Body, options: RequestOptions = {}): AsyncIterableIterator<Command> {
     const controller = new AbortController();
-    const signal = options.signal ? AbortSignal.any([options.signal, controller.signal]) : controller.signal;
+    // Either signal ends the stream (AbortSignal.any is too new for React Native).
+    const outer = options.signal;
+    if (outer) {
+      if (outer.aborted) controller.abort(outer.reason);
+      else outer.addEventListener("abort", () => controller.abort(outer.reason), { once: true });
+    }
+    const signal = controller.signal;
     const inbox = new Inbox<Command>(() => controller.abort(new ConnectionLost("the stream was left")));
     let total: number | undefined;
     let seen = 0;

@@ -8,6 +8,7 @@
  */
 
 import { FaultCode, ProtocolError } from "./errors.js";
+import { latin1, utf8 as utf8Text } from "./text.js";
 
 /** A decoded value: one token, or the tokens of a bracketed list. */
 export type HeaderValue = string | readonly string[];
@@ -114,7 +115,6 @@ function checkValue(key: string, value: HeaderValue): string | null {
 // -- Command -------------------------------------------------------------
 
 const utf8 = new TextEncoder();
-const latin1 = new TextDecoder("latin1");
 const EMPTY = new Uint8Array(0);
 
 /** One Command: a header (keys in order) and an opaque body. Immutable once built. */
@@ -159,7 +159,7 @@ export class Command {
 
   /** The body as text (UTF-8, invalid sequences replaced). */
   text(): string {
-    return new TextDecoder().decode(this.body);
+    return utf8Text(this.body);
   }
 }
 
@@ -238,7 +238,7 @@ export function decode(frame: Uint8Array | ArrayBuffer | string, limits: Limits 
     if (bad !== -1) {
       throw new ProtocolError(FaultCode.INVALID_MESSAGE_FORMAT, "header is not valid UTF-8", bad);
     }
-    text = new TextDecoder().decode(bytes.subarray(1, end));
+    text = utf8Text(bytes.subarray(1, end));
   } else {
     base = 0;
     for (let n = 0; n < end; n++) {
@@ -250,7 +250,7 @@ export function decode(frame: Uint8Array | ArrayBuffer | string, limits: Limits 
         );
       }
     }
-    text = latin1.decode(bytes.subarray(0, end));
+    text = latin1(bytes.subarray(0, end));
   }
   if (!HEADER_RE.test(text)) diagnose(text, base);
   const pairs = [...text.matchAll(PAIR_RE)];

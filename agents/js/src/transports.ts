@@ -9,6 +9,7 @@
  */
 
 import { Command, decode, encode, type Limits } from "./codec.js";
+import { latin1 } from "./text.js";
 
 export interface TransportEvents {
   /** The broker gave the Channel `channelId`: Commands may be sent. */
@@ -99,7 +100,6 @@ export function openWebSocket(
   };
 }
 
-const ascii = new TextDecoder("latin1");
 
 /** The Commands of one long-poll response body: multipart/mixed, one Command per part. */
 export function parseMultipart(body: Uint8Array, contentType: string): { seq: number; frame: Uint8Array }[] {
@@ -110,7 +110,7 @@ export function parseMultipart(body: Uint8Array, contentType: string): { seq: nu
   let at = 0;
   for (;;) {
     // Each part: marker CRLF, headers, CRLF CRLF, exactly Content-Length bytes, CRLF.
-    const head = ascii.decode(body.subarray(at, Math.min(body.length, at + 1024)));
+    const head = latin1(body.subarray(at, Math.min(body.length, at + 1024)));
     if (!head.startsWith(marker) || head.startsWith(`${marker}--`)) break;
     const headersEnd = head.indexOf("\r\n\r\n");
     if (headersEnd === -1) break;
