@@ -15,6 +15,13 @@ import { join } from "node:path";
 
 export const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
+/**
+ * The timeout unit, as tests/support/timing.py has it: ASBP_TEST_TIMEOUT_UNIT seconds
+ * (default 1) stretch every deadline at once on a slow machine. Deadlines below are
+ * written as `15 * T` seconds' worth of milliseconds: `15_000 * T`.
+ */
+export const T = Number(process.env.ASBP_TEST_TIMEOUT_UNIT || 1);
+
 export const ARGS = [
   "--no-sandbox",
   "--disable-gpu",

@@ -2,7 +2,7 @@
 // files) in Chromium: it must show "open" and the echo of "hello from the page".
 // Usage: node html-page.mjs <broker base url> <page.html>
 import { readFileSync } from "node:fs";
-import { launch, check } from "../browser.mjs";
+import { launch, check, T } from "../browser.mjs";
 
 const [base, file] = process.argv.slice(2);
 // A document that Playwright fulfils has no network address of its own, so Chromium's
@@ -16,7 +16,7 @@ try {
     route.fulfill({ status: 200, contentType: "text/html", body: readFileSync(file, "utf-8") }),
   );
   await page.goto(`${base}/tutorial.html`);
-  await page.waitForSelector("#reply:has-text('hello from the page')", { timeout: 15_000 });
+  await page.waitForSelector("#reply:has-text('hello from the page')", { timeout: 15_000 * T });
   const state = await page.textContent("#state");
   check(state === "open", `state open, not ${state}`);
   console.log("ok");
