@@ -42,7 +42,16 @@ from typing import TypeAlias
 from agents import control
 from agents.errors import AgentError
 from agents.tube import TubeSession
-from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, HeaderInput, ProtocolError
+from asbp import (
+    ApplicationAgentId,
+    ChannelId,
+    Command,
+    FaultCode,
+    HeaderInput,
+    ProtocolError,
+    SubjectId,
+)
+from asbp.names import AUTHENTICATED, REFUSED
 
 __all__ = ["Handler", "Part", "Reply", "Request", "RespondentTable"]
 
@@ -90,6 +99,11 @@ class Request:
     def channel_id(self) -> ChannelId | None:
         """``i``: the User-Agent's Channel; None for a request from an agent."""
         return self.command.channel_id
+
+    @property
+    def subject_id(self) -> SubjectId | None:
+        """``s``: the Subject the request is about (signing in) or sent as."""
+        return self.command.subject_id
 
     @property
     def command_id(self) -> int | None:
@@ -206,6 +220,60 @@ class Request:
             AgentError, ConnectionLost: as for :meth:`reply`.
         """
         await self.send(control.fault_command(int(code), message, cause=self.name))
+
+    async def authenticate(self, *roles: str, address: str | None = None) -> None:
+        """Sign the Subject of this Authenticate-Command in (docs/protocol.md "Subjects").
+
+        Sends ``c=asbp.authenticated,s=<s>,roles=[...][,p=address]`` to the broker,
+        which answers the User-Agent; the Subject's later Authenticated-Commands
+        come to this agent with ``s``.
+
+        Args:
+            roles: the Subject's roles, for the access-control ``ROLE`` condition.
+            address: its Conversation-Address ``p`` (``alice*example.org``), if any.
+
+        Raises:
+            AgentError: the request carries no ``s`` (it is not the
+                Authenticate-Command, or the broker has Subjects off).
+            ProtocolError: a role or the address cannot be carried (code 1203).
+            ConnectionLost: the Tube it came in on has closed.
+        """
+        keys: dict[str, HeaderInput] = {"c": AUTHENTICATED, "s": self._signing_in(), "roles": roles}
+        if address is not None:
+            keys["p"] = address
+        await self.send_to_broker(Command(keys))
+
+    async def refuse(self, reason: str) -> None:
+        """Refuse the Subject of this Authenticate-Command; ``reason`` reaches the User-Agent.
+
+        Sends ``c=asbp.refused,s=<s>,e=UTF-8;<reason>``. When every agent asked
+        refuses, the User-Agent gets fault 3101 with the reasons.
+
+        Raises:
+            AgentError, ConnectionLost: as for :meth:`authenticate`.
+        """
+        command = Command({"c": REFUSED, "s": self._signing_in(), "e": "UTF-8"}, reason.encode())
+        await self.send_to_broker(command)
+
+    def _signing_in(self) -> SubjectId:
+        subject = self.subject_id
+        if subject is None:
+            raise AgentError(f"{self!r} carries no Subject-Identifier s: not a sign-in")
+        return subject
+
+    async def send_to_broker(self, command: Command) -> None:
+        """Send ``command`` on the Tube the request came in on, exactly as given.
+
+        Unlike :meth:`send`, nothing is added: no ``d``, no ``u``. For the
+        Commands an agent sends the broker itself about a request (what
+        :meth:`authenticate` and :meth:`refuse` send), or a delivery addressed
+        by hand through the same broker.
+
+        Raises:
+            ConnectionLost: the Tube it came in on has closed.
+        """
+        await self._session.send(command)
+        self.answered = True
 
     async def send(self, command: Command) -> None:
         """Send ``command`` to the requester, exactly as given but addressed.

@@ -1,10 +1,17 @@
-"""An Application-Agent with two Respondents: ``echo`` and ``clock``.
+"""An Application-Agent with two Respondents, ``echo`` and ``clock``, and optionally sign-ins.
 
 ``echo`` replies with the request's body (and its ``e``, if it had one).
 ``clock`` answers with a stream of three ticks of the clock, one a second,
 each carrying ``o`` (its place) and the first also ``t`` (the total), as
 §1.3.4.2 describes for "a large response"; the parts are produced lazily,
 so the first is on its way before the last is made.
+
+With ``--sign-in auth.login`` it also serves the broker's Authenticate-Command
+(the broker's ``authenticate_command``, and ``serves`` in the agent's table
+must name it): the body is a user name, signed in with the role ``user`` and
+the address ``<name>*demo`` (a demo: no password), or refused when it is not
+a plain lowercase name. Then ``whoami``, sent as that Subject, answers with
+its name. ``asbp demo`` runs it so, for the demo page's two Subjects.
 
 Run a broker that knows the agent's public key, then the agent::
 
@@ -32,18 +39,24 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 from agents import AgentCredentialSource, ApplicationAgent, Request
 from asbp import HeaderInput
 
-__all__ = ["TICKS", "build_agent", "main", "parse_args"]
+__all__ = ["MAX_SUBJECTS", "TICKS", "build_agent", "main", "parse_args"]
 
 #: Parts in a clock stream.
 TICKS = 3
+#: Names of signed-in Subjects remembered for ``whoami``; the oldest go first,
+#: so a long-running demo stays bounded.
+MAX_SUBJECTS = 1000
+_USER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 def build_agent(
@@ -53,8 +66,9 @@ def build_agent(
     *,
     audience: str = "asbp-broker",
     clock_interval: float = 1.0,
+    sign_in: str | None = None,
 ) -> ApplicationAgent:
-    """The agent, with its two Respondents registered."""
+    """The agent, with its Respondents registered (and ``sign_in``'s, when given)."""
     credentials = AgentCredentialSource.from_file(identity, key_file, audience=audience)
     agent = ApplicationAgent(identity, credentials, urls)
 
@@ -76,6 +90,29 @@ def build_agent(
 
         await request.stream(ticks(), total=TICKS)
 
+    if sign_in is not None:
+        names: OrderedDict[str, str] = OrderedDict()
+
+        async def authenticate(request: Request) -> None:
+            name = request.body.decode("utf-8", "replace").strip()
+            if _USER_NAME.fullmatch(name) is None:
+                await request.refuse(f"{name!r} is not a user name (a-z, digits, _ and -)")
+                return
+            subject = request.subject_id
+            assert subject is not None  # the broker adds s to the Authenticate-Command
+            names[subject] = name
+            if len(names) > MAX_SUBJECTS:
+                names.popitem(last=False)
+            await request.authenticate("user", address=f"{name}*demo")
+
+        agent.add_respondent(sign_in, authenticate)
+
+        @agent.respondent("whoami")
+        async def whoami(request: Request) -> None:
+            subject = request.subject_id
+            name = names.get(subject) if subject is not None else None
+            await request.reply(name or "anonymous")
+
     return agent
 
 
@@ -92,6 +129,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--key-file", default=env.get("ASBP_AGENT_KEY_FILE"))
     parser.add_argument("--audience", default=env.get("ASBP_AUDIENCE", "asbp-broker"))
     parser.add_argument("--clock-interval", type=float, default=1.0)
+    parser.add_argument(
+        "--sign-in", metavar="NAME", help="serve the broker's Authenticate-Command NAME too"
+    )
     args = parser.parse_args(argv)
     if not args.urls:
         urls = env.get("ASBP_TUBE_URLS", "ws://127.0.0.1:8080/tube")
@@ -121,6 +161,7 @@ async def main(
         args.urls,
         audience=args.audience,
         clock_interval=args.clock_interval,
+        sign_in=args.sign_in,
     )
     if stop is None:
         stop = asyncio.Event()
@@ -140,7 +181,8 @@ async def main(
         if stop.is_set():
             return 0
         registered.result()  # raises what wait_registered() raised
-        print(f"serving echo and clock at {', '.join(args.urls)}", file=sys.stderr)
+        served = "echo and clock" if args.sign_in is None else f"echo, clock and {args.sign_in}"
+        print(f"serving {served} at {', '.join(args.urls)}", file=sys.stderr)
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -37,7 +37,8 @@ from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
-from gateway.transports import http, websocket
+from gateway.ops import demo_page
+from gateway.transports import cors, http, websocket
 
 __all__ = ["create_app"]
 
@@ -114,12 +115,16 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         finally:
             await broker.stop()
 
+    # The demo's page, only when asked for (asbp demo): a broker serves no files otherwise.
+    pages = demo_page.routes() if config.demo_page else []
     return Starlette(
         routes=[
+            *pages,
             Route("/healthz", _healthz),
             Route("/readyz", _readyz),
-            Route("/asbp", http.post, methods=["POST"]),
-            Route("/asbp", http.poll, methods=["GET"]),
+            Route("/asbp", cors.with_cors(http.post), methods=["POST"]),
+            Route("/asbp", cors.with_cors(http.poll), methods=["GET"]),
+            Route("/asbp", cors.preflight, methods=["OPTIONS"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),
             WebSocketRoute("/tube", _ASGIEndpoint(websocket.tube_endpoint)),
         ],

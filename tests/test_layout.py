@@ -27,6 +27,7 @@ STANDALONE = {
     # bench/ holds scripts, not a package: its smoke tests (each benchmark's --quick
     # mode starts and prints its ratios) have no source package to mirror.
     "bench": "smoke tests of the benchmarks in bench/",
+    "browser": "the TypeScript client (agents/js, an npm package): in Node and in Chromium",
 }
 
 

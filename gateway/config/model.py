@@ -175,6 +175,15 @@ class GatewayConfig:
     agents_base_dir: Path = Path(".")
     #: Development only: accept Tubes without TLS when listening on loopback.
     insecure_dev_tubes: bool = False
+    #: Serve the demo page (the TypeScript client talking to the example agent) at
+    #: ``/``; ``asbp demo`` turns it on.
+    demo_page: bool = False
+    #: Web origins (``https://app.example.org``, separated by spaces or commas) whose
+    #: pages may use ``/asbp``: HTTP Channels (CORS) and WebSocket Channels (the
+    #: ``Origin`` check). The broker's own origin is always allowed and clients that
+    #: send no ``Origin`` (not browsers) are not affected; ``*`` allows every origin.
+    #: Unset by default: no other site's page may use the broker.
+    cors_origins: str | None = None
     #: The Authenticate-Command (§7.3.1): a User-Agent sends it to sign a
     #: Subject in; the broker mints ``s`` and forwards it to the agents that
     #: serve it. A bare Command-Name outside ``asbp.``; only agents whose

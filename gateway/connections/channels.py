@@ -59,7 +59,9 @@ class Channel:
     access: AccessContext = field(default_factory=AccessContext)
     #: Whether the User-Agent last sent a text message (WebSocket): answers go
     #: back as text when they are valid UTF-8, so plain tools can show them.
-    prefers_text: bool = False
+    #: True until it sends anything: the greeting (ASCII) arrives as text, so a
+    #: browser's ``onmessage`` sees a string, not a Blob (docs/protocol.md).
+    prefers_text: bool = True
     #: Why the broker closed the Channel, if it did.
     fault: FaultCode | None = None
     #: Whether the Channel has been closed.

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import Any, Final
 from agents.credentials import generate_agent_key
 from gateway.config.model import GatewayConfig
 
-__all__ = ["AGENT", "AGENT_GRACE", "AGENT_MODULE", "READY_TIMEOUT", "demo"]
+__all__ = ["AGENT", "AGENT_GRACE", "AGENT_MODULE", "READY_TIMEOUT", "SIGN_IN", "demo"]
 
 #: The example agent's identity.
 AGENT: Final = "echo"
@@ -51,6 +52,8 @@ AGENT_MODULE: Final = "agents.examples.echo_agent"
 READY_TIMEOUT: Final = 20.0
 #: Seconds the example agent gets to unregister and leave once told to stop.
 AGENT_GRACE: Final = 5.0
+#: The demo's Authenticate-Command, served by the example agent (the page's Subjects).
+SIGN_IN: Final = "auth.login"
 
 # SIGHUP too: closing the terminal should stop the agent, not orphan it.
 _STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -72,7 +75,8 @@ def _agent_keys(data_dir: Path) -> tuple[Path, Path]:
 def _banner(base: str) -> str:
     return f"""
 The ASBP demo is running: a broker at {base} and the example agent, which
-serves `echo` and `clock`. Try it from another terminal:
+serves `echo`, `clock` and sign-ins. Open {base}/ in a browser for the demo
+page, or try it from another terminal:
 
   # a stateless HTTP Channel: send a Command, then long-poll for the answer
   curl -s -d 'c=echo,u=1;hello' {base}/asbp
@@ -95,7 +99,7 @@ async def _spawn_agent(base: str, key: Path) -> asyncio.subprocess.Process:
         sys.executable,
         "-m",
         AGENT_MODULE,
-        *("--url", tube, "--identity", AGENT, "--key-file", str(key)),
+        *("--url", tube, "--identity", AGENT, "--key-file", str(key), "--sign-in", SIGN_IN),
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # see the module docstring
@@ -239,7 +243,20 @@ def demo(port: int = 8080, data_dir: Path = Path(".asbp-demo")) -> int:
         port=port,
         data_dir=data_dir,
         insecure_dev_tubes=True,
-        agents={AGENT: {"public_key": pem.name}},
+        # The page at / (same origin, so no CORS needed for it; localhost is the same
+        # broker under another name, which the browser counts as another origin).
+        demo_page=True,
+        # (With --port 0 the port is known only once bound: the page is then served to
+        # its own origin alone.)
+        cors_origins=f"http://localhost:{port} http://127.0.0.1:{port}" if port else None,
+        authenticate_command=SIGN_IN,
+        agents={
+            AGENT: {
+                "public_key": pem.name,
+                # Explicitly: only agents allowed to serve the Authenticate-Command see it.
+                "serves": ["echo", "clock", "whoami", re.escape(SIGN_IN)],
+            }
+        },
         agents_base_dir=data_dir,
         log_format="text",
         log_level="warning",

@@ -34,6 +34,7 @@ from gateway.connections.finish import finish as _finish
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import Tube
 from gateway.routing import builtin_commands
+from gateway.transports import cors
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
 
 if TYPE_CHECKING:
@@ -198,6 +199,15 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     if message["type"] != "websocket.connect":
         return
     broker = _broker(scope)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    origin = headers.get("origin")
+    # Browsers apply no CORS to WebSockets: the broker checks the page's origin itself.
+    if not cors.is_allowed(
+        origin, headers.get("host"), cors.allowed_origins(broker.config.cors_origins)
+    ):
+        why = f"origin {origin} is not allowed here (cors_origins)"
+        await _deny(scope, send, 403, FaultCode.ACCESS_DENIED, why)
+        return
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
     channel, outbox = broker.open_websocket_channel(remote_address(scope))
     router = broker.router

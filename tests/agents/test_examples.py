@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import os
@@ -15,9 +16,10 @@ from types import ModuleType
 
 import pytest
 
-from agents import generate_agent_key
-from tests.support import RunningServer, T
-from tests.support.agents import running_broker
+from agents import FaultError, UserAgent, generate_agent_key
+from gateway.app import create_app
+from tests.support import RunningServer, T, serve_app_async
+from tests.support.agents import broker_config, running_broker
 
 pytestmark = pytest.mark.anyio
 
@@ -147,3 +149,49 @@ def test_the_demo_runs_the_example_byte_for_byte() -> None:
     # people read examples/echo_agent.py. Edit one, copy it over the other.
     packaged = Path(__file__).resolve().parents[2] / "agents" / "examples" / "echo_agent.py"
     assert packaged.read_bytes() == (EXAMPLES / "echo_agent.py").read_bytes()
+
+
+async def test_the_example_agent_signs_subjects_in_with_the_sdk_helpers(tmp_path: Path) -> None:
+    # Request.authenticate and Request.refuse, as the demo page uses them.
+    key_file = write_key(tmp_path)
+    config = broker_config(tmp_path)
+    config = dataclasses.replace(
+        config,
+        authenticate_command="auth.login",
+        agents={
+            "echo": {
+                "public_key": "echo.pem",
+                "serves": ["echo", "clock", "whoami", "auth\\.login"],
+            }
+        },
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    async with serve_app_async(create_app(config)) as server:
+        argv = ["--url", server.ws_url + "/tube", "--key-file", str(key_file)]
+        agent = asyncio.create_task(
+            echo_agent.main([*argv, "--sign-in", "auth.login"], stop=stop, ready=ready)
+        )
+        try:
+            async with asyncio.timeout(10 * T):
+                await ready.wait()
+            async with UserAgent.websocket(server.ws_url + "/asbp") as user:
+                alice = await user.request("auth.login", "alice", timeout=10 * T)
+                assert alice.name == "asbp.authenticated"
+                assert alice.get("roles") in ("user", ("user",))
+                assert alice.get("p") == "alice*demo"
+                bob = await user.request("auth.login", "bob", timeout=10 * T)
+                assert bob.subject_id != alice.subject_id
+                for answer, name in ((alice, "alice"), (bob, "bob")):
+                    subject = answer.subject_id
+                    assert subject is not None
+                    reply = await user.request("whoami", timeout=10 * T, s=subject)
+                    assert reply.body == name.encode()
+                assert (await user.request("whoami", timeout=10 * T)).body == b"anonymous"
+                with pytest.raises(FaultError) as refused:
+                    await user.request("auth.login", "Not A Name!", timeout=10 * T)
+                assert refused.value.code == 3101
+                assert "is not a user name" in str(refused.value)
+        finally:
+            stop.set()
+            async with asyncio.timeout(10 * T):
+                assert await agent == 0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 import asbp
 from asbp import Command
-from tests.support import ServerName
+from tests.support import ServerName, T
 from tests.support.gateway import BROKER_ID, SERVERS, Gateway, GatewayFactory, assert_fault
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("server_name", SERVERS)]
@@ -24,6 +26,25 @@ async def test_first_command_is_asbp_channel_with_a_unique_id(gateway: Gateway) 
         assert greeting.get("b") == BROKER_ID
         assert UUID_HEX.fullmatch(user.id)
     assert len({user.id for user in users}) == len(users)
+
+
+async def test_the_greeting_is_a_text_message(gateway: Gateway) -> None:
+    # A browser's onmessage then sees a string, not a Blob (docs/protocol.md).
+    ws = await gateway.websocket("/asbp")
+    greeting = await asyncio.wait_for(ws.recv(), 5 * T)
+    assert isinstance(greeting, str)
+    assert asbp.decode(greeting.encode()).name == "asbp.channel"
+
+
+async def test_a_foreign_origin_is_refused_and_an_allowed_one_served(
+    make_gateway: GatewayFactory, server_name: ServerName
+) -> None:
+    gateway = await make_gateway(server=server_name, cors_origins="https://app.example.org")
+    with pytest.raises(InvalidStatus) as refused:
+        await gateway.websocket("/asbp", origin="https://evil.example.org")
+    assert refused.value.response.status_code == 403
+    ws = await gateway.websocket("/asbp", origin="https://app.example.org")
+    assert asbp.decode((await asyncio.wait_for(ws.recv(), 5 * T)).encode()).name == "asbp.channel"
 
 
 async def test_subprotocol_asbp_is_selected_only_when_offered(gateway: Gateway) -> None:

@@ -1,0 +1,218 @@
+/**
+ * The two ways a Client reaches a broker's `/asbp`, behind one small interface:
+ * a WebSocket Channel, and a stateless HTTP Channel (POST to send, GET to
+ * long-poll, docs/protocol.md "Stateless HTTP Channels").
+ *
+ * A transport reports once that it is open (with the Channel-Identifier the
+ * broker gave), then every frame it receives, then once that it closed. It
+ * never reconnects: the Client decides when and how.
+ */
+
+import { Command, decode, encode, type Limits } from "./codec.js";
+import { latin1 } from "./text.js";
+
+export interface TransportEvents {
+  /** The broker gave the Channel `channelId`: Commands may be sent. */
+  open(channelId: string): void;
+  /** One frame (one Command) from the broker. */
+  frame(frame: Uint8Array): void;
+  /** The transport is gone; `opened` says whether it ever opened. */
+  close(opened: boolean, reason: string): void;
+}
+
+export interface Transport {
+  readonly kind: "websocket" | "long-poll";
+  send(command: Command): void;
+  close(): void;
+}
+
+/** The WebSocket constructor's shape: the browser's, React Native's and Node 22's all fit. */
+export type WebSocketLike = new (url: string, protocols?: string | string[]) => WebSocket;
+export type FetchLike = typeof fetch;
+
+/** One WebSocket Channel: the broker speaks first (`asbp.channel` with `i`). */
+export function openWebSocket(
+  url: string,
+  events: TransportEvents,
+  Impl: WebSocketLike,
+  limits: Limits,
+): Transport {
+  let opened = false;
+  let closed = false;
+  const socket = new Impl(url, ["asbp"]);
+  // Frames arrive as text or binary (docs/protocol.md): ArrayBuffer, never Blob,
+  // so both are read synchronously and in order.
+  socket.binaryType = "arraybuffer";
+  const finish = (reason: string): void => {
+    if (closed) return;
+    closed = true;
+    events.close(opened, reason);
+  };
+  socket.onmessage = (event: MessageEvent) => {
+    if (closed) return;
+    const data = event.data as ArrayBuffer | string;
+    const frame = typeof data === "string" ? new TextEncoder().encode(data) : new Uint8Array(data);
+    if (!opened) {
+      let channelId: string | undefined;
+      try {
+        const greeting = decode(frame, limits);
+        if (greeting.name === "asbp.channel") channelId = greeting.get("i");
+      } catch {
+        // Not a broker: handled below.
+      }
+      if (channelId === undefined) {
+        socket.close();
+        finish("the server did not greet with asbp.channel");
+        return;
+      }
+      opened = true;
+      events.open(channelId);
+      return;
+    }
+    events.frame(frame);
+  };
+  socket.onclose = (event: CloseEvent) => finish(`WebSocket closed (${event.code}${event.reason ? ` ${event.reason}` : ""})`);
+  socket.onerror = () => {
+    if (closed) return;
+    // Finished first: some runtimes (Node's undici) fire error again from close().
+    finish("WebSocket error");
+    // onclose follows onerror; closing here too makes it certain in every runtime.
+    try {
+      socket.close();
+    } catch {
+      /* already closing */
+    }
+  };
+  return {
+    kind: "websocket",
+    send(command) {
+      socket.send(encode(command, limits));
+    },
+    close() {
+      if (closed) return;
+      finish("closed by the client");
+      try {
+        socket.close(1000);
+      } catch {
+        /* already closed */
+      }
+    },
+  };
+}
+
+
+/** The Commands of one long-poll response body: multipart/mixed, one Command per part. */
+export function parseMultipart(body: Uint8Array, contentType: string): { seq: number; frame: Uint8Array }[] {
+  const match = /boundary="?([^";]+)"?/.exec(contentType);
+  if (!match) return [];
+  const marker = `--${match[1]}`;
+  const parts: { seq: number; frame: Uint8Array }[] = [];
+  let at = 0;
+  for (;;) {
+    // Each part: marker CRLF, headers, CRLF CRLF, exactly Content-Length bytes, CRLF.
+    const head = latin1(body.subarray(at, Math.min(body.length, at + 1024)));
+    if (!head.startsWith(marker) || head.startsWith(`${marker}--`)) break;
+    const headersEnd = head.indexOf("\r\n\r\n");
+    if (headersEnd === -1) break;
+    const headers = head.slice(marker.length, headersEnd);
+    const length = Number(/content-length:\s*(\d+)/i.exec(headers)?.[1] ?? NaN);
+    const seq = Number(/asbp-seq:\s*(\d+)/i.exec(headers)?.[1] ?? NaN);
+    if (!Number.isFinite(length)) break;
+    const start = at + headersEnd + 4;
+    parts.push({ seq, frame: body.subarray(start, start + length) });
+    at = start + length + 2;
+  }
+  return parts;
+}
+
+/**
+ * One stateless HTTP Channel: `POST c=asbp.channel;` opens it, every send is a
+ * POST carrying `i`, and one GET at a time long-polls the Channel's mailbox,
+ * acknowledging with `after` what it has read.
+ */
+export function openLongPoll(
+  url: string,
+  events: TransportEvents,
+  fetchImpl: FetchLike,
+  limits: Limits,
+  wait: number,
+): Transport {
+  let channelId: string | undefined;
+  let closed = false;
+  let opened = false;
+  let after = 0;
+  // POSTs go one at a time, so the broker receives Commands in the order sent
+  // (messaging answers and stores them in that order).
+  let sending: Promise<void> = Promise.resolve();
+  const stop = new AbortController();
+  const finish = (reason: string): void => {
+    if (closed) return;
+    closed = true;
+    stop.abort();
+    events.close(opened, reason);
+  };
+  const post = async (frame: Uint8Array<ArrayBuffer>): Promise<Response> =>
+    fetchImpl(url, {
+      method: "POST",
+      body: frame,
+      headers: { "content-type": "application/asbp" },
+      signal: stop.signal,
+    });
+  // A POST's answer is the transport's own asbp.accepted, or a fault for what
+  // was wrong before routing: only the fault is news for the Client.
+  const answer = async (response: Response): Promise<void> => {
+    const body = new Uint8Array(await response.arrayBuffer());
+    if (response.status === 404 || response.status === 410) finish(`the HTTP Channel is gone (${response.status})`);
+    else if (!response.ok && body.length) events.frame(body);
+  };
+  const pollLoop = async (): Promise<void> => {
+    while (!closed) {
+      const response = await fetchImpl(`${url}?i=${channelId}&after=${after}&wait=${wait}`, {
+        signal: stop.signal,
+        cache: "no-store",
+      });
+      if (response.status === 204) {
+        await response.arrayBuffer();
+        continue;
+      }
+      const body = new Uint8Array(await response.arrayBuffer());
+      if (!response.ok) {
+        finish(`long-poll answered ${response.status}`);
+        return;
+      }
+      for (const part of parseMultipart(body, response.headers.get("content-type") ?? "")) {
+        // Delivery is at-least-once: a part already read comes again when a
+        // response was lost, and its sequence number says so.
+        if (part.seq <= after) continue;
+        after = part.seq;
+        if (closed) return;
+        events.frame(part.frame);
+      }
+    }
+  };
+  (async () => {
+    const response = await post(new TextEncoder().encode("c=asbp.channel;"));
+    const body = new Uint8Array(await response.arrayBuffer());
+    if (!response.ok) throw new Error(`opening an HTTP Channel answered ${response.status}`);
+    channelId = decode(body, limits).get("i");
+    if (channelId === undefined) throw new Error("the broker's answer carried no Channel-Identifier");
+    opened = true;
+    events.open(channelId);
+    await pollLoop();
+  })().catch((error: unknown) => finish(`long-poll failed: ${String(error)}`));
+  return {
+    kind: "long-poll",
+    send(command) {
+      if (channelId === undefined) throw new Error("the HTTP Channel is not open yet");
+      const keys: [string, string | readonly string[]][] = [...command.header];
+      if (!command.header.has("i")) keys.push(["i", channelId]);
+      const frame = encode(new Command(keys, command.body), limits);
+      sending = sending
+        .then(() => (closed ? undefined : post(frame).then(answer)))
+        .catch((error: unknown) => finish(`POST failed: ${String(error)}`));
+    },
+    close() {
+      finish("closed by the client");
+    },
+  };
+}
