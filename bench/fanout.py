@@ -484,6 +484,8 @@ async def _subscribe_broker(subscriber: Subscriber) -> None:
 async def _publisher_broker(url: str) -> Publisher:
     websocket = await _open(url)
     greeting = await websocket.recv()
+    if isinstance(greeting, str):  # the broker greets in text when it is UTF-8
+        greeting = greeting.encode()
     if not (isinstance(greeting, bytes) and greeting.startswith(b"c=asbp.channel,")):
         raise RuntimeError(f"unexpected Channel greeting {greeting!r}")
     head = b"c=asbp.publish,destination=%s,u=" % TOPIC.encode()

@@ -213,6 +213,8 @@ async def session(
         token = mint_agent_token(AGENT_ID, private_pem, audience=AUDIENCE)
         agent = await _open(server.url("/tube"), {"Authorization": f"Bearer {token}"})
         greeting = await agent.recv()
+        if isinstance(greeting, str):  # the broker greets in text when it is UTF-8
+            greeting = greeting.encode()
         if not (isinstance(greeting, bytes) and greeting.startswith(b"c=asbp.tube")):
             raise RuntimeError(f"unexpected Tube greeting {greeting!r}")
         await agent.send(b"c=asbp.register,names=echo,u=1;")
@@ -222,6 +224,8 @@ async def session(
         responder = asyncio.create_task(_agent_broker(agent))
         user = await _open(server.url("/asbp"))
         greeting = await user.recv()
+        if isinstance(greeting, str):  # the broker greets in text when it is UTF-8
+            greeting = greeting.encode()
         if not (isinstance(greeting, bytes) and greeting.startswith(b"c=asbp.channel")):
             raise RuntimeError(f"unexpected Channel greeting {greeting!r}")
         prefix = b"c=echo.reply,"
