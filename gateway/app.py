@@ -9,6 +9,7 @@ One port serves everything:
 ``POST /asbp``              a stateless HTTP Channel: send one Command
 ``GET /asbp?i=…``           a stateless HTTP Channel: long-poll
 ``wss://…/tube``            an Application-Agent Tube (TLS + credential)
+``GET /metrics``            Prometheus metrics (``[metrics] enabled``)
 ==========================  =============================================
 
 The Broker is built in the lifespan, inside the serving event loop, and
@@ -78,6 +79,15 @@ async def _readyz(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if broker.ready else 503)
 
 
+async def _metrics(request: Request) -> Response:
+    # Imported here: prometheus_client loads only where metrics are served.
+    from gateway.metrics.collector import CONTENT_TYPE_LATEST, render
+
+    throttle: HandshakeThrottle = request.state.throttle
+    body = await render(request.state.broker, throttled=throttle.refused)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> Starlette:
     """Build the broker's ASGI application for ``config``.
 
@@ -114,10 +124,12 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         finally:
             await broker.stop()
 
+    metrics = [Route("/metrics", _metrics)] if config.metrics.enabled else []
     return Starlette(
         routes=[
             Route("/healthz", _healthz),
             Route("/readyz", _readyz),
+            *metrics,
             Route("/asbp", http.post, methods=["POST"]),
             Route("/asbp", http.poll, methods=["GET"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),

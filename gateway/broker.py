@@ -31,6 +31,7 @@ from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
+from gateway.metrics.counts import RouterCounts
 from gateway.routing.router import Router
 from gateway.types import Outlets
 
@@ -119,6 +120,8 @@ class Broker:
         self.broker_id = broker_id
         self.credentials = credentials
         self.log = log or logging.getLogger("asbp.gateway")
+        #: When the broker was made (Unix time): the uptime's origin.
+        self.started_at = time.time()
         self.channels = ChannelRegistry()
         self.respondents = RespondentTable()
         self.engine = create_engine(config, broker_id=broker_id)
@@ -141,6 +144,11 @@ class Broker:
             may_serve=agent_trust(config).may_serve,
             messaging=self._messaging,
             recorder=self.event_log,
+            counts=(
+                RouterCounts(max_names=config.metrics.command_names)
+                if config.metrics.enabled
+                else None
+            ),
         )
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False

@@ -26,6 +26,7 @@ __all__ = [
     "EventLogMode",
     "GatewayConfig",
     "MessagingLimits",
+    "MetricsConfig",
     "ServerName",
     "TlsConfig",
     "TubeLimits",
@@ -135,6 +136,21 @@ class EventLogConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus metrics at ``/metrics`` (docs/operations.md, "Metrics")."""
+
+    #: Serve ``/metrics`` and count Commands by name. Off, the router counts only
+    #: what costs nothing (Channels and Tubes opened and closed, slow readers).
+    enabled: bool = True
+    #: Command-Names with a label of their own; later names are counted as
+    #: ``other``, so clients cannot grow the scrape without bound.
+    command_names: int = 100
+    #: Queues whose depth gets a line of its own, the deepest first; every queue
+    #: is in the total, so 100,000 queues do not make a 100,000-line scrape.
+    top_queues: int = 20
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything a broker needs to start."""
 
@@ -166,6 +182,8 @@ class GatewayConfig:
     messaging: MessagingLimits = field(default_factory=MessagingLimits)
     #: The log of routed Commands.
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
+    #: The Prometheus metrics.
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     #: The ``aud`` every agent credential must carry.
     audience: str = "asbp-broker"
     #: Application-Agent identities and their public keys, as the ``[agents]``

@@ -185,7 +185,7 @@ exits with status 2. The one exception is `ASBP_TEST_TIMEOUT_UNIT`, which belong
 the test suite.
 
 - **File:** top-level keys, then one table per group: `[tls]`, `[limits]`,
-  `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[agents.<identity>]` and
+  `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[metrics]`, `[agents.<identity>]` and
   `[security]`. Relative paths in the file resolve against the file's directory.
   `[agents]` and `[security]` can only be set in the file.
 - **Environment:** `ASBP_` and the key in capitals; inside a table, the table and the

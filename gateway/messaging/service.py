@@ -124,6 +124,7 @@ from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import FETCH_WAIT, Subscribers, TooManySubscriptions
 from gateway.messaging.subscriptions import Endpoint
 from gateway.messaging.system_topics import SystemTopics
+from gateway.metrics.counts import MessagingCounts
 
 if TYPE_CHECKING:
     from gateway.connections.channels import Channel
@@ -170,6 +171,8 @@ class Messaging:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
+        #: Queue traffic and long-polls, for the metrics (gateway.metrics).
+        self.counts = counts = MessagingCounts()
         self.system = SystemTopics(
             engine, broker_id=broker_id, interval=limits.system_topic_interval, log=log, clock=clock
         )
@@ -187,6 +190,7 @@ class Messaging:
             background=self._background,
             clock=clock,
             log=log,
+            counts=counts,
         )
         self._notices = DeliveryNotices(broker_id, self._by_key)
         self._sequencer = Sequencer(self._background, log=log)
@@ -204,9 +208,11 @@ class Messaging:
                 gate=gate,
                 release_later=self._subscribers.release_later,
                 log=log,
+                counts=counts,
             ),
             sequencer=self._sequencer,
             clock=clock,
+            counts=counts,
         )
         self._command = self._dispatcher.command
 

@@ -35,6 +35,8 @@ class InFlight:
     tube: Tube
     name: str
     deadline: float
+    #: When the Command reached the broker (the clock's seconds).
+    started: float
     #: ``t`` of the answer stream, once an answer announced it.
     total: int | None = None
     done: bool = False
@@ -48,9 +50,18 @@ class InFlightTable:
         clock: monotonic seconds.
     """
 
-    def __init__(self, *, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_answered: Callable[[str, float], None] | None = None,
+    ) -> None:
         self._timeout = timeout
         self._clock = clock
+        # Told (Command-Name, seconds) when a Respondent's answer finishes an entry:
+        # the metrics' Respondent latency.
+        self._on_answered = on_answered
         self._entries: dict[tuple[ChannelId, int], InFlight] = {}
         # (deadline, entry) in arrival order. A refreshed deadline appends the
         # entry again; items whose deadline no longer matches the entry's are
@@ -68,7 +79,8 @@ class InFlightTable:
             # The User-Agent reused a ``u`` that is still in flight (it wraps
             # at 65535): the older Command can no longer be told apart.
             self.finish(previous)
-        entry = InFlight(channel, command_id, tube, name, self._clock() + self._timeout)
+        now = self._clock()
+        entry = InFlight(channel, command_id, tube, name, now + self._timeout, now)
         self._entries[key] = entry
         channel.in_flight.add(command_id)
         tube.in_flight += 1
@@ -103,6 +115,8 @@ class InFlightTable:
             self._deadlines.append((entry.deadline, entry))
             return
         self.finish(entry)
+        if self._on_answered is not None:
+            self._on_answered(entry.name, self._clock() - entry.started)
 
     def expired(self) -> Iterator[InFlight]:
         """Finish and yield, one at a time, each entry whose deadline passed.

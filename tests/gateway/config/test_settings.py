@@ -38,6 +38,7 @@ from gateway.config.model import (
     EventLogConfig,
     GatewayConfig,
     MessagingLimits,
+    MetricsConfig,
     TlsConfig,
     TubeLimits,
 )
@@ -680,6 +681,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "tubes": TubeLimits,
         "messaging": MessagingLimits,
         "event_log": EventLogConfig,
+        "metrics": MetricsConfig,
     }
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",
