@@ -10,6 +10,8 @@ One port serves everything:
 ``GET /asbp?i=…``           a stateless HTTP Channel: long-poll
 ``wss://…/tube``            an Application-Agent Tube (TLS + credential)
 ``GET /metrics``            Prometheus metrics (``[metrics] enabled``)
+``/api/v1/…``               the management API (``[management]``), described by
+                            ``GET /api/v1/openapi.json``
 ==========================  =============================================
 
 The Broker is built in the lifespan, inside the serving event loop, and
@@ -33,6 +35,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
+from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
@@ -125,11 +128,13 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             await broker.stop()
 
     metrics = [Route("/metrics", _metrics)] if config.metrics.enabled else []
+    management = api_routes(config) if config.management.enabled else []
     return Starlette(
         routes=[
             Route("/healthz", _healthz),
             Route("/readyz", _readyz),
             *metrics,
+            *management,
             Route("/asbp", http.post, methods=["POST"]),
             Route("/asbp", http.poll, methods=["GET"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),

@@ -25,6 +25,7 @@ __all__ = [
     "EventLogConfig",
     "EventLogMode",
     "GatewayConfig",
+    "ManagementConfig",
     "MessagingLimits",
     "MetricsConfig",
     "ServerName",
@@ -151,6 +152,35 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ManagementConfig:
+    """The management API under ``/api/v1`` (docs/operations.md, "Management API").
+
+    With neither ``token_file`` nor ``jwks_url``/``jwks_file`` set, the API answers
+    only while the broker listens on a loopback address, and only to loopback peers;
+    otherwise every call needs a bearer token.
+    """
+
+    #: Serve the management API.
+    enabled: bool = True
+    #: A file holding the static admin token (one line). A bearer token equal to it
+    #: may read and write.
+    token_file: str | None = None
+    #: The OAuth 2 issuer's JWKS URL: bearer JWT access tokens signed by one of its
+    #: keys are accepted (fetched on first use, again for an unknown ``kid``).
+    jwks_url: str | None = None
+    #: The issuer's keys as a JWKS file, instead of ``jwks_url``.
+    jwks_file: str | None = None
+    #: The ``iss`` every JWT access token must carry (required with a JWKS).
+    issuer: str | None = None
+    #: The ``aud`` every JWT access token must carry (required with a JWKS).
+    audience: str | None = None
+    #: The scope a JWT needs to read (``scope`` or ``scp`` claim).
+    read_scope: str = "asbp:read"
+    #: The scope a JWT needs to change anything.
+    write_scope: str = "asbp:write"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything a broker needs to start."""
 
@@ -184,6 +214,8 @@ class GatewayConfig:
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
     #: The Prometheus metrics.
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: The management API.
+    management: ManagementConfig = field(default_factory=ManagementConfig)
     #: The ``aud`` every agent credential must carry.
     audience: str = "asbp-broker"
     #: Application-Agent identities and their public keys, as the ``[agents]``

@@ -37,6 +37,7 @@ from gateway.config.model import (
     ChannelLimits,
     EventLogConfig,
     GatewayConfig,
+    ManagementConfig,
     MessagingLimits,
     MetricsConfig,
     TlsConfig,
@@ -682,6 +683,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "messaging": MessagingLimits,
         "event_log": EventLogConfig,
         "metrics": MetricsConfig,
+        "management": ManagementConfig,
     }
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",
