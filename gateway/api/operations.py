@@ -16,11 +16,13 @@ from importlib import metadata
 from typing import Any, Final
 
 from asbp import FaultCode
-from gateway.acl import AccessContext, DestinationType, Privilege
+from gateway.acl import AccessContext, AclConfigError, DestinationType, Privilege
 from gateway.api.declare import ApiError, Call, Operation, Param
 from gateway.api.schemas import (
     AclCheck,
     AclDecision,
+    AclPolicy,
+    AclReloaded,
     AgentInfo,
     AgentList,
     BrokerInfo,
@@ -40,6 +42,7 @@ from gateway.api.schemas import (
 from gateway.broker import Broker
 from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
+from gateway.errors import LocalError
 
 __all__ = ["OPERATIONS", "version"]
 
@@ -56,6 +59,10 @@ _LIMIT = Param(
 )
 _CHANNEL_ID = Param("channel_id", "path", "string", "The Channel-Identifier.", max_length=128)
 _QUEUE = Param("queue", "path", "string", "The queue's name.", max_length=1024, slashes=True)
+_IDENTITY = Param(
+    "identity", "query", "string", "An Application-Agent-Identifier.", required=True,
+    max_length=256,
+)  # fmt: skip
 _SUBJECT_ID = Param("subject_id", "path", "string", "The Subject-Identifier.", max_length=128)
 
 
@@ -232,7 +239,7 @@ async def purge_queue(call: Call) -> Purged:
 
 
 async def check_acl(call: Call) -> AclDecision:
-    acl = _broker(call).config.acl
+    acl = _broker(call).acl
     body: AclCheck = call.body
     if acl is None or not acl.enabled:
         return AclDecision(enabled=False, allowed=True, policy=None, entry_index=None)
@@ -248,6 +255,32 @@ async def check_acl(call: Call) -> AclDecision:
         policy=decision.policy,
         entry_index=decision.entry_index,
     )
+
+
+async def acl_policy(call: Call) -> AclPolicy:
+    acl = _broker(call).acl
+    identity = call.params["identity"]
+    if acl is None or not acl.enabled:
+        return AclPolicy(enabled=False, identity=identity, policy=None, source=None)
+    return AclPolicy(
+        enabled=True,
+        identity=identity,
+        policy=acl.policy_for(AccessContext(agent_id=identity)),
+        source=acl.source,
+    )
+
+
+async def reload_acl(call: Call) -> AclReloaded:
+    broker = _broker(call)
+    _audit(call, "acl.reload")
+    try:
+        acl = broker.reload_acl()
+    except AclConfigError as exc:
+        # With the file's name and line: "broker.toml:12: ...". The lists in force stay.
+        raise ApiError(422, str(exc)) from exc
+    except LocalError as exc:
+        raise ApiError(409, str(exc)) from exc
+    return AclReloaded(source=acl.source or "", policies=list(acl.policy_names))
 
 
 async def get_config(call: Call) -> ConfigDocument:
@@ -283,6 +316,13 @@ OPERATIONS: Final = (
     Operation("POST", "/acl/check", "checkAcl",
               "What the access-control lists decide for an identity", "acl", "read",
               AclDecision, check_acl, body=AclCheck),
+    Operation("GET", "/acl/policy", "getAclPolicy",
+              "The security policy an Application-Agent identity is checked against", "acl",
+              "read", AclPolicy, acl_policy, params=(_IDENTITY,)),
+    Operation("POST", "/acl/reload", "reloadAcl",
+              "Read the access-control lists again from their file (a bad file is refused "
+              "with its line, and the lists in force stay)", "acl", "write", AclReloaded,
+              reload_acl, errors=(409, 422)),
     Operation("GET", "/config", "getConfig", "The running configuration, secrets masked",
               "config", "read", ConfigDocument, get_config, errors=()),
 )  # fmt: skip

@@ -15,6 +15,8 @@ from msgspec import Meta, Struct
 __all__ = [
     "AclCheck",
     "AclDecision",
+    "AclPolicy",
+    "AclReloaded",
     "AgentInfo",
     "AgentList",
     "BrokerInfo",
@@ -194,6 +196,24 @@ class AclDecision(Struct, kw_only=True):
     policy: str | None
     #: The entry of that policy that decided; null when its default action did.
     entry_index: int | None
+
+
+class AclPolicy(Struct, kw_only=True):
+    """The security policy an Application-Agent identity is checked against."""
+
+    enabled: bool
+    identity: str
+    #: Null when no access-control lists are configured.
+    policy: str | None
+    #: The file the lists came from.
+    source: str | None
+
+
+class AclReloaded(Struct, kw_only=True):
+    """The access-control lists now in force, after a reload."""
+
+    source: str
+    policies: list[str]
 
 
 class ConfigDocument(Struct, kw_only=True):

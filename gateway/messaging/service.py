@@ -179,7 +179,7 @@ class Messaging:
         self._background = BackgroundWork()
         self._endpoints = Endpoints(outlets)
         self._by_key = self._endpoints.by_key
-        gate = AclGate(acl, log=log)
+        self._gate = gate = AclGate(acl, log=log)
         self._subscribers = Subscribers(
             engine,
             broker_id=broker_id,
@@ -293,6 +293,10 @@ class Messaging:
         self._subscribers.release_leases(endpoint)
 
     # -- observation ------------------------------------------------------------------
+
+    def replace_acl(self, acl: Acl) -> None:
+        """Check subscriptions, publications and polls against ``acl`` from now on."""
+        self._gate.replace(acl)
 
     def topic_subscribers(self, name: str) -> int:
         """This broker's members of the topic subscription ``name`` (for tests, stats)."""

@@ -83,6 +83,14 @@ def add_commands(commands: Any) -> None:
         help="what DESTINATION is (default: %(default)s)",
     )
     _common(check)
+    policy = acl_commands.add_parser("policy", help="the policy IDENTITY is checked against")
+    policy.add_argument("identity", help="an Application-Agent-Identifier")
+    _common(policy)
+    _common(
+        acl_commands.add_parser(
+            "reload", help="read the access-control lists again from their file"
+        )
+    )
 
 
 def _request(
@@ -186,6 +194,16 @@ def _decision(body: Any) -> str:
     return f"{verdict} by policy {body['policy']!r}, {by}"
 
 
+def _policy(body: Any) -> str:
+    if not body["enabled"]:
+        return "no access-control lists are configured"
+    return f"{body['identity']}: policy {body['policy']!r} (from {body['source']})"
+
+
+def _reloaded(body: Any) -> str:
+    return f"reloaded {body['source']}: policies {', '.join(body['policies'])}"
+
+
 def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -> int:
     """Run one management command; returns the exit status."""
     env = os.environ if environ is None else environ
@@ -200,6 +218,11 @@ def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -
         calls[command] = ("GET", f"/{command}", {"params": params}, render)
     elif command == "purge":
         calls[command] = ("POST", f"/queues/{args.queue}/purge", {}, _purged)
+    elif command == "acl" and args.acl_command == "policy":
+        params = {"identity": args.identity}
+        calls[command] = ("GET", "/acl/policy", {"params": params}, _policy)
+    elif command == "acl" and args.acl_command == "reload":
+        calls[command] = ("POST", "/acl/reload", {}, _reloaded)
     elif command == "acl":
         ask = {
             "identity": args.identity,
@@ -218,6 +241,6 @@ def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -
         sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(render(body))
-    if command == "acl" and not body["allowed"]:
+    if command == "acl" and args.acl_command == "check" and not body["allowed"]:
         return EXIT_DENIED
     return 0

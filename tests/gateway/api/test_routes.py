@@ -15,6 +15,7 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 
+from asbp import Command
 from gateway.acl import load_acl
 from gateway.api.access import ManagementAccess
 from gateway.api.declare import ApiError
@@ -118,6 +119,46 @@ async def test_the_acl_is_asked_for_an_identity(make_gateway: GatewayFactory) ->
     assert (await api(gateway, "POST", "/acl/check", json=ask)).json()["allowed"] is True
     bad = await api(gateway, "POST", "/acl/check", json={"identity": "x", "action": "EAT"})
     assert bad.status_code == 400
+
+
+async def test_the_acl_is_reloaded_from_its_file_and_a_bad_file_is_refused_with_its_line(
+    make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    policy_file = tmp_path / "broker.toml"
+    policy_file.write_text(POLICY + '\n[security.agents]\nbilling = "strict"\n'
+                           '[security.policies.strict]\ninherits = "default"\n')  # fmt: skip
+    gateway = await make_gateway(acl=load_acl(policy_file))
+    policy = await api(gateway, "GET", "/acl/policy", params={"identity": "billing"})
+    assert policy.json() == {
+        "enabled": True,
+        "identity": "billing",
+        "policy": "strict",
+        "source": str(policy_file),
+    }
+    channel = await gateway.channel()
+    assert (await channel.request(Command(c="quote", u=1))).get("code") == "2101"
+
+    # Deny quote too, and reload: the running broker now refuses it.
+    policy_file.write_text(POLICY.replace("admin\\..*", "(admin\\..*|quote)"))
+    reloaded = await api(gateway, "POST", "/acl/reload")
+    assert reloaded.json() == {"source": str(policy_file), "policies": ["default"]}
+    assert (await channel.request(Command(c="quote", u=2))).get("code") == "3201"
+    await gateway.events.wait("management.write", action="acl.reload", principal="loopback")
+
+    # A bad file: 422 naming the file and line; the lists in force stay.
+    policy_file.write_text("[security]\n[[security.policies.default.entries]]\naction = 1\n")
+    refused = await api(gateway, "POST", "/acl/reload")
+    assert refused.status_code == 422
+    assert refused.json()["detail"].startswith(f"{policy_file}:2: ")
+    assert (await channel.request(Command(c="quote", u=3))).get("code") == "3201"
+
+
+async def test_without_a_file_there_is_nothing_to_reload(make_gateway: GatewayFactory) -> None:
+    gateway = await make_gateway()
+    assert (await api(gateway, "POST", "/acl/reload")).status_code == 409
+    policy = await api(gateway, "GET", "/acl/policy", params={"identity": "x"})
+    assert policy.json()["enabled"] is False
+    assert (await api(gateway, "GET", "/acl/policy")).status_code == 400
 
 
 async def test_the_config_is_shown_with_secrets_masked(make_gateway: GatewayFactory) -> None:

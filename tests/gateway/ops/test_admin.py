@@ -123,6 +123,13 @@ def test_acl_check_exits_0_when_allowed_and_3_when_denied(tmp_path: Path) -> Non
                            cwd=tmp_path)  # fmt: skip
         assert allowed.returncode == 0
         assert json.loads(allowed.stdout)["allowed"] is True
+        policy = asbp_cli("acl", "policy", "billing", "--url", url, cwd=tmp_path)
+        assert policy.stdout.strip() == (
+            f"billing: policy 'default' (from {tmp_path / 'broker.toml'})"
+        )
+        reload = asbp_cli("acl", "reload", "--url", url, cwd=tmp_path)
+        assert reload.returncode == 0, reload.stderr
+        assert reload.stdout.strip() == f"reloaded {tmp_path / 'broker.toml'}: policies default"
 
 
 def test_a_token_file_is_sent_and_a_refusal_is_one_line(tmp_path: Path) -> None:
