@@ -12,6 +12,7 @@ One port serves everything:
 ``GET /metrics``            Prometheus metrics (``[metrics] enabled``)
 ``/api/v1/…``               the management API (``[management]``), described by
                             ``GET /api/v1/openapi.json``
+``GET /console/``           the web console (static files; it calls the API)
 ==========================  =============================================
 
 The Broker is built in the lifespan, inside the serving event loop, and
@@ -31,7 +32,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
@@ -41,6 +43,7 @@ from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
+from gateway.console import STATIC
 from gateway.transports import http, websocket
 
 __all__ = ["create_app"]
@@ -128,7 +131,11 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             await broker.stop()
 
     metrics = [Route("/metrics", _metrics)] if config.metrics.enabled else []
-    management = api_routes(config) if config.management.enabled else []
+    management: list[BaseRoute] = []
+    if config.management.enabled:
+        management += api_routes(config)
+        # The console is only files: what it may see and do is the API's to decide.
+        management.append(Mount("/console", StaticFiles(directory=STATIC, html=True)))
     return Starlette(
         routes=[
             Route("/healthz", _healthz),

@@ -23,7 +23,9 @@ from typing import Any, Final
 import httpx
 import orjson
 
-__all__ = ["COMMANDS", "add_commands", "run"]
+from gateway.errors import LocalError
+
+__all__ = ["COMMANDS", "ApiRefused", "add_commands", "run"]
 
 #: The commands this module adds to ``asbp``.
 COMMANDS: Final = ("status", "channels", "agents", "queues", "purge", "acl")
@@ -33,8 +35,8 @@ EXIT_DENIED: Final = 3
 _TIMEOUT: Final = 10.0
 
 
-class _Refused(Exception):
-    """The API could not be reached or answered with an error."""
+class ApiRefused(LocalError):
+    """The management API could not be reached, or answered with an error."""
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -107,21 +109,21 @@ def _request(
         try:
             token = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise _Refused(f"cannot read {token_file}: {exc.strerror or exc}") from exc
+            raise ApiRefused(f"cannot read {token_file}: {exc.strerror or exc}") from exc
         headers["Authorization"] = f"Bearer {token}"
     try:
         response = httpx.request(
             method, f"{url}/api/v1{path}", headers=headers, timeout=_TIMEOUT, **options
         )
     except httpx.HTTPError as exc:
-        raise _Refused(f"cannot reach {url}: {exc}") from exc
+        raise ApiRefused(f"cannot reach {url}: {exc}") from exc
     try:
         body = response.json()
     except ValueError:
         body = None
     if response.status_code != 200:
         detail = body.get("detail") if isinstance(body, dict) else response.reason_phrase
-        raise _Refused(f"{response.status_code}: {detail}")
+        raise ApiRefused(f"{response.status_code}: {detail}")
     return body
 
 
@@ -234,7 +236,7 @@ def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -
     method, path, options, render = calls[command]
     try:
         body = _request(args, env, method, path, **options)
-    except _Refused as exc:
+    except ApiRefused as exc:
         print(f"asbp {command}: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -3,16 +3,23 @@ the real CLI in a subprocess against a real broker process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 
 import asbp
 from asbp import Command
-from tests.gateway.ops.test_cli import Broker, clean_environ
+from gateway.config.fields import FOREIGN_ENV_VARS
 from tests.support import T
 from tests.support.ports import free_port
 
@@ -25,6 +32,15 @@ privileges = ["WRITE"]
 condition = { always = true }
 """
 TOKEN = "a-long-enough-admin-token"
+
+
+def clean_environ() -> dict[str, str]:
+    """This environment without ``ASBP_*`` settings from the developer's shell."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("ASBP_") or name in FOREIGN_ENV_VARS
+    }
 
 
 def asbp_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -40,18 +56,45 @@ def asbp_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def broker_process(tmp_path: Path, config: str = "") -> Broker:
-    """``python -m gateway`` (``asbp broker``) with ``config`` as its file; not started."""
+@contextlib.contextmanager
+def broker_process(tmp_path: Path, config: str = "") -> Iterator[dict[str, Any]]:
+    """``python -m gateway`` (``asbp broker``) with ``config`` as its file, on a free
+    port; yields its ``listening`` log record, and kills and reaps it at the end."""
     (tmp_path / "broker.toml").write_text(config)
-    return Broker(
-        "--config",
-        str(tmp_path / "broker.toml"),
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "data"),
+    args = ["--config", str(tmp_path / "broker.toml"), "--port", "0"]
+    args += ["--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
         cwd=tmp_path,
+        env=clean_environ(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        with process.stderr:
+            for line in process.stderr:
+                lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        while True:
+            line = lines.get(timeout=10 * T)
+            assert line is not None, "the broker exited before listening"
+            record = orjson.loads(line)
+            if record["event"] == "listening":
+                break
+        yield record
+    finally:
+        process.kill()
+        process.wait(10 * T)
+        reader.join(10 * T)
 
 
 def publish(url: str, queue: str, body: bytes) -> None:
@@ -66,8 +109,7 @@ def publish(url: str, queue: str, body: bytes) -> None:
 
 
 def test_status_channels_agents_as_tables_and_json(tmp_path: Path) -> None:
-    with broker_process(tmp_path) as broker:
-        listening = broker.wait_for("listening")
+    with broker_process(tmp_path) as listening:
         url = listening["url"]
         status = asbp_cli("status", "--url", url, cwd=tmp_path)
         assert status.returncode == 0, status.stderr
@@ -87,8 +129,7 @@ def test_status_channels_agents_as_tables_and_json(tmp_path: Path) -> None:
 
 
 def test_queues_and_purge(tmp_path: Path) -> None:
-    with broker_process(tmp_path) as broker:
-        listening = broker.wait_for("listening")
+    with broker_process(tmp_path) as listening:
         url = listening["url"]
         for n in range(3):
             publish(url, "jobs", b"%d" % n)
@@ -112,8 +153,7 @@ def test_queues_and_purge(tmp_path: Path) -> None:
 
 
 def test_acl_check_exits_0_when_allowed_and_3_when_denied(tmp_path: Path) -> None:
-    with broker_process(tmp_path, POLICY) as broker:
-        listening = broker.wait_for("listening")
+    with broker_process(tmp_path, POLICY) as listening:
         url = listening["url"]
         denied = asbp_cli("acl", "check", "billing", "write", "admin.reset", "--url", url,
                           cwd=tmp_path)  # fmt: skip
@@ -135,8 +175,7 @@ def test_acl_check_exits_0_when_allowed_and_3_when_denied(tmp_path: Path) -> Non
 def test_a_token_file_is_sent_and_a_refusal_is_one_line(tmp_path: Path) -> None:
     token_file = tmp_path / "admin.token"
     token_file.write_text(TOKEN)
-    with broker_process(tmp_path, f'[management]\ntoken_file = "{token_file}"\n') as broker:
-        listening = broker.wait_for("listening")
+    with broker_process(tmp_path, f'[management]\ntoken_file = "{token_file}"\n') as listening:
         url = listening["url"]
         refused = asbp_cli("status", "--url", url, cwd=tmp_path)
         assert refused.returncode == 1
