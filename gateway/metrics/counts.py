@@ -19,7 +19,7 @@ reason).
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left as _bisect
 from collections.abc import Sequence
 from typing import Final
 
@@ -84,18 +84,21 @@ class Histogram:
     one those above every bound; Prometheus' cumulative form is made at scrape.
     """
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)
-        self.count = 0
         self.total = 0.0
+
+    @property
+    def count(self) -> int:
+        """Observations so far (summed at scrape, not kept per observation)."""
+        return sum(self.counts)
 
     def observe(self, value: float) -> None:
         """Count one observation of ``value`` seconds."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
+        self.counts[_bisect(self.bounds, value)] += 1
         self.total += value
 
     def cumulative(self) -> list[tuple[str, float]]:
@@ -146,11 +149,18 @@ class RouterCounts:
         """A Respondent answered a ``name`` Command after ``seconds``."""
         histogram = self.respondent_latency.get(name)
         if histogram is None:
-            label = self.names.label(name)
-            histogram = self.respondent_latency.get(label)
-            if histogram is None:
-                histogram = self.respondent_latency[label] = Histogram()
-        histogram.observe(seconds)
+            histogram = self.histogram(name)
+        # Histogram.observe inlined: this runs once per answered Command.
+        histogram.counts[_bisect(histogram.bounds, seconds)] += 1
+        histogram.total += seconds
+
+    def histogram(self, name: str) -> Histogram:
+        """The Respondent-latency histogram ``name`` is counted in (made if new)."""
+        label = self.names.label(name)
+        histogram = self.respondent_latency.get(label)
+        if histogram is None:
+            histogram = self.respondent_latency[label] = Histogram()
+        return histogram
 
     def fault(self, code: int) -> None:
         """A fault with ``code`` was sent."""

@@ -117,7 +117,7 @@ class Router:
         self._in_flight = InFlightTable(
             timeout=tube_limits.respondent_timeout,
             clock=clock,
-            on_answered=counts.answered if counts is not None else None,
+            latency=counts,
         )
         self._splicer = Splicer(broker_id, limits)
         self.acl = acl if acl is not None and acl.enabled else None
