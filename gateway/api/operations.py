@@ -37,6 +37,8 @@ from gateway.api.schemas import (
     QueuePage,
     SubjectCount,
     SubjectEnded,
+    TopicList,
+    TopicSubscription,
     TubeInfo,
 )
 from gateway.broker import Broker
@@ -187,6 +189,16 @@ async def end_subject(call: Call) -> SubjectEnded:
     return SubjectEnded(id=subject.id, ended=True)
 
 
+async def list_topics(call: Call) -> TopicList:
+    subscriptions = sorted(_broker(call).messaging.topic_subscriptions())
+    return TopicList(
+        items=[
+            TopicSubscription(name=name, pattern=pattern, subscribers=members)
+            for name, pattern, members in subscriptions
+        ]
+    )
+
+
 async def list_queues(call: Call) -> QueuePage:
     broker = _broker(call)
     offset, limit = call.params["offset"], call.params["limit"]
@@ -306,6 +318,8 @@ OPERATIONS: Final = (
     Operation("DELETE", "/subjects/{subject_id}", "endSubject",
               "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
               end_subject, params=(_SUBJECT_ID,), errors=(400, 404)),
+    Operation("GET", "/topics", "listTopics", "Topic subscriptions at this broker", "topics",
+              "read", TopicList, list_topics, errors=()),
     Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",
               QueuePage, list_queues, params=(_OFFSET, _LIMIT)),
     Operation("GET", "/queues/{queue}", "getQueue", "One queue", "queues", "read",

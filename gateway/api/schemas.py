@@ -32,6 +32,8 @@ __all__ = [
     "QueuePage",
     "SubjectCount",
     "SubjectEnded",
+    "TopicList",
+    "TopicSubscription",
     "TubeInfo",
 ]
 
@@ -146,6 +148,22 @@ class SubjectEnded(Struct, kw_only=True):
 
     id: str
     ended: bool
+
+
+class TopicSubscription(Struct, kw_only=True):
+    """A topic (or topic pattern) with subscribers at this broker."""
+
+    name: str
+    #: Whether ``name`` is a pattern (a subscription with ``pattern``).
+    pattern: bool
+    #: Channels and Tubes subscribed here.
+    subscribers: int
+
+
+class TopicList(Struct, kw_only=True):
+    """The topic subscriptions at this broker, by name."""
+
+    items: list[TopicSubscription]
 
 
 class QueueInfo(Struct, kw_only=True):

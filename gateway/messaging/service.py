@@ -302,6 +302,10 @@ class Messaging:
         """This broker's members of the topic subscription ``name`` (for tests, stats)."""
         return self._subscribers.topic_subscribers(name)
 
+    def topic_subscriptions(self) -> list[tuple[str, bool, int]]:
+        """This broker's topic subscriptions: name, whether a pattern, members."""
+        return self._subscribers.topic_subscriptions()
+
     def queue_consumers(self, name: str) -> int:
         """This broker's consumers of the queue ``name``."""
         return self._subscribers.queue_consumers(name)

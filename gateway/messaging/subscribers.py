@@ -261,6 +261,10 @@ class Subscribers:
         subscription = self._topics.get(name)
         return 0 if subscription is None else len(subscription.members)
 
+    def topic_subscriptions(self) -> list[tuple[str, bool, int]]:
+        """This broker's topic subscriptions: name, whether a pattern, members."""
+        return self._topics.counts()
+
     def queue_consumers(self, name: str) -> int:
         """This broker's consumers of the queue ``name``."""
         consumer = self._queues.get(name)

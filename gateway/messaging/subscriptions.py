@@ -214,6 +214,14 @@ class Topics:
     def __len__(self) -> int:
         return len(self._exact) + len(self._patterns)
 
+    def counts(self) -> list[tuple[str, bool, int]]:
+        """Every subscription: its topic or pattern, whether a pattern, its members."""
+        return [
+            (name, table is self._patterns, len(subscription.members))
+            for table in (self._exact, self._patterns)
+            for name, subscription in table.items()
+        ]
+
     def get(self, name: str) -> TopicSubscription | None:
         """The subscription to ``name`` (a topic or a pattern), if any."""
         return self._exact.get(name) or self._patterns.get(name)

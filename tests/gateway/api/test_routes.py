@@ -92,6 +92,19 @@ async def test_agents_show_their_tubes_and_what_they_serve(make_gateway: Gateway
     assert (await api(gateway, "DELETE", "/subjects/nobody")).status_code == 404
 
 
+async def test_topic_subscriptions_are_listed(make_gateway: GatewayFactory) -> None:
+    gateway = await make_gateway()
+    first, second = await user(gateway), await user(gateway)
+    for client in (first, second):
+        await client.ok("asbp.subscribe", destination="news")
+    await first.ok("asbp.subscribe", destination="sports/.*")
+    topics = (await api(gateway, "GET", "/topics")).json()["items"]
+    assert topics == [
+        {"name": "news", "pattern": False, "subscribers": 2},
+        {"name": "sports/.*", "pattern": True, "subscribers": 1},
+    ]
+
+
 async def test_queues_deepest_first_and_a_purge_empties_one(make_gateway: GatewayFactory) -> None:
     gateway = await make_gateway()
     publisher = await user(gateway)
