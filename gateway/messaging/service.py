@@ -193,7 +193,7 @@ class Messaging:
             counts=counts,
         )
         self._notices = DeliveryNotices(broker_id, self._by_key)
-        self._sequencer = Sequencer(self._background, log=log)
+        self._sequencer = Sequencer(self._background, log=log, latency=counts.engine_latency)
         self._dispatcher = CommandDispatcher(
             engine,
             limits=limits,

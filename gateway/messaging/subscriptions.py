@@ -81,6 +81,9 @@ class Operation:
     detached: bool = False
     #: Pipelined, once started: the engine call.
     task: asyncio.Future[Any] | None = None
+    #: Pipelined: when ``run`` started (``time.perf_counter``), for the metrics'
+    #: engine-call latency.
+    began: float = 0.0
 
 
 @dataclass(eq=False, slots=True)

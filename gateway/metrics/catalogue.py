@@ -112,6 +112,13 @@ METRICS: Final = (
         " answer, by Command-Name (bounded as for asbp_commands_total).",
     ),
     Metric(
+        "asbp_engine_call_seconds",
+        "histogram",
+        (),
+        "Seconds the engine took to carry out a messaging Command (publish, ack,"
+        " subscribe...; polls excepted).",
+    ),
+    Metric(
         "asbp_poll_wait_seconds",
         "histogram",
         (),

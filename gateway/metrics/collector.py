@@ -137,6 +137,9 @@ class BrokerCollector(Collector):
         yield from self._queues()
 
         yield latency
+        engine = _histogram("asbp_engine_call_seconds")
+        _add_histogram(engine, [], queue_counts.engine_latency)
+        yield engine
         poll = _histogram("asbp_poll_wait_seconds")
         _add_histogram(poll, [], queue_counts.poll_wait)
         yield poll

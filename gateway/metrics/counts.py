@@ -174,6 +174,7 @@ class MessagingCounts:
     __slots__ = (
         "acks",
         "deliveries",
+        "engine_latency",
         "poll_wait",
         "publications",
         "redeliveries",
@@ -190,6 +191,9 @@ class MessagingCounts:
         self.acks = 0
         #: Seconds an ``asbp.poll`` waited for its messages.
         self.poll_wait = Histogram()
+        #: Seconds the engine took for a messaging Command's call (publish, ack,
+        #: subscribe...; polls excepted, which wait on purpose).
+        self.engine_latency = Histogram()
 
     def delivered(self, delivery_count: int) -> None:
         """A queue message went to a consumer or poller, for the ``delivery_count``-th time."""

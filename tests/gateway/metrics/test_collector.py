@@ -104,6 +104,8 @@ async def test_queue_traffic_and_the_deepest_queues(make_gateway: GatewayFactory
     assert value(families, "asbp_queue_deliveries_total") == 1
     assert value(families, "asbp_queue_acks_total") == 1
     assert value(families, "asbp_poll_wait_seconds_count") == 1
+    # The publications, the poll excepted, and the acknowledgement were engine calls.
+    assert value(families, "asbp_engine_call_seconds_count") >= 7
 
 
 async def test_metrics_off_serves_no_route_and_counts_no_names(
