@@ -74,6 +74,7 @@ class Target:
     label: str
     kind: str  # broker | bare | raw
     server: str | None  # hypercorn | uvicorn | None (raw)
+    metrics: str = "on"  # the broker's [metrics] enabled
 
 
 TARGETS = (
@@ -122,7 +123,7 @@ class ServerProcess:
             assert self.agent_key is not None
             args += ["--agent-id", AGENT_ID, "--agent-key", str(self.agent_key)]
             args += ["--broker-id", "bench-" + uuid.uuid4().hex[:8]]
-            args += ["--event-log", EVENT_LOG[0]]
+            args += ["--event-log", EVENT_LOG[0], "--metrics", self.target.metrics]
         if self.cprofile is not None:
             args += ["--cprofile", str(self.cprofile)]
         self.proc = await asyncio.create_subprocess_exec(
@@ -353,6 +354,27 @@ RATIOS = (
     Ratio("hypercorn: server CPU per trip, bare / broker", HC_BARE, HC_BROKER,
           "pipe_server_cpu_us"),
     Ratio("uvicorn:   server CPU per trip, bare / broker", UV_BARE, UV_BROKER,
+          "pipe_server_cpu_us"),
+)  # fmt: skip
+
+
+# --metrics-cost: the broker with its metrics on and off, same run, interleaved.
+UV_NO_METRICS, HC_NO_METRICS = "broker-no-metrics/uvicorn", "broker-no-metrics/hypercorn"
+METRICS_TARGETS = (
+    Target(UV_BROKER, "broker", "uvicorn"),
+    Target(UV_NO_METRICS, "broker", "uvicorn", metrics="off"),
+    Target(HC_BROKER, "broker", "hypercorn"),
+    Target(HC_NO_METRICS, "broker", "hypercorn", metrics="off"),
+)
+METRICS_RATIOS = (
+    # The goal: metrics cost at most 3% of throughput.
+    Ratio("uvicorn:   metrics on / off throughput", UV_BROKER, UV_NO_METRICS,
+          "commands_per_s", 0.97),
+    Ratio("hypercorn: metrics on / off throughput", HC_BROKER, HC_NO_METRICS,
+          "commands_per_s", 0.97),
+    Ratio("uvicorn:   server CPU per trip, off / on", UV_NO_METRICS, UV_BROKER,
+          "pipe_server_cpu_us"),
+    Ratio("hypercorn: server CPU per trip, off / on", HC_NO_METRICS, HC_BROKER,
           "pipe_server_cpu_us"),
 )  # fmt: skip
 
@@ -630,6 +652,7 @@ async def profile(
 
 
 def main() -> None:
+    global TARGETS, RATIOS  # --metrics-cost measures other targets
     parser = argparse.ArgumentParser(
         description="Round trips User-Agent -> broker -> agent -> broker -> User-Agent."
     )
@@ -671,7 +694,14 @@ def main() -> None:
     )
     parser.add_argument("--keep-profile", type=Path, metavar="DIR", help="copy raw profiles here")
     parser.add_argument("--json", metavar="PATH", help="write every sample here as JSON")
+    parser.add_argument(
+        "--metrics-cost",
+        action="store_true",
+        help="instead: the broker with metrics on against metrics off (goal: >= 0.97)",
+    )
     args = parser.parse_args()
+    if args.metrics_cost:
+        TARGETS, RATIOS = METRICS_TARGETS, METRICS_RATIOS
     EVENT_LOG[0] = args.event_log
     if args.quick:
         args.trips, args.warmup, args.requests = 300, 50, 3000

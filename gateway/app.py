@@ -9,6 +9,10 @@ One port serves everything:
 ``POST /asbp``              a stateless HTTP Channel: send one Command
 ``GET /asbp?i=…``           a stateless HTTP Channel: long-poll
 ``wss://…/tube``            an Application-Agent Tube (TLS + credential)
+``GET /metrics``            Prometheus metrics (``[metrics] enabled``)
+``/api/v1/…``               the management API (``[management]``), described by
+                            ``GET /api/v1/openapi.json``
+``GET /console/``           the web console (static files; it calls the API)
 ==========================  =============================================
 
 The Broker is built in the lifespan, inside the serving event loop, and
@@ -28,15 +32,18 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
+from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
+from gateway.console import STATIC
 from gateway.ops import demo_page
 from gateway.transports import cors, http, websocket
 
@@ -79,6 +86,15 @@ async def _readyz(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if broker.ready else 503)
 
 
+async def _metrics(request: Request) -> Response:
+    # Imported here: prometheus_client loads only where metrics are served.
+    from gateway.metrics.collector import CONTENT_TYPE_LATEST, render
+
+    throttle: HandshakeThrottle = request.state.throttle
+    body = await render(request.state.broker, throttled=throttle.refused)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> Starlette:
     """Build the broker's ASGI application for ``config``.
 
@@ -117,11 +133,19 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
 
     # The demo's page, only when asked for (asbp demo): a broker serves no files otherwise.
     pages = demo_page.routes() if config.demo_page else []
+    metrics = [Route("/metrics", _metrics)] if config.metrics.enabled else []
+    management: list[BaseRoute] = []
+    if config.management.enabled:
+        management += api_routes(config)
+        # The console is only files: what it may see and do is the API's to decide.
+        management.append(Mount("/console", StaticFiles(directory=STATIC, html=True)))
     return Starlette(
         routes=[
             *pages,
             Route("/healthz", _healthz),
             Route("/readyz", _readyz),
+            *metrics,
+            *management,
             Route("/asbp", cors.with_cors(http.post), methods=["POST"]),
             Route("/asbp", cors.with_cors(http.poll), methods=["GET"]),
             Route("/asbp", cors.preflight, methods=["OPTIONS"]),

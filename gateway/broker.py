@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Final
 
 from asbp import ApplicationAgentId, FaultCode
-from gateway.acl import AccessContext, channel_properties
+from gateway.acl import AccessContext, Acl, channel_properties, load_acl
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
 from gateway.config.model import GatewayConfig
@@ -27,10 +28,12 @@ from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.engines.base import Engine, EngineLimits
+from gateway.errors import LocalError
 from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
+from gateway.metrics.counts import RouterCounts
 from gateway.routing.router import Router
 from gateway.types import Outlets
 
@@ -119,6 +122,8 @@ class Broker:
         self.broker_id = broker_id
         self.credentials = credentials
         self.log = log or logging.getLogger("asbp.gateway")
+        #: When the broker was made (Unix time): the uptime's origin.
+        self.started_at = time.time()
         self.channels = ChannelRegistry()
         self.respondents = RespondentTable()
         self.engine = create_engine(config, broker_id=broker_id)
@@ -141,7 +146,13 @@ class Broker:
             may_serve=agent_trust(config).may_serve,
             messaging=self._messaging,
             recorder=self.event_log,
+            counts=(
+                RouterCounts(max_names=config.metrics.command_names)
+                if config.metrics.enabled
+                else None
+            ),
         )
+        self._acl = config.acl
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False
@@ -233,6 +244,40 @@ class Broker:
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
         )
         return channel, mailbox
+
+    # -- access control ----------------------------------------------------------
+
+    @property
+    def acl(self) -> Acl | None:
+        """The access-control lists in force (None: none configured)."""
+        return self._acl
+
+    def reload_acl(self) -> Acl:
+        """Read the ``[security]`` table again from the file it came from, and check
+        every Command, subscription and publication against it from now on.
+
+        Raises:
+            AclConfigError: the file cannot be read or holds a bad policy (with its
+                line); the lists in force stay.
+            LocalError: the broker has no lists from a file, or the file has no
+                ``[security]`` table any more (turning access control off takes a
+                restart: the router decided at start not to check at all).
+        """
+        current = self._acl
+        if current is None or not current.enabled or current.source is None:
+            raise LocalError("no access-control lists were loaded from a file at start")
+        fresh = load_acl(Path(current.source))
+        if not fresh.enabled:
+            raise LocalError(
+                f"{current.source} has no [security] table: restart to turn access control off"
+            )
+        self.router.acl = fresh
+        self.messaging.replace_acl(fresh)
+        self._acl = fresh
+        self.log.warning(
+            "acl.reloaded", extra={"source": fresh.source, "policies": list(fresh.policy_names)}
+        )
+        return fresh
 
     def close_channel(self, channel: Channel, fault: FaultCode | None = None) -> None:
         """Close ``channel``, recording ``fault`` as the reason."""

@@ -24,8 +24,12 @@
                ├── ServeConfigError    gateway.auth.trust: .identity .detail
                ├── PatternError  2001  gateway.acl.patterns: not a regular expression
                │    └── UnsafePatternError  one that could match in unbounded time
-               └── ServerError         gateway.ops.server: cannot listen or start
-                                       (also a RuntimeError)
+               ├── ServerError         gateway.ops.server: cannot listen or start
+               │                       (also a RuntimeError)
+               ├── ApiError            gateway.api.declare: a management API answer
+               │                       other than 2xx: .status .detail
+               └── ApiRefused          gateway.ops.admin: the CLI got no answer, or
+                                       an error, from the management API
 
 The errors above a :class:`LocalError` are faults: the broker sends them to the peer
 as an ``asbp.fault`` with their ``code``. A :class:`LocalError` goes to the code or
@@ -33,9 +37,9 @@ the operator that caused it: start-up stops with it (exit status 2 for the
 configuration ones), or the caller wraps it in a fault of its own, as the messaging
 layer wraps a :class:`PatternError` in ``InvalidDestinationName``.
 
-Every ``LocalError`` above except ``ServerError`` is also a ``ValueError``, and
-``ServerError`` a ``RuntimeError``: they were those before this tree had them, and
-callers outside this repository (and tests) catch them that way.
+Every ``LocalError`` above except ``ServerError``, ``ApiError`` and ``ApiRefused`` is a
+``ValueError``, and ``ServerError`` a ``RuntimeError``: they were those before this
+tree had them, and callers outside this repository (and tests) catch them that way.
 """
 
 from __future__ import annotations

@@ -37,14 +37,16 @@ from gateway.config import CONFIG_ENV_VAR, add_arguments, load_config
 from gateway.config.fields import settings
 from gateway.config.model import GatewayConfig
 from gateway.messaging.service import STOP_GRACE
+from gateway.metrics.catalogue import METRICS
 from gateway.ops.cli import main as cli_main
 from gateway.ops.server import GRACEFUL_TIMEOUT
 from tests.support import generate_tls_files
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
-#: Manifests shown but not applied (see kustomization.yaml).
-NOT_APPLIED = {"secrets.example.yaml"}
+#: Manifests shown but not applied (see kustomization.yaml): the Secrets' shape, and
+#: the ServiceMonitor, whose kind exists only where the Prometheus Operator runs.
+NOT_APPLIED = {"secrets.example.yaml", "broker-servicemonitor.yaml"}
 
 
 # -- the YAML subset -----------------------------------------------------------------
@@ -588,3 +590,72 @@ def test_the_docs_describe_every_file() -> None:
         assert f"k8s/{path.name}" in docs, path.name
     assert "(kubernetes.md)" in (ROOT / "docs" / "index.md").read_text()
     assert "(spark.md)" in docs
+
+
+# -- monitoring ------------------------------------------------------------------------
+
+
+def _exported_samples() -> set[str]:
+    """Every sample name a scrape can hold (counters end in _total, histograms in
+    _bucket, _sum and _count)."""
+    names: set[str] = set()
+    for metric in METRICS:
+        if metric.kind == "counter":
+            names.add(metric.name + "_total")
+        elif metric.kind == "histogram":
+            names |= {metric.name + suffix for suffix in ("_bucket", "_sum", "_count")}
+        else:
+            names.add(metric.name)
+    return names
+
+
+def _expressions(node: object) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["expr"]] if isinstance(node.get("expr"), str) else []
+        return found + [e for value in node.values() for e in _expressions(value)]
+    if isinstance(node, list):
+        return [e for value in node for e in _expressions(value)]
+    return []
+
+
+def test_the_dashboard_queries_only_metrics_the_broker_exports() -> None:
+    dashboard = json.loads((K8S / "grafana-dashboard.json").read_text())
+    expressions = _expressions(dashboard["panels"])
+    assert len(expressions) >= 10
+    exported = _exported_samples()
+    used: set[str] = set()
+    for expr in expressions:
+        names = set(re.findall(r"\basbp_[a-z_]+", expr))
+        assert names, f"a panel queries nothing of the broker's: {expr}"
+        assert names <= exported, f"{expr}: no such metrics {sorted(names - exported)}"
+        used |= names
+    # The charts the issue names: Channels, Commands per second, faults per second.
+    assert {"asbp_channels", "asbp_commands_total", "asbp_faults_total"} <= used
+
+
+def test_prometheus_finds_the_brokers_metrics_where_the_app_serves_them() -> None:
+    app = create_app(GatewayConfig())
+    served = {route.path for route in app.routes if isinstance(route, Route)}
+    template = broker()["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    (port,) = broker_container()["ports"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] in served
+    assert annotations["prometheus.io/port"] == str(port["containerPort"])
+    tls = "tls" in tomllib.loads(broker_toml())
+    assert annotations["prometheus.io/scheme"] == ("https" if tls else "http")
+
+    [monitor] = YamlSubset.documents((K8S / "broker-servicemonitor.yaml").read_text())
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["path"] in served
+    assert endpoint["scheme"] == ("https" if tls else "http")
+    # It selects exactly one Service (else every broker is scraped twice), with that port.
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    services = [
+        document
+        for document in manifests()
+        if document["kind"] == "Service"
+        and wanted.items() <= document["metadata"].get("labels", {}).items()
+    ]
+    assert [s["metadata"]["name"] for s in services] == ["asbp-broker-peers"]
+    assert endpoint["port"] in {p["name"] for p in services[0]["spec"]["ports"]}

@@ -102,7 +102,7 @@ class HandshakeThrottle:
         ValueError: a limit below 1.
     """
 
-    __slots__ = ("_buckets", "_clock", "_rate", "capacity", "max_addresses")
+    __slots__ = ("_buckets", "_clock", "_rate", "capacity", "max_addresses", "refused")
 
     def __init__(
         self,
@@ -121,6 +121,8 @@ class HandshakeThrottle:
         self._rate = failures_per_minute / WINDOW  # tokens per second
         self._clock = clock
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        #: Handshakes refused since the throttle was made (the metrics' counter).
+        self.refused = 0
 
     def __len__(self) -> int:
         """How many addresses are remembered."""
@@ -139,6 +141,7 @@ class HandshakeThrottle:
             bucket.refused = 0
             return True
         bucket.refused += 1
+        self.refused += 1
         return False
 
     def failed(self, address: str) -> None:

@@ -39,7 +39,7 @@ BROKER_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _RESERVED_COMMAND_PREFIX: Final = "asbp."
 _REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
 # Tables whose numbers are sizes, counts or durations: zero or less means nothing.
-_POSITIVE_TABLES: Final = ("limits", "channels", "tubes", "messaging", "event_log")
+_POSITIVE_TABLES: Final = ("limits", "channels", "tubes", "messaging", "event_log", "metrics")
 
 
 def check_value(setting: Setting, value: object, source: str) -> None:
@@ -54,7 +54,8 @@ def check_value(setting: Setting, value: object, source: str) -> None:
     if key == "port" and isinstance(value, int) and not 0 <= value <= 65535:
         raise ConfigError(f"must be between 0 and 65535, not {value}", source=source, key=key)
     limit = setting.table in _POSITIVE_TABLES or key == "failed_handshakes_per_minute"
-    if limit and isinstance(value, int | float) and value <= 0:
+    # bool is an int to isinstance, and ``enabled = false`` is no limit.
+    if limit and isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
         raise ConfigError(f"must be positive, not {value}", source=source, key=key)
     if key == "broker_id" and not BROKER_ID_PATTERN.fullmatch(str(value)):
         raise ConfigError(

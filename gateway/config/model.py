@@ -25,7 +25,9 @@ __all__ = [
     "EventLogConfig",
     "EventLogMode",
     "GatewayConfig",
+    "ManagementConfig",
     "MessagingLimits",
+    "MetricsConfig",
     "ServerName",
     "TlsConfig",
     "TubeLimits",
@@ -135,6 +137,50 @@ class EventLogConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus metrics at ``/metrics`` (docs/operations.md, "Metrics")."""
+
+    #: Serve ``/metrics`` and count Commands by name. Off, the router counts only
+    #: what costs nothing (Channels and Tubes opened and closed, slow readers).
+    enabled: bool = True
+    #: Command-Names with a label of their own; later names are counted as
+    #: ``other``, so clients cannot grow the scrape without bound.
+    command_names: int = 100
+    #: Queues whose depth gets a line of its own, the deepest first; every queue
+    #: is in the total, so 100,000 queues do not make a 100,000-line scrape.
+    top_queues: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementConfig:
+    """The management API under ``/api/v1`` (docs/operations.md, "Management API").
+
+    With neither ``token_file`` nor ``jwks_url``/``jwks_file`` set, the API answers
+    only while the broker listens on a loopback address, and only to loopback peers;
+    otherwise every call needs a bearer token.
+    """
+
+    #: Serve the management API.
+    enabled: bool = True
+    #: A file holding the static admin token (one line). A bearer token equal to it
+    #: may read and write.
+    token_file: str | None = None
+    #: The OAuth 2 issuer's JWKS URL: bearer JWT access tokens signed by one of its
+    #: keys are accepted (fetched on first use, again for an unknown ``kid``).
+    jwks_url: str | None = None
+    #: The issuer's keys as a JWKS file, instead of ``jwks_url``.
+    jwks_file: str | None = None
+    #: The ``iss`` every JWT access token must carry (required with a JWKS).
+    issuer: str | None = None
+    #: The ``aud`` every JWT access token must carry (required with a JWKS).
+    audience: str | None = None
+    #: The scope a JWT needs to read (``scope`` or ``scp`` claim).
+    read_scope: str = "asbp:read"
+    #: The scope a JWT needs to change anything.
+    write_scope: str = "asbp:write"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything a broker needs to start."""
 
@@ -166,6 +212,10 @@ class GatewayConfig:
     messaging: MessagingLimits = field(default_factory=MessagingLimits)
     #: The log of routed Commands.
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
+    #: The Prometheus metrics.
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: The management API.
+    management: ManagementConfig = field(default_factory=ManagementConfig)
     #: The ``aud`` every agent credential must carry.
     audience: str = "asbp-broker"
     #: Application-Agent identities and their public keys, as the ``[agents]``

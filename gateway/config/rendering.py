@@ -77,7 +77,15 @@ def config_to_toml(config: GatewayConfig) -> str:
     for key, value in data.items():
         if key in not_settings or value is None or not isinstance(value, dict):
             continue
-        lines += ["", f"[{key}]", *(f"{k} = {toml_value(v)}" for k, v in value.items())]
+        lines += [
+            "",
+            f"[{key}]",
+            # A table's optional settings ([management] token_file) may be unset too.
+            *(
+                f"# {k} is unset" if v is None else f"{k} = {toml_value(v)}"
+                for k, v in value.items()
+            ),
+        ]
     if data[AGENTS]:
         lines += ["", f"# Relative paths below resolve against {data[AGENTS_BASE_DIR]}"]
         for identity, table in data[AGENTS].items():
@@ -185,9 +193,9 @@ exits with status 2. The one exception is `ASBP_TEST_TIMEOUT_UNIT`, which belong
 the test suite.
 
 - **File:** top-level keys, then one table per group: `[tls]`, `[limits]`,
-  `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[agents.<identity>]` and
-  `[security]`. Relative paths in the file resolve against the file's directory.
-  `[agents]` and `[security]` can only be set in the file.
+  `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[metrics]`, `[management]`,
+  `[agents.<identity>]` and `[security]`. Relative paths in the file resolve against
+  the file's directory. `[agents]` and `[security]` can only be set in the file.
 - **Environment:** `ASBP_` and the key in capitals; inside a table, the table and the
   key are joined by a double underscore (`ASBP_CHANNELS__LONG_POLL_TIMEOUT`), except
   for `ASBP_TLS_CERTFILE` and `ASBP_TLS_KEYFILE`. Booleans are `1`/`0`, `true`/`false`,

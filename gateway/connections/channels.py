@@ -71,9 +71,13 @@ class Channel:
 class ChannelRegistry:
     """Every open Channel at this broker, and every group."""
 
-    __slots__ = ("_channels", "_groups", "_tombstones")
+    __slots__ = ("_channels", "_groups", "_tombstones", "closed", "opened")
 
     def __init__(self) -> None:
+        #: Channels opened and closed since the broker started (the metrics'
+        #: counters, which only go up; the open ones are ``len(self)``).
+        self.opened = 0
+        self.closed = 0
         self._channels: dict[ChannelId, Channel] = {}
         self._groups: dict[str, set[ChannelId]] = {}
         self._tombstones: OrderedDict[ChannelId, FaultCode] = OrderedDict()
@@ -94,6 +98,7 @@ class ChannelRegistry:
                 break
         channel = Channel(channel_id, kind, outbox, remote)
         self._channels[channel_id] = channel
+        self.opened += 1
         return channel
 
     def get(self, channel_id: str) -> Channel | None:
@@ -105,6 +110,7 @@ class ChannelRegistry:
         if channel.closed:
             return False
         channel.closed = True
+        self.closed += 1
         self._channels.pop(channel.id, None)
         for group in channel.groups:
             members = self._groups.get(group)

@@ -54,6 +54,11 @@ class Outbox(Protocol):
         """Queue ``frame``; False if the outbox is closed or full."""
         ...
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes waiting for the reader (the metrics' outbox gauge)."""
+        ...
+
     def room(self) -> tuple[int, int]:
         """How many more frames, and bytes, ``offer`` takes now (0, 0 once closed).
 
@@ -98,6 +103,10 @@ class _Bounded(Generic[F]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._frames)

@@ -53,19 +53,25 @@ class Tube:
 class RespondentTable:
     """Which Tubes serve which Command-Names."""
 
-    __slots__ = ("_by_name", "_tubes")
+    __slots__ = ("_by_name", "_tubes", "attached", "detached")
 
     def __init__(self) -> None:
+        #: Tubes attached and detached since the broker started (the metrics'
+        #: counters, which only go up).
+        self.attached = 0
+        self.detached = 0
         self._by_name: dict[str, list[Tube]] = {}
         self._tubes: dict[str, Tube] = {}
 
     def attach(self, tube: Tube) -> None:
         """Track a newly opened Tube (it serves nothing yet)."""
         self._tubes[tube.id] = tube
+        self.attached += 1
 
     def detach(self, tube: Tube) -> None:
         """Forget a closed Tube and everything it served."""
-        self._tubes.pop(tube.id, None)
+        if self._tubes.pop(tube.id, None) is not None:
+            self.detached += 1
         self.unregister(tube, list(tube.serves))
 
     def register(self, tube: Tube, names: Iterable[str]) -> None:

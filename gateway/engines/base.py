@@ -376,3 +376,10 @@ class Engine(Protocol):
     async def queues(self) -> list[str]:
         """Every queue and virtual queue (virtual ones as ``name@pattern``)."""
         ...
+
+    async def depths(self) -> dict[str, int]:
+        """Every queue's depth, in one call (a metrics scrape asks for all of them).
+
+        May lag by one expiry sweep: messages that expired since are still counted.
+        """
+        ...

@@ -33,6 +33,10 @@ class AclGate:
         self._acl = acl if acl is not None and acl.enabled else None
         self._log = log
 
+    def replace(self, acl: Acl) -> None:
+        """Check with ``acl`` from now on (an operator reloaded the file)."""
+        self._acl = acl if acl.enabled else None
+
     def require(
         self, access: AccessContext, destination: Destination, privilege: Privilege
     ) -> None:

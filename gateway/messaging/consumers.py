@@ -63,6 +63,7 @@ from gateway.acl import AccessContext, DestinationType
 from gateway.engines.base import Delivery, Engine
 from gateway.messaging.notifications import notification
 from gateway.messaging.subscriptions import Endpoint
+from gateway.metrics.counts import MessagingCounts
 
 __all__ = ["ANSWER_BYTES", "BATCH", "QueueConsumer", "cancel_and_wait"]
 
@@ -124,8 +125,10 @@ class QueueConsumer:
         watch: Callable[[Endpoint], object],
         clock: Callable[[], float],
         log: logging.Logger,
+        counts: MessagingCounts | None = None,
     ) -> None:
         self.queue = queue
+        self._counts = counts if counts is not None else MessagingCounts()
         self.kind = kind
         #: Subscribers, with the access context each subscribed with.
         self.members: dict[Endpoint, AccessContext] = {}
@@ -260,6 +263,7 @@ class QueueConsumer:
             endpoint, later = self._pick(delivery, len(frame), members)
             if endpoint is not None:
                 endpoint.hold(delivery.receipt, self.queue, delivery.deadline)
+                self._counts.delivered(delivery.delivery_count)
                 endpoint.send(frame)
             elif later:
                 held_back.append((delivery, frame))
@@ -292,6 +296,7 @@ class QueueConsumer:
             held_back.popleft()
             if endpoint is not None:
                 endpoint.hold(delivery.receipt, self.queue, delivery.deadline)
+                self._counts.delivered(delivery.delivery_count)
                 endpoint.send(frame)
             else:
                 (unreadable if self._unreadable(delivery) else release).append(delivery.receipt)

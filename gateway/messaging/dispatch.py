@@ -35,6 +35,7 @@ from gateway.messaging.requests import read_ack, read_poll, read_publish, read_s
 from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import Subscribers
 from gateway.messaging.subscriptions import Endpoint, Operation
+from gateway.metrics.counts import MessagingCounts
 from gateway.routing import builtin_commands
 
 __all__ = ["CommandDispatcher", "MessageTooLarge"]
@@ -75,8 +76,10 @@ class CommandDispatcher:
         poller: Poller,
         sequencer: Sequencer,
         clock: Callable[[], float],
+        counts: MessagingCounts | None = None,
     ) -> None:
         self._engine = engine
+        self._counts = counts if counts is not None else MessagingCounts()
         self._limits = limits
         self._max_pending = limits.max_pending
         self._frame_limits = frame_limits
@@ -181,6 +184,8 @@ class CommandDispatcher:
         queued = destination.type is DestinationType.QUEUE
         engine = self._engine
         run = functools.partial(engine.enqueue if queued else engine.publish, message)
+        if queued:
+            self._counts.publications += 1
         abandon = None
         if notify is not None:
             # Notices that arrive before the acceptance wait for it (DeliveryNotices).
@@ -250,6 +255,7 @@ class CommandDispatcher:
         live: int,
     ) -> None:
         """An acknowledgement's engine call succeeded: forget the leases, make room, accept."""
+        self._counts.acks += live
         for receipt in receipts:
             endpoint.drop(receipt)
         self._subscribers.wake(queue)

@@ -25,6 +25,7 @@ from gateway.messaging.consumers import ANSWER_BYTES
 from gateway.messaging.notifications import accepted, notification
 from gateway.messaging.requests import Destination
 from gateway.messaging.subscriptions import Endpoint
+from gateway.metrics.counts import MessagingCounts
 from gateway.routing import builtin_commands
 
 __all__ = ["Poller"]
@@ -41,7 +42,7 @@ class Poller:
         log: where discarded unreadable messages are logged.
     """
 
-    __slots__ = ("_broker_id", "_engine", "_log", "_may_read", "_release_later")
+    __slots__ = ("_broker_id", "_counts", "_engine", "_log", "_may_read", "_release_later")
 
     def __init__(
         self,
@@ -51,8 +52,10 @@ class Poller:
         gate: AclGate,
         release_later: Callable[[str, list[str]], None],
         log: logging.Logger,
+        counts: MessagingCounts | None = None,
     ) -> None:
         self._engine = engine
+        self._counts = counts if counts is not None else MessagingCounts()
         self._broker_id = broker_id
         self._may_read = gate.may_read
         self._release_later = release_later
@@ -96,6 +99,7 @@ class Poller:
                 )
             finally:
                 endpoint.end_poll_fetch(share)
+        self._counts.poll_wait.observe(loop.time() - (end - wait))
         unreadable: list[str] = []
         unsent: list[str] = []
         delivered = 0
@@ -123,6 +127,7 @@ class Poller:
                 unsent.append(delivery.receipt)
                 continue
             endpoint.hold(delivery.receipt, queue, delivery.deadline)
+            self._counts.delivered(delivery.delivery_count)
             endpoint.send(frame)
             delivered += 1
         if unsent:

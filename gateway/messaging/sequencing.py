@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -39,6 +40,7 @@ from gateway.errors import GatewayError
 from gateway.messaging.background import BackgroundWork
 from gateway.messaging.eager import start_eagerly
 from gateway.messaging.subscriptions import Endpoint, Operation
+from gateway.metrics.counts import Histogram
 
 __all__ = ["Sequencer", "TooManyPending"]
 
@@ -57,12 +59,21 @@ class Sequencer:
         log: where engine failures that are not ASBP errors go.
     """
 
-    __slots__ = ("_background", "_futures", "_log")
+    __slots__ = ("_background", "_futures", "_latency", "_log")
 
-    def __init__(self, background: BackgroundWork, *, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        background: BackgroundWork,
+        *,
+        log: logging.Logger,
+        latency: Histogram | None = None,
+    ) -> None:
         self._background = background
         self._futures = background.futures
         self._log = log
+        # Seconds from an engine call's start to its end, pipelined and in-turn
+        # operations alike (not polls: their wait is asbp_poll_wait_seconds).
+        self._latency = latency
 
     def submit(self, endpoint: Endpoint, operation: Operation) -> None:
         """Take an operation accepted on sight: start it now, or queue it for its turn."""
@@ -97,6 +108,8 @@ class Sequencer:
         answered at once, without a task. An engine call that returns a future (the
         Redis engine's) was made already, and its future is awaited as it is.
         """
+        if self._latency is not None:
+            operation.began = time.perf_counter()
         try:
             awaitable = operation.run()
         except Exception as exc:  # raised before it could return an awaitable
@@ -149,6 +162,8 @@ class Sequencer:
 
     def _settle(self, endpoint: Endpoint, operation: Operation, call: asyncio.Future[Any]) -> None:
         """Answer a pipelined operation whose engine call is done."""
+        if self._latency is not None:
+            self._latency.observe(time.perf_counter() - operation.began)
         if call.cancelled():  # stop() gave up on it: nobody is left to answer
             if operation.abandon is not None:
                 operation.abandon()
@@ -198,6 +213,7 @@ class Sequencer:
             endpoint.worker = None
 
     async def _execute(self, endpoint: Endpoint, operation: Operation) -> None:
+        began = time.perf_counter()
         try:
             result = await operation.run()
         except BaseException as exc:
@@ -211,6 +227,8 @@ class Sequencer:
                 operation.answer(result)
         finally:
             endpoint.pending -= 1
+            if self._latency is not None and not operation.detached:
+                self._latency.observe(time.perf_counter() - began)
 
     def _failed(self, endpoint: Endpoint, operation: Operation, error: BaseException) -> None:
         """Fault ``operation``'s Command (and only it) for ``error``."""

@@ -124,6 +124,7 @@ from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import FETCH_WAIT, Subscribers, TooManySubscriptions
 from gateway.messaging.subscriptions import Endpoint
 from gateway.messaging.system_topics import SystemTopics
+from gateway.metrics.counts import MessagingCounts
 
 if TYPE_CHECKING:
     from gateway.connections.channels import Channel
@@ -170,13 +171,15 @@ class Messaging:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
+        #: Queue traffic and long-polls, for the metrics (gateway.metrics).
+        self.counts = counts = MessagingCounts()
         self.system = SystemTopics(
             engine, broker_id=broker_id, interval=limits.system_topic_interval, log=log, clock=clock
         )
         self._background = BackgroundWork()
         self._endpoints = Endpoints(outlets)
         self._by_key = self._endpoints.by_key
-        gate = AclGate(acl, log=log)
+        self._gate = gate = AclGate(acl, log=log)
         self._subscribers = Subscribers(
             engine,
             broker_id=broker_id,
@@ -187,9 +190,10 @@ class Messaging:
             background=self._background,
             clock=clock,
             log=log,
+            counts=counts,
         )
         self._notices = DeliveryNotices(broker_id, self._by_key)
-        self._sequencer = Sequencer(self._background, log=log)
+        self._sequencer = Sequencer(self._background, log=log, latency=counts.engine_latency)
         self._dispatcher = CommandDispatcher(
             engine,
             limits=limits,
@@ -204,9 +208,11 @@ class Messaging:
                 gate=gate,
                 release_later=self._subscribers.release_later,
                 log=log,
+                counts=counts,
             ),
             sequencer=self._sequencer,
             clock=clock,
+            counts=counts,
         )
         self._command = self._dispatcher.command
 
@@ -288,9 +294,17 @@ class Messaging:
 
     # -- observation ------------------------------------------------------------------
 
+    def replace_acl(self, acl: Acl) -> None:
+        """Check subscriptions, publications and polls against ``acl`` from now on."""
+        self._gate.replace(acl)
+
     def topic_subscribers(self, name: str) -> int:
         """This broker's members of the topic subscription ``name`` (for tests, stats)."""
         return self._subscribers.topic_subscribers(name)
+
+    def topic_subscriptions(self) -> list[tuple[str, bool, int]]:
+        """This broker's topic subscriptions: name, whether a pattern, members."""
+        return self._subscribers.topic_subscriptions()
 
     def queue_consumers(self, name: str) -> int:
         """This broker's consumers of the queue ``name``."""

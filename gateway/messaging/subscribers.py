@@ -37,6 +37,7 @@ from gateway.messaging.notifications import accepted, notification
 from gateway.messaging.requests import Destination
 from gateway.messaging.subscriptions import Endpoint, Topics
 from gateway.messaging.system_topics import SystemTopics
+from gateway.metrics.counts import MessagingCounts
 from gateway.routing import builtin_commands
 
 __all__ = ["FETCH_WAIT", "Subscribers", "TooManySubscriptions"]
@@ -78,8 +79,10 @@ class Subscribers:
         background: BackgroundWork,
         clock: Callable[[], float],
         log: logging.Logger,
+        counts: MessagingCounts | None = None,
     ) -> None:
         self._engine = engine
+        self._counts = counts if counts is not None else MessagingCounts()
         self._broker_id = broker_id
         self._limits = limits
         self._system = system
@@ -134,6 +137,7 @@ class Subscribers:
                     watch=self._watch,
                     clock=self._clock,
                     log=self._log,
+                    counts=self._counts,
                 )
                 self._queues[name] = consumer
             new = endpoint not in consumer.members
@@ -256,6 +260,10 @@ class Subscribers:
         """This broker's members of the topic subscription ``name``."""
         subscription = self._topics.get(name)
         return 0 if subscription is None else len(subscription.members)
+
+    def topic_subscriptions(self) -> list[tuple[str, bool, int]]:
+        """This broker's topic subscriptions: name, whether a pattern, members."""
+        return self._topics.counts()
 
     def queue_consumers(self, name: str) -> int:
         """This broker's consumers of the queue ``name``."""

@@ -81,6 +81,9 @@ class Operation:
     detached: bool = False
     #: Pipelined, once started: the engine call.
     task: asyncio.Future[Any] | None = None
+    #: Pipelined: when ``run`` started (``time.perf_counter``), for the metrics'
+    #: engine-call latency.
+    began: float = 0.0
 
 
 @dataclass(eq=False, slots=True)
@@ -213,6 +216,14 @@ class Topics:
 
     def __len__(self) -> int:
         return len(self._exact) + len(self._patterns)
+
+    def counts(self) -> list[tuple[str, bool, int]]:
+        """Every subscription: its topic or pattern, whether a pattern, its members."""
+        return [
+            (name, table is self._patterns, len(subscription.members))
+            for table in (self._exact, self._patterns)
+            for name, subscription in table.items()
+        ]
 
     def get(self, name: str) -> TopicSubscription | None:
         """The subscription to ``name`` (a topic or a pattern), if any."""

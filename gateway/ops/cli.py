@@ -8,6 +8,8 @@
     asbp analytics --events DIR --output DIR [...]           the Spark analytics job
     asbp demo [--port P] [--data-dir DIR]                    a broker and the example agent
     asbp [--port P] [--data-dir DIR]                         the same: asbp demo
+    asbp status|channels|agents|queues [--url U] [--json]    the management API
+    asbp purge QUEUE | asbp acl check IDENTITY ACTION DEST   (gateway.ops.admin)
 
 ``python -m gateway`` is ``asbp broker``. Exit status: 0 after a clean stop (SIGINT or
 SIGTERM), 2 for a configuration error, 1 when the broker cannot listen or fails to
@@ -187,6 +189,10 @@ def main(
         add_help=False,
         help="the Spark analytics job over the event log (needs the spark extra)",
     )
+    # Imported here: the management commands' client is only for these commands.
+    from gateway.ops import admin
+
+    admin.add_commands(commands)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         # A bare `asbp` (the README's first command ends in it) is `asbp demo`, and takes
@@ -204,6 +210,8 @@ def main(
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "selfcheck":
         return selfcheck()
+    if args.command in admin.COMMANDS:
+        return admin.run(args, environ=environ)
     if args.command == "demo":
         try:
             from gateway.ops.demo import demo

@@ -15,6 +15,7 @@ deadline order and a deque serves where a heap would otherwise be needed.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from asbp import ChannelId, Command
 from gateway.connections.channels import Channel
 from gateway.connections.tubes import Tube
+from gateway.metrics.counts import RouterCounts
 
 __all__ = ["InFlight", "InFlightTable"]
 
@@ -35,6 +37,8 @@ class InFlight:
     tube: Tube
     name: str
     deadline: float
+    #: When the Command reached the broker (the clock's seconds).
+    started: float
     #: ``t`` of the answer stream, once an answer announced it.
     total: int | None = None
     done: bool = False
@@ -48,9 +52,18 @@ class InFlightTable:
         clock: monotonic seconds.
     """
 
-    def __init__(self, *, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+        latency: RouterCounts | None = None,
+    ) -> None:
         self._timeout = timeout
         self._clock = clock
+        # The metrics' Respondent latency, counted when an answer finishes an entry.
+        self._latency = latency.respondent_latency if latency is not None else None
+        self._latency_histogram = latency.histogram if latency is not None else None
         self._entries: dict[tuple[ChannelId, int], InFlight] = {}
         # (deadline, entry) in arrival order. A refreshed deadline appends the
         # entry again; items whose deadline no longer matches the entry's are
@@ -68,7 +81,8 @@ class InFlightTable:
             # The User-Agent reused a ``u`` that is still in flight (it wraps
             # at 65535): the older Command can no longer be told apart.
             self.finish(previous)
-        entry = InFlight(channel, command_id, tube, name, self._clock() + self._timeout)
+        now = self._clock()
+        entry = InFlight(channel, command_id, tube, name, now + self._timeout, now)
         self._entries[key] = entry
         channel.in_flight.add(command_id)
         tube.in_flight += 1
@@ -103,6 +117,16 @@ class InFlightTable:
             self._deadlines.append((entry.deadline, entry))
             return
         self.finish(entry)
+        histograms = self._latency
+        if histograms is not None:
+            # Inlined (no call into gateway.metrics): this runs once per answer.
+            seconds = self._clock() - entry.started
+            histogram = histograms.get(entry.name)
+            if histogram is None:
+                assert self._latency_histogram is not None
+                histogram = self._latency_histogram(entry.name)
+            histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+            histogram.total += seconds
 
     def expired(self) -> Iterator[InFlight]:
         """Finish and yield, one at a time, each entry whose deadline passed.

@@ -43,7 +43,15 @@ class ReplySender:
         on_slow_tube: told of a Tube closed for being slow, before it closes.
     """
 
-    __slots__ = ("_close_channel", "_close_tube", "_log", "_on_fault", "_on_slow_tube")
+    __slots__ = (
+        "_close_channel",
+        "_close_tube",
+        "_log",
+        "_on_fault",
+        "_on_slow_tube",
+        "slow_channels",
+        "slow_tubes",
+    )
 
     def __init__(
         self,
@@ -59,6 +67,9 @@ class ReplySender:
         self._close_tube = close_tube
         self._on_fault = on_fault
         self._on_slow_tube = on_slow_tube
+        #: Channels and Tubes closed for not reading (fault 2105), since the start.
+        self.slow_channels = 0
+        self.slow_tubes = 0
 
     def send(self, channel: Channel, command: Command) -> None:
         """Encode ``command`` and leave it for ``channel``."""
@@ -72,6 +83,7 @@ class ReplySender:
                 extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
             )
             channel.fault = FaultCode.SLOW_CONSUMER
+            self.slow_channels += 1
             channel.outbox.abort()
             self._close_channel(channel)
 
@@ -89,6 +101,7 @@ class ReplySender:
                 extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
             )
             tube.fault = FaultCode.SLOW_CONSUMER
+            self.slow_tubes += 1
             tube.outbox.abort()
             if self._on_slow_tube is not None:
                 self._on_slow_tube(tube)

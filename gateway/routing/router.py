@@ -59,6 +59,7 @@ from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.eventlog.recorder import Recorder
+from gateway.metrics.counts import NO_NAME, RouterCounts
 from gateway.routing import builtin_commands
 from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
@@ -93,6 +94,7 @@ class Router:
         may_serve: Callable[[str, str], bool] | None = None,
         messaging: Callable[[Outlets], MessagingHooks] | None = None,
         recorder: Recorder | None = None,
+        counts: RouterCounts | None = None,
     ) -> None:
         """Build the router and the helpers it owns, each handed what it calls.
 
@@ -100,6 +102,7 @@ class Router:
             messaging: builds topics and queues (gateway.messaging.Messaging) on the
                 router's :attr:`replies`; None: the messaging built-ins get 2101.
             recorder: the event log; None when it is off.
+            counts: the metrics' counters (gateway.metrics); None when metrics are off.
         """
         self.broker_id = broker_id
         self.channels = channels
@@ -109,7 +112,13 @@ class Router:
         self._tube_limits = tube_limits
         self._log = log
         self._clock = clock
-        self._in_flight = InFlightTable(timeout=tube_limits.respondent_timeout, clock=clock)
+        #: The metrics' counters; None when metrics are off.
+        self.counts = counts
+        self._in_flight = InFlightTable(
+            timeout=tube_limits.respondent_timeout,
+            clock=clock,
+            latency=counts,
+        )
         self._splicer = Splicer(broker_id, limits)
         self.acl = acl if acl is not None and acl.enabled else None
         #: Where every Command and fault the broker sends goes.
@@ -180,6 +189,8 @@ class Router:
     ) -> None:
         """A fault is about to go to ``to``: the outcome of the Command being routed,
         if it is the sender's first, and a row of ``/system/faults/<broker>``."""
+        if self.counts is not None:
+            self.counts.fault(int(code))
         intake = self._intake
         if to is intake.source and intake.fault_code is None:
             intake.fault_code = int(code)
@@ -203,6 +214,13 @@ class Router:
                 command_id=command_id,
             )
             return
+        counts = self.counts
+        if counts is not None:
+            # An int add per Command (see gateway.metrics.counts); a new name misses once.
+            try:
+                counts.channel_commands[name] += 1
+            except KeyError:
+                counts.count_new(counts.channel_commands, name)
         if name in CHANNEL_BUILTINS or name in builtin_commands.MESSAGING:
             intake = self._intake
             if intake.source is not None:
@@ -416,6 +434,13 @@ class Router:
             # must not register again (and swallow Commands) or reach Channels.
             return
         name = command.name
+        counts = self.counts
+        if counts is not None:
+            label = name if name is not None else NO_NAME
+            try:
+                counts.agent_commands[label] += 1
+            except KeyError:
+                counts.count_new(counts.agent_commands, label)
         addressed = "d" in command or "g" in command
         if (name in TUBE_BUILTINS or name in builtin_commands.MESSAGING) and not addressed:
             intake = self._intake

@@ -102,6 +102,21 @@ async def test_depth_and_queues(engines: Engines) -> None:
     assert sorted(await engine.queues()) == ["/queue/a", "/queue/b"]
 
 
+async def test_depths_gives_every_queue_in_one_call(engines: Engines) -> None:
+    clock = FakeClock()
+    engine = await engines.one(clock=clock)
+    assert await engine.depths() == {}
+    for _ in range(3):
+        await engine.enqueue(make_message("/queue/a", clock))
+    await engine.enqueue(make_message("/queue/b", clock, not_before=clock() + 60))
+    [delivery] = await engine.fetch("/queue/a", "consumer")
+
+    # Leased and delayed messages count, as for depth().
+    assert await engine.depths() == {"/queue/a": 3, "/queue/b": 1}
+    assert await engine.ack("/queue/a", [delivery.receipt]) == 1
+    assert await engine.depths() == {"/queue/a": 2, "/queue/b": 1}
+
+
 async def test_a_delayed_message_waits_for_its_time(engines: Engines) -> None:
     clock = FakeClock()
     engine = await engines.one(clock=clock)

@@ -464,6 +464,13 @@ class RedisEngine:
         members = await self._command(("SMEMBERS", REGISTRY))
         return sorted(member.decode() for member in members)
 
+    async def depths(self) -> dict[str, int]:
+        """Every queue's depth: concurrent calls, which the batcher sends as one
+        pipeline (gateway.engines.redis.batch)."""
+        names = await self.queues()
+        values = await asyncio.gather(*(self.depth(name) for name in names))
+        return dict(zip(names, values, strict=True))
+
     # -- internals ---------------------------------------------------------
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:

@@ -37,7 +37,9 @@ from gateway.config.model import (
     ChannelLimits,
     EventLogConfig,
     GatewayConfig,
+    ManagementConfig,
     MessagingLimits,
+    MetricsConfig,
     TlsConfig,
     TubeLimits,
 )
@@ -680,6 +682,8 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "tubes": TubeLimits,
         "messaging": MessagingLimits,
         "event_log": EventLogConfig,
+        "metrics": MetricsConfig,
+        "management": ManagementConfig,
     }
     expected = {field.name for field in dataclasses.fields(GatewayConfig)} - {
         "agents",

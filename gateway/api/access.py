@@ -1,0 +1,199 @@
+"""Who may call the management API, and with which scope.
+
+Three ways in, from ``[management]``:
+
+* **Nothing configured**: the API is open, but only while the broker listens on
+  a loopback address and only to loopback peers (a developer's laptop). On any
+  other address every call gets 401 until a token is configured: secure by
+  default.
+* **A static admin token** (``token_file``): a bearer token equal to the file's
+  one line may read and write. For small set-ups.
+* **JWT access tokens** (``jwks_url`` or ``jwks_file``, ``issuer``,
+  ``audience``): the API is an OAuth 2 resource server. A bearer JWT must be
+  signed by a key of the issuer's JWKS, carry that ``iss`` and ``aud``, be
+  unexpired, and hold ``read_scope`` to read, ``write_scope`` to write (in
+  ``scope``, space-separated, or ``scp``, a list). Its ``sub`` names the caller
+  in the log of writes. The JWKS URL is fetched on first use and again when a
+  token names a ``kid`` the cached set lacks (the issuer rotated keys), at most
+  once a minute.
+
+JWTs are verified with joserfc, which the broker already uses for agent
+credentials (authlib's own ``authlib.jose`` is deprecated in favour of it by
+its authors).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import KeySet
+
+from gateway.api.declare import ApiError, Scope
+from gateway.config.errors import ConfigError
+from gateway.config.model import GatewayConfig, ManagementConfig
+
+__all__ = ["ManagementAccess", "is_loopback"]
+
+#: Seconds between two fetches of the JWKS URL for an unknown ``kid``, at least.
+_REFETCH: Final = 60.0
+#: Signature algorithms accepted from an issuer (no ``none``, no HMAC).
+_ALGORITHMS: Final = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA", "Ed25519"]
+#: Seconds a JWKS fetch may take.
+_FETCH_TIMEOUT: Final = 10.0
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the admin token: {exc.strerror or exc}", key="management.token_file"
+        ) from exc
+    if len(token) < 16:
+        raise ConfigError(
+            "the admin token must be at least 16 characters", key="management.token_file"
+        )
+    return token
+
+
+def _scopes(claims: dict[str, Any]) -> set[str]:
+    scope = claims.get("scope")
+    if isinstance(scope, str):
+        return set(scope.split())
+    scp = claims.get("scp")
+    if isinstance(scp, list):
+        return {item for item in scp if isinstance(item, str)}
+    if isinstance(scp, str):
+        return set(scp.split())
+    return set()
+
+
+class ManagementAccess:
+    """Checks each call's bearer token against ``[management]``.
+
+    Raises:
+        ConfigError: the token or JWKS file cannot be read, or a JWKS lacks its
+            issuer or audience.
+    """
+
+    def __init__(self, config: GatewayConfig) -> None:
+        settings: ManagementConfig = config.management
+        self._settings = settings
+        self._token = _read_token(settings.token_file) if settings.token_file else None
+        self._jwks: KeySet | None = None
+        self._jwks_url = settings.jwks_url
+        self._fetched_at = -_REFETCH
+        if settings.jwks_file:
+            try:
+                self._jwks = KeySet.import_key_set(
+                    json.loads(Path(settings.jwks_file).read_text(encoding="utf-8"))
+                )
+            except (OSError, ValueError, JoseError) as exc:
+                raise ConfigError(
+                    f"cannot load the JWKS: {exc}", key="management.jwks_file"
+                ) from exc
+        self._jwt = bool(settings.jwks_file or settings.jwks_url)
+        if self._jwt and not (settings.issuer and settings.audience):
+            raise ConfigError(
+                "a JWKS needs management.issuer and management.audience",
+                key="management.issuer",
+            )
+        self._issuer = settings.issuer or ""
+        self._audience = settings.audience or ""
+        #: Open to loopback peers without a token (nothing configured, loopback host).
+        self.open = self._token is None and not self._jwt and is_loopback(config.host)
+
+    async def principal(self, authorization: str | None, peer: str | None, scope: Scope) -> str:
+        """Who is calling, if they may use ``scope``.
+
+        Raises:
+            ApiError: 401 without valid credentials, 403 without the scope.
+        """
+        if self.open:
+            if not is_loopback(peer):
+                raise ApiError(401, "the management API answers loopback peers only")
+            return "loopback"
+        if self._token is None and not self._jwt:
+            raise ApiError(
+                401,
+                "the management API needs [management] token_file or a JWKS when the "
+                "broker listens beyond loopback",
+            )
+        scheme, _, credential = (authorization or "").partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential:
+            raise ApiError(401, "a bearer token is required")
+        if self._token is not None and hmac.compare_digest(
+            credential.encode(), self._token.encode()
+        ):
+            return "admin-token"
+        if not self._jwt:
+            raise ApiError(401, "the bearer token is not valid")
+        claims = await self._verify(credential)
+        wanted = self._settings.write_scope if scope == "write" else self._settings.read_scope
+        if wanted not in _scopes(claims):
+            raise ApiError(403, f"the token lacks the scope {wanted}")
+        subject = claims.get("sub")
+        return f"jwt:{subject}" if isinstance(subject, str) else "jwt"
+
+    async def _verify(self, credential: str) -> dict[str, Any]:
+        keys = await self._keys(refresh=False)
+        try:
+            token = jwt.decode(credential, keys, algorithms=_ALGORITHMS)
+        except ValueError as exc:  # joserfc: an unknown kid is a ValueError
+            if self._jwks_url is None:
+                raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
+            keys = await self._keys(refresh=True)
+            try:
+                token = jwt.decode(credential, keys, algorithms=_ALGORITHMS)
+            except (ValueError, JoseError) as again:
+                raise ApiError(401, f"the bearer token is not valid: {again}") from again
+        except JoseError as exc:
+            raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
+        registry = jwt.JWTClaimsRegistry(
+            iss={"essential": True, "value": self._issuer},
+            aud={"essential": True, "value": self._audience},
+            exp={"essential": True},
+        )
+        try:
+            registry.validate(token.claims)
+        except JoseError as exc:
+            raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
+        return dict(token.claims)
+
+    async def _keys(self, *, refresh: bool) -> KeySet:
+        url = self._jwks_url
+        stale = refresh and time.monotonic() - self._fetched_at >= _REFETCH
+        if url is not None and (self._jwks is None or stale):
+            self._fetched_at = time.monotonic()
+            try:
+                async with httpx.AsyncClient(timeout=_FETCH_TIMEOUT) as client:
+                    response = await client.get(url)
+                    response.raise_for_status()
+                    self._jwks = KeySet.import_key_set(response.json())
+            except (httpx.HTTPError, ValueError, JoseError) as exc:
+                if self._jwks is None:
+                    raise ApiError(401, f"the issuer's keys cannot be fetched: {exc}") from exc
+        if self._jwks is None:
+            raise ApiError(401, "the issuer's keys are not available")
+        return self._jwks

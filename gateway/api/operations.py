@@ -1,0 +1,342 @@
+"""The management API's operations: what each reads or changes in the Broker.
+
+Scope today is the broker that answers: ``GET /broker`` says so
+(``scope: "broker"``). Every Channel and queue carries the broker holding it,
+so a bus-wide routing plane can later fan a list out to every broker and merge
+the pages without changing a client.
+
+Writes (closing a Channel, ending a Subject, purging a queue) are logged at
+WARNING with the caller's principal, the target and the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+from typing import Any, Final
+
+from asbp import FaultCode
+from gateway.acl import AccessContext, AclConfigError, DestinationType, Privilege
+from gateway.api.declare import ApiError, Call, Operation, Param
+from gateway.api.schemas import (
+    AclCheck,
+    AclDecision,
+    AclPolicy,
+    AclReloaded,
+    AgentInfo,
+    AgentList,
+    BrokerInfo,
+    BusInfo,
+    ChannelInfo,
+    ChannelPage,
+    CloseChannel,
+    Closed,
+    ConfigDocument,
+    Purged,
+    QueueInfo,
+    QueuePage,
+    SubjectCount,
+    SubjectEnded,
+    TopicList,
+    TopicSubscription,
+    TubeInfo,
+)
+from gateway.broker import Broker
+from gateway.config.rendering import config_to_dict
+from gateway.connections.channels import Channel
+from gateway.errors import LocalError
+
+__all__ = ["OPERATIONS", "version"]
+
+#: Items per page at most.
+MAX_PAGE: Final = 1000
+#: Messages one purge removes at most per engine call.
+_PURGE_BATCH: Final = 1000
+#: The consumer name a purge fetches as.
+_PURGER: Final = "asbp-management-purge"
+
+_OFFSET = Param("offset", "query", "integer", "Items to skip.", minimum=0, default=0)
+_LIMIT = Param(
+    "limit", "query", "integer", "Items per page.", minimum=1, maximum=MAX_PAGE, default=100
+)
+_CHANNEL_ID = Param("channel_id", "path", "string", "The Channel-Identifier.", max_length=128)
+_QUEUE = Param("queue", "path", "string", "The queue's name.", max_length=1024, slashes=True)
+_IDENTITY = Param(
+    "identity", "query", "string", "An Application-Agent-Identifier.", required=True,
+    max_length=256,
+)  # fmt: skip
+_SUBJECT_ID = Param("subject_id", "path", "string", "The Subject-Identifier.", max_length=128)
+
+
+def version() -> str:
+    """The gateway's version."""
+    try:
+        return metadata.version("asbp-gateway")
+    except metadata.PackageNotFoundError:  # run from a checkout without installing
+        return "0.0.0+checkout"
+
+
+def _broker(call: Call) -> Broker:
+    broker: Broker = call.state["broker"]
+    return broker
+
+
+def _audit(call: Call, action: str, **fields: Any) -> None:
+    """Log a write with who made it."""
+    _broker(call).log.warning(
+        "management.write", extra={"action": action, "principal": call.principal, **fields}
+    )
+
+
+def _broker_info(broker: Broker) -> BrokerInfo:
+    auth = broker.router.auth
+    return BrokerInfo(
+        broker=broker.broker_id,
+        version=version(),
+        engine=broker.config.engine,
+        server=broker.config.server,
+        started_at=broker.started_at,
+        uptime_seconds=max(0.0, time.time() - broker.started_at),
+        channels=len(broker.channels),
+        tubes=len(broker.respondents.tubes()),
+        subjects=len(auth.subjects) if auth is not None else 0,
+        in_flight=broker.router.in_flight,
+    )
+
+
+async def get_broker(call: Call) -> BusInfo:
+    return BusInfo(scope="broker", brokers=[_broker_info(_broker(call))])
+
+
+def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
+    return ChannelInfo(
+        id=channel.id,
+        broker=broker.broker_id,
+        transport="http" if channel.kind.value == "http" else "websocket",
+        remote=channel.remote,
+        groups=sorted(channel.groups),
+        in_flight=len(channel.in_flight),
+        outbox_bytes=channel.outbox.queued_bytes,
+    )
+
+
+async def list_channels(call: Call) -> ChannelPage:
+    broker = _broker(call)
+    offset, limit = call.params["offset"], call.params["limit"]
+    channels = sorted(broker.channels, key=lambda channel: channel.id)
+    page = channels[offset : offset + limit]
+    return ChannelPage(
+        items=[_channel_info(broker, channel) for channel in page],
+        total=len(channels),
+        offset=offset,
+        limit=limit,
+    )
+
+
+def _channel(call: Call) -> Channel:
+    channel = _broker(call).channels.get(call.params["channel_id"])
+    if channel is None:
+        raise ApiError(404, "no open Channel has this identifier at this broker")
+    return channel
+
+
+async def get_channel(call: Call) -> ChannelInfo:
+    return _channel_info(_broker(call), _channel(call))
+
+
+async def close_channel(call: Call) -> Closed:
+    channel = _channel(call)
+    body: CloseChannel = call.body
+    _audit(call, "channel.close", channel=channel.id, reason=body.reason)
+    # 2104: the Channel is gone; the reason is in the broker's log, with who asked.
+    _broker(call).close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+    return Closed(id=channel.id, closed=True)
+
+
+async def list_agents(call: Call) -> AgentList:
+    broker = _broker(call)
+    items = [
+        AgentInfo(
+            agent=agent,
+            tubes=[
+                TubeInfo(
+                    id=tube.id,
+                    remote=tube.remote,
+                    serves=sorted(tube.serves),
+                    in_flight=tube.in_flight,
+                    outbox_bytes=tube.outbox.queued_bytes,
+                )
+                for tube in tubes
+            ],
+        )
+        for agent, tubes in sorted(broker.respondents.agents().items())
+    ]
+    return AgentList(items=items)
+
+
+async def count_subjects(call: Call) -> SubjectCount:
+    auth = _broker(call).router.auth
+    return SubjectCount(count=len(auth.subjects) if auth is not None else 0)
+
+
+async def end_subject(call: Call) -> SubjectEnded:
+    auth = _broker(call).router.auth
+    subject = auth.subjects.get(call.params["subject_id"]) if auth is not None else None
+    if auth is None or subject is None:
+        raise ApiError(404, "no Subject has this identifier at this broker")
+    _audit(call, "subject.end", subject=subject.id)
+    auth.end(subject, "ended by an operator")
+    return SubjectEnded(id=subject.id, ended=True)
+
+
+async def list_topics(call: Call) -> TopicList:
+    subscriptions = sorted(_broker(call).messaging.topic_subscriptions())
+    return TopicList(
+        items=[
+            TopicSubscription(name=name, pattern=pattern, subscribers=members)
+            for name, pattern, members in subscriptions
+        ]
+    )
+
+
+async def list_queues(call: Call) -> QueuePage:
+    broker = _broker(call)
+    offset, limit = call.params["offset"], call.params["limit"]
+    depths = await broker.engine.depths()
+    ordered = sorted(depths.items(), key=lambda item: (-item[1], item[0]))
+    page = ordered[offset : offset + limit]
+    return QueuePage(
+        items=[
+            QueueInfo(name=name, depth=depth, consumers=broker.messaging.queue_consumers(name))
+            for name, depth in page
+        ],
+        total=len(ordered),
+        offset=offset,
+        limit=limit,
+    )
+
+
+async def _known_queue(broker: Broker, name: str) -> None:
+    if name not in await broker.engine.queues():
+        raise ApiError(404, "no queue has this name")
+
+
+async def get_queue(call: Call) -> QueueInfo:
+    broker = _broker(call)
+    name = call.params["queue"]
+    await _known_queue(broker, name)
+    return QueueInfo(
+        name=name,
+        depth=await broker.engine.depth(name),
+        consumers=broker.messaging.queue_consumers(name),
+    )
+
+
+async def purge_queue(call: Call) -> Purged:
+    broker = _broker(call)
+    name = call.params["queue"]
+    await _known_queue(broker, name)
+    _audit(call, "queue.purge", queue=name)
+    # The engines have no purge of their own: what is ready now is fetched and
+    # acknowledged, a batch at a time. Leased messages stay with their consumers
+    # and delayed ones until their time, which is what an operator wants of a live
+    # queue (a consumer's acknowledgement is never left pointing at nothing).
+    removed = 0
+    while True:
+        deliveries = await broker.engine.fetch(name, _PURGER, count=_PURGE_BATCH, wait=0)
+        if not deliveries:
+            break
+        removed += await broker.engine.ack(name, [d.receipt for d in deliveries])
+    return Purged(queue=name, removed=removed)
+
+
+async def check_acl(call: Call) -> AclDecision:
+    acl = _broker(call).acl
+    body: AclCheck = call.body
+    if acl is None or not acl.enabled:
+        return AclDecision(enabled=False, allowed=True, policy=None, entry_index=None)
+    decision = acl.check(
+        AccessContext(agent_id=body.identity),
+        DestinationType(body.type),
+        body.destination,
+        Privilege(body.action),
+    )
+    return AclDecision(
+        enabled=True,
+        allowed=decision.allowed,
+        policy=decision.policy,
+        entry_index=decision.entry_index,
+    )
+
+
+async def acl_policy(call: Call) -> AclPolicy:
+    acl = _broker(call).acl
+    identity = call.params["identity"]
+    if acl is None or not acl.enabled:
+        return AclPolicy(enabled=False, identity=identity, policy=None, source=None)
+    return AclPolicy(
+        enabled=True,
+        identity=identity,
+        policy=acl.policy_for(AccessContext(agent_id=identity)),
+        source=acl.source,
+    )
+
+
+async def reload_acl(call: Call) -> AclReloaded:
+    broker = _broker(call)
+    _audit(call, "acl.reload")
+    try:
+        acl = broker.reload_acl()
+    except AclConfigError as exc:
+        # With the file's name and line: "broker.toml:12: ...". The lists in force stay.
+        raise ApiError(422, str(exc)) from exc
+    except LocalError as exc:
+        raise ApiError(409, str(exc)) from exc
+    return AclReloaded(source=acl.source or "", policies=list(acl.policy_names))
+
+
+async def get_config(call: Call) -> ConfigDocument:
+    return ConfigDocument(config=config_to_dict(_broker(call).config))
+
+
+OPERATIONS: Final = (
+    Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
+              "broker", "read", BusInfo, get_broker, errors=()),
+    Operation("GET", "/channels", "listChannels", "Open Channels, a page at a time",
+              "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT)),
+    Operation("GET", "/channels/{channel_id}", "getChannel", "One open Channel",
+              "channels", "read", ChannelInfo, get_channel, params=(_CHANNEL_ID,),
+              errors=(400, 404)),
+    Operation("POST", "/channels/{channel_id}/close", "closeChannel",
+              "Close a Channel, with a reason for the log", "channels", "write", Closed,
+              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404)),
+    Operation("GET", "/agents", "listAgents",
+              "Application-Agents with open Tubes, and what each Tube serves", "agents",
+              "read", AgentList, list_agents, errors=()),
+    Operation("GET", "/subjects", "countSubjects", "How many Subjects there are",
+              "subjects", "read", SubjectCount, count_subjects, errors=()),
+    Operation("DELETE", "/subjects/{subject_id}", "endSubject",
+              "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
+              end_subject, params=(_SUBJECT_ID,), errors=(400, 404)),
+    Operation("GET", "/topics", "listTopics", "Topic subscriptions at this broker", "topics",
+              "read", TopicList, list_topics, errors=()),
+    Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",
+              QueuePage, list_queues, params=(_OFFSET, _LIMIT)),
+    Operation("GET", "/queues/{queue}", "getQueue", "One queue", "queues", "read",
+              QueueInfo, get_queue, params=(_QUEUE,), errors=(400, 404)),
+    Operation("POST", "/queues/{queue}/purge", "purgeQueue",
+              "Remove the messages ready in a queue", "queues", "write", Purged,
+              purge_queue, params=(_QUEUE,), errors=(400, 404)),
+    Operation("POST", "/acl/check", "checkAcl",
+              "What the access-control lists decide for an identity", "acl", "read",
+              AclDecision, check_acl, body=AclCheck),
+    Operation("GET", "/acl/policy", "getAclPolicy",
+              "The security policy an Application-Agent identity is checked against", "acl",
+              "read", AclPolicy, acl_policy, params=(_IDENTITY,)),
+    Operation("POST", "/acl/reload", "reloadAcl",
+              "Read the access-control lists again from their file (a bad file is refused "
+              "with its line, and the lists in force stay)", "acl", "write", AclReloaded,
+              reload_acl, errors=(409, 422)),
+    Operation("GET", "/config", "getConfig", "The running configuration, secrets masked",
+              "config", "read", ConfigDocument, get_config, errors=()),
+)  # fmt: skip

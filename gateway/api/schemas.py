@@ -1,0 +1,245 @@
+"""The management API's request and response bodies, as msgspec Structs.
+
+They are the single source of the OpenAPI document's schemas
+(``msgspec.json.schema_components``) and of the JSON the handlers write, so the
+two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+__all__ = [
+    "AclCheck",
+    "AclDecision",
+    "AclPolicy",
+    "AclReloaded",
+    "AgentInfo",
+    "AgentList",
+    "BrokerInfo",
+    "BusInfo",
+    "ChannelInfo",
+    "ChannelPage",
+    "CloseChannel",
+    "Closed",
+    "ConfigDocument",
+    "Problem",
+    "Purged",
+    "QueueInfo",
+    "QueuePage",
+    "SubjectCount",
+    "SubjectEnded",
+    "TopicList",
+    "TopicSubscription",
+    "TubeInfo",
+]
+
+#: A reason an operator gives; logged with who gave it.
+Reason = Annotated[str, Meta(min_length=1, max_length=500)]
+
+
+class Problem(Struct, kw_only=True):
+    """An error (RFC 9457 problem details)."""
+
+    type: str = "about:blank"
+    #: The HTTP status phrase.
+    title: str
+    status: int
+    #: What went wrong, for people.
+    detail: str
+
+
+class BrokerInfo(Struct, kw_only=True):
+    """One broker."""
+
+    broker: str
+    version: str
+    engine: Literal["memory", "redis"]
+    server: Literal["hypercorn", "uvicorn"]
+    #: Unix time the broker started.
+    started_at: float
+    uptime_seconds: float
+    channels: int
+    tubes: int
+    subjects: int
+    in_flight: int
+
+
+class BusInfo(Struct, kw_only=True):
+    """The brokers this API can see. Today only the one answering (``scope`` says
+    so); a bus-wide routing plane will list every broker here."""
+
+    scope: Literal["broker", "bus"]
+    brokers: list[BrokerInfo]
+
+
+class ChannelInfo(Struct, kw_only=True):
+    """One open Channel."""
+
+    id: str
+    #: The broker holding the Channel.
+    broker: str
+    transport: Literal["websocket", "http"]
+    remote: str
+    groups: list[str]
+    #: Its Commands awaiting an answer.
+    in_flight: int
+    #: Bytes waiting for the User-Agent to read.
+    outbox_bytes: int
+
+
+class ChannelPage(Struct, kw_only=True):
+    """A page of Channels, ordered by identifier."""
+
+    items: list[ChannelInfo]
+    total: int
+    offset: int
+    limit: int
+
+
+class CloseChannel(Struct, kw_only=True):
+    """Why the operator closes a Channel."""
+
+    reason: Reason
+
+
+class Closed(Struct, kw_only=True):
+    """A Channel the operator closed."""
+
+    id: str
+    closed: bool
+
+
+class TubeInfo(Struct, kw_only=True):
+    """One Tube of an Application-Agent."""
+
+    id: str
+    remote: str
+    #: The Command-Names it is a Respondent for.
+    serves: list[str]
+    in_flight: int
+    outbox_bytes: int
+
+
+class AgentInfo(Struct, kw_only=True):
+    """An Application-Agent identity with open Tubes."""
+
+    agent: str
+    tubes: list[TubeInfo]
+
+
+class AgentList(Struct, kw_only=True):
+    """Every Application-Agent with open Tubes at this broker."""
+
+    items: list[AgentInfo]
+
+
+class SubjectCount(Struct, kw_only=True):
+    """Subjects signed in or signing in at this broker."""
+
+    count: int
+
+
+class SubjectEnded(Struct, kw_only=True):
+    """A Subject the operator ended."""
+
+    id: str
+    ended: bool
+
+
+class TopicSubscription(Struct, kw_only=True):
+    """A topic (or topic pattern) with subscribers at this broker."""
+
+    name: str
+    #: Whether ``name`` is a pattern (a subscription with ``pattern``).
+    pattern: bool
+    #: Channels and Tubes subscribed here.
+    subscribers: int
+
+
+class TopicList(Struct, kw_only=True):
+    """The topic subscriptions at this broker, by name."""
+
+    items: list[TopicSubscription]
+
+
+class QueueInfo(Struct, kw_only=True):
+    """One queue or virtual queue."""
+
+    name: str
+    #: Messages in it: ready, leased and delayed.
+    depth: int
+    #: Its consumers at this broker.
+    consumers: int
+
+
+class QueuePage(Struct, kw_only=True):
+    """A page of queues, the deepest first."""
+
+    items: list[QueueInfo]
+    total: int
+    offset: int
+    limit: int
+
+
+class Purged(Struct, kw_only=True):
+    """What a purge removed."""
+
+    queue: str
+    #: Messages removed: the ones ready now (leased and delayed ones stay).
+    removed: int
+
+
+class AclCheck(Struct, kw_only=True):
+    """A question for the access-control lists."""
+
+    #: The Application-Agent-Identifier asking.
+    identity: Annotated[str, Meta(min_length=1, max_length=256)]
+    action: Literal["READ", "WRITE"]
+    #: A topic, queue or virtual-queue name, or a Command-Name.
+    destination: Annotated[str, Meta(min_length=1, max_length=1024)]
+    type: Literal["TOPIC", "QUEUE", "VIRTUAL_QUEUE", "COMMAND"] = "COMMAND"
+
+
+class AclDecision(Struct, kw_only=True):
+    """What the access-control lists decide."""
+
+    #: False when no ``[security]`` table is configured (everything is allowed).
+    enabled: bool
+    allowed: bool
+    #: The policy that decided.
+    policy: str | None
+    #: The entry of that policy that decided; null when its default action did.
+    entry_index: int | None
+
+
+class AclPolicy(Struct, kw_only=True):
+    """The security policy an Application-Agent identity is checked against."""
+
+    enabled: bool
+    identity: str
+    #: Null when no access-control lists are configured.
+    policy: str | None
+    #: The file the lists came from.
+    source: str | None
+
+
+class AclReloaded(Struct, kw_only=True):
+    """The access-control lists now in force, after a reload."""
+
+    source: str
+    policies: list[str]
+
+
+class ConfigDocument(Struct, kw_only=True):
+    """The running configuration, secrets masked."""
+
+    config: dict[str, Any]
+
+
+def to_json(value: object) -> bytes:
+    """``value`` as JSON, as the API writes it."""
+    return msgspec.json.encode(value)

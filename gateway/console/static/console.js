@@ -1,0 +1,166 @@
+// The broker console: polls the management API (/api/v1) and /metrics every
+// two seconds, keeps the last five minutes of samples in memory and draws them
+// on canvases. No library and no CDN: everything it needs is in this file.
+"use strict";
+
+const PERIOD_MS = 2000;
+const KEEP = 150; // samples: five minutes at one every two seconds
+const series = { channels: [], commands: [], faults: [] };
+let previous = null; // the last counter totals, for rates
+
+function token() {
+  return sessionStorage.getItem("asbp-token") || "";
+}
+
+async function api(method, path) {
+  const headers = {};
+  if (token()) headers.Authorization = "Bearer " + token();
+  const response = await fetch("/api/v1" + path, { method, headers });
+  const body = await response.json();
+  if (!response.ok) throw new Error(`${response.status}: ${body.detail}`);
+  return body;
+}
+
+// The sum of every sample of a counter family in the Prometheus text format.
+function total(text, name) {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (line.startsWith(name + "{") || line.startsWith(name + " ")) {
+      sum += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+  }
+  return sum;
+}
+
+function push(name, value) {
+  const points = series[name];
+  points.push(value);
+  if (points.length > KEEP) points.shift();
+  draw(document.getElementById("chart-" + name), points);
+}
+
+function draw(canvas, points) {
+  const context = canvas.getContext("2d");
+  const { width, height } = canvas;
+  context.clearRect(0, 0, width, height);
+  const top = Math.max(1, ...points);
+  context.fillStyle = "#5b6475";
+  context.font = "11px sans-serif";
+  context.fillText(top.toFixed(top < 10 ? 1 : 0), 4, 12);
+  context.strokeStyle = "#2f6fde";
+  context.lineWidth = 2;
+  context.beginPath();
+  points.forEach((value, index) => {
+    const x = (index / (KEEP - 1)) * width;
+    const y = height - 4 - (value / top) * (height - 20);
+    if (index === 0) context.moveTo(x, y);
+    else context.lineTo(x, y);
+  });
+  context.stroke();
+  canvas.dataset.points = String(points.length);
+  canvas.dataset.last = String(points[points.length - 1]);
+}
+
+function cell(row, text, number) {
+  const td = row.insertCell();
+  td.textContent = String(text);
+  if (number) td.className = "number";
+  return td;
+}
+
+function showSummary(broker) {
+  document.getElementById("broker").textContent = broker.broker;
+  const summary = document.getElementById("summary");
+  summary.replaceChildren();
+  for (const [label, value] of [
+    ["version", broker.version], ["engine", broker.engine],
+    ["uptime", Math.round(broker.uptime_seconds) + " s"], ["Channels", broker.channels],
+    ["Tubes", broker.tubes], ["Subjects", broker.subjects], ["in flight", broker.in_flight],
+  ]) {
+    const div = document.createElement("div");
+    div.textContent = `${label}: ${value}`;
+    summary.append(div);
+  }
+}
+
+function showAgents(agents) {
+  const body = document.querySelector("#agents tbody");
+  body.replaceChildren();
+  for (const agent of agents.items) {
+    for (const tube of agent.tubes) {
+      const row = body.insertRow();
+      cell(row, agent.agent);
+      cell(row, tube.id);
+      cell(row, tube.serves.join(" "));
+      cell(row, tube.in_flight, true);
+    }
+  }
+}
+
+function showQueues(queues) {
+  const body = document.querySelector("#queues tbody");
+  body.replaceChildren();
+  for (const queue of queues.items) {
+    const row = body.insertRow();
+    row.dataset.queue = queue.name;
+    cell(row, queue.name);
+    cell(row, queue.depth, true).className = "number depth";
+    cell(row, queue.consumers, true);
+    const button = document.createElement("button");
+    button.textContent = "Purge";
+    button.addEventListener("click", () => purge(queue.name));
+    row.insertCell().append(button);
+  }
+}
+
+async function purge(name) {
+  if (!confirm(`Remove the messages ready in ${name}?`)) return;
+  try {
+    await api("POST", "/queues/" + encodeURIComponent(name) + "/purge");
+    await refresh();
+  } catch (error) {
+    fail(error);
+  }
+}
+
+function fail(error) {
+  const box = document.getElementById("error");
+  box.textContent = String(error.message || error);
+  box.hidden = false;
+}
+
+async function refresh() {
+  try {
+    const [bus, agents, queues] = await Promise.all([
+      api("GET", "/broker"), api("GET", "/agents"), api("GET", "/queues?limit=50"),
+    ]);
+    const broker = bus.brokers[0];
+    showSummary(broker);
+    showAgents(agents);
+    showQueues(queues);
+    push("channels", broker.channels);
+    const metrics = await fetch("/metrics");
+    if (metrics.ok) {
+      const text = await metrics.text();
+      const now = { at: Date.now(), commands: total(text, "asbp_commands_total"),
+                    faults: total(text, "asbp_faults_total") };
+      if (previous !== null) {
+        const seconds = Math.max(0.001, (now.at - previous.at) / 1000);
+        push("commands", Math.max(0, now.commands - previous.commands) / seconds);
+        push("faults", Math.max(0, now.faults - previous.faults) / seconds);
+      }
+      previous = now;
+    }
+    document.getElementById("error").hidden = true;
+  } catch (error) {
+    fail(error);
+  }
+}
+
+document.getElementById("sign-in").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem("asbp-token", document.getElementById("token").value);
+  refresh();
+});
+refresh();
+setInterval(refresh, PERIOD_MS);
