@@ -53,7 +53,10 @@ def check_value(setting: Setting, value: object, source: str) -> None:
         raise ConfigError("must not be empty", source=source, key=key)
     if key == "port" and isinstance(value, int) and not 0 <= value <= 65535:
         raise ConfigError(f"must be between 0 and 65535, not {value}", source=source, key=key)
-    limit = setting.table in _POSITIVE_TABLES or key == "failed_handshakes_per_minute"
+    limit = setting.table in _POSITIVE_TABLES or key in (
+        "failed_handshakes_per_minute",
+        "bus_lease",
+    )
     if limit and isinstance(value, int | float) and value <= 0:
         raise ConfigError(f"must be positive, not {value}", source=source, key=key)
     if key == "broker_id" and not BROKER_ID_PATTERN.fullmatch(str(value)):

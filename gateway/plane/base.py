@@ -42,6 +42,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from gateway.engines.base import EngineUnavailable
+
 __all__ = [
     "DEFAULT_LEASE",
     "Envelope",
@@ -56,7 +58,7 @@ __all__ = [
 DEFAULT_LEASE: Final = 10.0
 
 
-class PlaneUnavailable(Exception):
+class PlaneUnavailable(EngineUnavailable):
     """The plane cannot reach the other brokers (Redis down): a forward may not have happened."""
 
 
