@@ -52,7 +52,13 @@ Ready = Callable[[int], None]
 
 
 def broker_app(
-    agent_id: str, agent_key: Path, broker_id: str, *, data_dir: Path, event_log: str = "on"
+    agent_id: str,
+    agent_key: Path,
+    broker_id: str,
+    *,
+    data_dir: Path,
+    event_log: str = "on",
+    redis_url: str | None = None,
 ) -> Any:
     from gateway.app import create_app
     from gateway.config.model import EventLogConfig, GatewayConfig
@@ -67,6 +73,8 @@ def broker_app(
         agents_base_dir=agent_key.parent,
         # On by default, as a broker runs; off to measure what the log costs.
         event_log=EventLogConfig(mode=event_log),
+        # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
+        **({"engine": "redis", "redis_url": redis_url} if redis_url is not None else {}),
     )
     return create_app(config)
 
@@ -244,6 +252,7 @@ async def _main(args: argparse.Namespace) -> None:
             args.broker_id,
             data_dir=Path(data_dir),
             event_log=args.event_log,
+            redis_url=args.redis_url,
         )
         if args.server == "uvicorn":
             # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
@@ -264,6 +273,7 @@ def main() -> None:
     parser.add_argument("--agent-key", help="the agent's public key (PEM file)")
     parser.add_argument("--broker-id", default="bench-broker")
     parser.add_argument("--event-log", choices=["on", "off"], default="on")
+    parser.add_argument("--redis-url", help="the redis engine (and bus) on this Redis")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:

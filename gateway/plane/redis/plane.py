@@ -68,12 +68,11 @@ _log = logging.getLogger("asbp.plane")
 PREFIX: Final = "asbp:plane:"
 #: Entries an inbound stream keeps at most (approximately), read or not.
 STREAM_MAX: Final = 100_000
-#: Milliseconds one XREAD waits for an entry before it asks again.
-_BLOCK_MS: Final = 1000
+#: Milliseconds one XREAD waits for an entry before it asks again (and the reader
+#: sees whether the plane is stopping).
+_BLOCK_MS: Final = 200
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
-#: Seconds between the reader's looks at whether the plane is stopping.
-_POLL: Final = 0.05
 _READER: Final = "asbp-plane-inbound"
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
@@ -399,7 +398,7 @@ class RedisPlane:
         delay = 0.05
         connection: AbstractConnection | None = None
         try:
-            while True:
+            while not self._stopping:
                 try:
                     if connection is None:
                         connection = self._new_connection()
@@ -408,16 +407,12 @@ class RedisPlane:
                         "XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
                         "STREAMS", self._stream, last, check_health=False,
                     )  # fmt: skip
-                    replies: Any = None
-                    while replies is None and not self._stopping:
-                        # A float timeout returns None and keeps a partial reply
-                        # buffered: the reader looks at ``_stopping`` that often,
-                        # because a cancelled read_response does not always end.
-                        replies = await connection.read_response(timeout=_POLL)
-                    if self._stopping:
-                        return
-                except CONNECTION_ERRORS as exc:
-                    _log.warning("plane.read_failed", extra={"error": str(exc)})
+                    # No read timeout: one that fires mid-reply can leave redis-py's
+                    # parser out of step. BLOCK is short instead, and the reader
+                    # looks at ``_stopping`` between reads.
+                    replies: Any = await connection.read_response()
+                except Exception as exc:  # the reader must never die
+                    _log.warning("plane.read_failed", extra={"error": repr(exc)})
                     if connection is not None:
                         with contextlib.suppress(*CONNECTION_ERRORS):
                             await connection.disconnect()
