@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 from gateway.plane.base import Envelope, EnvelopeKind
-from tests.conformance.plane.conftest import Bus
 from tests.support import T
+from tests.support.planes import Bus
 
 pytestmark = pytest.mark.anyio
 
