@@ -147,7 +147,8 @@ async def test_an_agent_reaches_a_channel_on_another_broker(
     connection, identifier = await open_with_id(a.ws_url + "/asbp")
     try:
         await until_in_directory(redis_server.url, "ch", identifier)
-        await agent.send(Command({"c": "news", "d": identifier}, b"extra"))
+        # Delivered: the broker answers with silence, so confirm waits it out and returns.
+        await agent.send(Command({"c": "news", "d": identifier, "u": 3}, b"extra"), confirm=0.5 * T)
         news = await frame(connection)
         assert (news.name, news.body, news.get("a")) == ("news", b"extra", "echo")
         assert "d" not in news
