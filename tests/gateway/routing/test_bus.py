@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
-from agents import ApplicationAgent, FaultError, Request
+from agents import AgentCredentialSource, ApplicationAgent, FaultError, Request
 from asbp import Command, FaultCode, decode
 from asbp.fault_commands import read_fault
 from gateway.app import create_app
@@ -37,6 +37,8 @@ from tests.support.agents import make_agent, make_credentials
 pytestmark = pytest.mark.anyio
 
 LEASE = 1.5
+#: The agent credentials of each bus, by broker A's port, for a second agent.
+CREDENTIALS: dict[int, AgentCredentialSource] = {}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,7 @@ async def bus(
 
         async with agent:
             await until_in_directory(redis_url, "name:echo", "broker-b")
+            CREDENTIALS[a.port] = credentials
             yield a, b, agent
 
 
@@ -163,6 +166,38 @@ async def test_a_channel_that_exists_nowhere_gets_the_agent_fault_2104(
     with pytest.raises(FaultError) as caught:
         await agent.send(Command({"c": "news", "d": "f" * 32, "u": 7}), confirm=5 * T)
     assert caught.value.code == FaultCode.UNKNOWN_CHANNEL
+
+
+async def test_a_respondent_leaving_on_its_broker_faults_2102_across_the_bus(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+) -> None:
+    a, b, _ = bus
+    arrived, released = asyncio.Event(), asyncio.Event()
+    holder = make_agent(CREDENTIALS[a.port], [b.ws_url + "/tube"])
+
+    @holder.respondent("hold")
+    async def hold(request: Request) -> bytes:
+        arrived.set()
+        await released.wait()
+        return b""
+
+    connection = await open_channel(a.ws_url + "/asbp")
+    try:
+        async with holder:
+            await until_in_directory(redis_server.url, "name:hold", "broker-b")
+            await connection.send("c=hold,u=9;x")
+            with anyio.fail_after(5 * T):
+                await arrived.wait()
+            # The agent leaves broker B with the Command unanswered: the fault
+            # about it (B's for the Tube closing, through the proxy of A's
+            # Channel, whichever comes first) crosses the bus to the User-Agent.
+            await holder.close(timeout=0)
+        fault = await frame(connection)
+        assert (fault.name, fault.command_id) == ("asbp.fault", 9)
+        assert read_fault(fault).code == FaultCode.RESPONDENT_LEFT
+    finally:
+        released.set()
+        await connection.close()
 
 
 async def test_a_killed_brokers_entries_expire_and_its_waiters_get_2102(
