@@ -102,7 +102,8 @@ class MemoryPlane:
         self._lost = lost
         self._bus.planes[self._broker_id] = self
         self._renew()
-        self._renewal = asyncio.create_task(self._keep_lease(), name="asbp-plane-lease")
+        if self._shared:  # alone on its bus, a broker has nobody to renew a lease for
+            self._renewal = asyncio.create_task(self._keep_lease(), name="asbp-plane-lease")
 
     async def close(self) -> None:
         await self._stop()
