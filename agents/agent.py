@@ -329,23 +329,47 @@ class ApplicationAgent:
 
     # -- sending ---------------------------------------------------------------
 
-    async def send(self, command: Command, *, broker: str | None = None) -> None:
+    async def send(
+        self, command: Command, *, broker: str | None = None, confirm: float | None = None
+    ) -> None:
         """Deliver ``command`` to the Channels in ``d`` and the groups in ``g``.
 
         Groups are per broker (§1.3.4.2 g), so a Command with ``g`` goes out on
         every Tube. A Channel in ``d`` goes only to the broker the agent has
         seen it through, or to every broker if it has not seen it (the others
-        answer fault 2104, which is logged).
+        answer fault 2104, which is logged). On a bus of many brokers, one Tube
+        reaches a Channel on any of them; a Channel that exists nowhere on the
+        bus gets fault 2104 as a Command, which ``confirm`` turns into an error.
 
         Args:
             command: the Command; ``a`` is set by the broker.
             broker: send only to the broker with this ``b``.
+            confirm: wait up to this many seconds for the broker's fault about
+                this Command (matched by its ``c`` and ``u``) and raise it; the
+                broker answers a delivery with silence, so a ``send`` that waited
+                the whole time without a fault was delivered. None: return at once.
 
         Raises:
             ValueError: ``command`` has neither ``d`` nor ``g``.
             NotConnected: no Tube is open (to ``broker``).
             ConnectionLost: every Tube closed while sending.
+            FaultError: ``confirm`` was given and the broker faulted the Command
+                (2104: no such Channel on the bus).
         """
+        if confirm is None:
+            await self._send(command, broker)
+            return
+        key = (command.name, command.command_id)
+        waiter = self._dispatcher.expect_fault(*key)
+        try:
+            await self._send(command, broker)
+            done, _ = await asyncio.wait([waiter], timeout=confirm)
+        finally:
+            self._dispatcher.forget(*key)
+        if done:
+            raise waiter.result()
+
+    async def _send(self, command: Command, broker: str | None) -> None:
         destinations = command.destinations
         groups = command.groups
         if not destinations and not groups:

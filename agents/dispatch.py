@@ -77,6 +77,22 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         #: False once shutdown began: new requests get fault 2102.
         self.accepting = True
+        #: Callers of ``send(confirm=...)`` waiting for a fault about their Command,
+        #: by its Command-Name and ``u`` (a fault carries both, as ``cause`` and ``u``).
+        self._fault_waiters: dict[tuple[str | None, int | None], asyncio.Future[FaultError]] = {}
+
+    def expect_fault(self, name: str | None, command_id: int | None) -> asyncio.Future[FaultError]:
+        """A future set to the broker's next fault about ``name`` with ``u`` ``command_id``.
+
+        The caller must :meth:`forget` it when it stops waiting.
+        """
+        future: asyncio.Future[FaultError] = asyncio.get_running_loop().create_future()
+        self._fault_waiters[(name, command_id)] = future
+        return future
+
+    def forget(self, name: str | None, command_id: int | None) -> None:
+        """Stop waiting for a fault about ``name`` with ``command_id``."""
+        self._fault_waiters.pop((name, command_id), None)
 
     @property
     def in_flight(self) -> int:
@@ -131,6 +147,10 @@ class Dispatcher:
     def _builtin(self, session: TubeSession, name: str, command: Command) -> None:
         if name == control.FAULT:
             fault = FaultError.from_command(command)
+            waiter = self._fault_waiters.pop((fault.cause, fault.command_id), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(fault)  # its caller raises it: no log line needed
+                return
             level = logging.INFO if fault.code == FaultCode.UNKNOWN_CHANNEL else logging.WARNING
             self._log.log(
                 level,

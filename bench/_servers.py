@@ -59,6 +59,7 @@ def broker_app(
     data_dir: Path,
     event_log: str = "on",
     metrics: str = "on",
+    redis_url: str | None = None,
 ) -> Any:
     from gateway.app import create_app
     from gateway.config.model import EventLogConfig, GatewayConfig, MetricsConfig
@@ -75,6 +76,8 @@ def broker_app(
         event_log=EventLogConfig(mode=event_log),
         # On by default, as a broker runs; off to measure what the counting costs.
         metrics=MetricsConfig(enabled=metrics == "on"),
+        # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
+        **({"engine": "redis", "redis_url": redis_url} if redis_url is not None else {}),
     )
     return create_app(config)
 
@@ -253,6 +256,7 @@ async def _main(args: argparse.Namespace) -> None:
             data_dir=Path(data_dir),
             event_log=args.event_log,
             metrics=args.metrics,
+            redis_url=args.redis_url,
         )
         if args.server == "uvicorn":
             # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
@@ -274,6 +278,7 @@ def main() -> None:
     parser.add_argument("--broker-id", default="bench-broker")
     parser.add_argument("--event-log", choices=["on", "off"], default="on")
     parser.add_argument("--metrics", choices=["on", "off"], default="on")
+    parser.add_argument("--redis-url", help="the redis engine (and bus) on this Redis")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:

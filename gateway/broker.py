@@ -34,10 +34,12 @@ from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.metrics.counts import RouterCounts
+from gateway.plane.base import Plane
+from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
 from gateway.types import Outlets
 
-__all__ = ["Broker", "create_engine", "create_event_log"]
+__all__ = ["Broker", "create_engine", "create_event_log", "create_plane"]
 
 
 def _access(
@@ -79,6 +81,19 @@ def create_engine(config: GatewayConfig, *, broker_id: str) -> Engine:
     from gateway.engines.memory.engine import MemoryEngine
 
     return MemoryEngine(limits=limits)
+
+
+def create_plane(config: GatewayConfig, *, broker_id: str) -> Plane:
+    """The bus-wide routing plane, which follows the engine: Redis for ``redis``.
+
+    A ``memory`` broker is alone on its bus, and its router never calls the plane.
+    """
+    if config.engine == "redis":
+        # Imported here: a memory broker never loads the Redis client.
+        from gateway.plane.redis.plane import RedisPlane
+
+        return RedisPlane(config.redis_url, broker_id=broker_id, lease=config.bus_lease)
+    return MemoryPlane(broker_id, lease=config.bus_lease)
 
 
 def create_event_log(
@@ -127,6 +142,8 @@ class Broker:
         self.channels = ChannelRegistry()
         self.respondents = RespondentTable()
         self.engine = create_engine(config, broker_id=broker_id)
+        #: Where Channels and Respondents are across the bus, and forwarding.
+        self.plane = create_plane(config, broker_id=broker_id)
         #: The event log; None when ``event_log.mode`` is off.
         self.event_log = create_event_log(config, broker_id=broker_id, log=self.log)
         # Built in order, each part handed what it calls: Messaging needs the
@@ -151,6 +168,7 @@ class Broker:
                 if config.metrics.enabled
                 else None
             ),
+            plane=self.plane,
         )
         self._acl = config.acl
         self._housekeeping: asyncio.Task[None] | None = None
@@ -175,6 +193,7 @@ class Broker:
     async def start(self) -> None:
         """Start the engine and housekeeping; call inside the serving event loop."""
         await self.engine.start()
+        await self.plane.start(self.router.inbound, self.router.broker_lost)
         self.messaging.start()
         if self.event_log is not None:
             self.event_log.start()
@@ -197,6 +216,7 @@ class Broker:
         for channel in self.channels:
             self.router.close_channel(channel)
         await self.messaging.stop()
+        await self.plane.close()
         await self.engine.close()
         if self.event_log is not None:
             # Last: everything routed until now is in the buffer, and gets written.
@@ -229,6 +249,7 @@ class Broker:
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
         channel = self.channels.open(ChannelKind.WEBSOCKET, outbox, remote=remote)
         channel.access = _access(address, tls, channel_id=channel.id)
+        self.router.channel_opened(channel)
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
 
@@ -240,6 +261,7 @@ class Broker:
         mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
         channel = self.channels.open(ChannelKind.HTTP, mailbox, remote=remote)
         channel.access = _access(address, tls, channel_id=channel.id)
+        self.router.channel_opened(channel)
         self.log.info(
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
         )

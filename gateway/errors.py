@@ -7,6 +7,7 @@
           ├── AccessDenied       3201  gateway.acl.errors: a policy refused a request
           ├── CredentialRefused  3101  gateway.auth.errors: .reason .identity
           ├── EngineUnavailable  2005  gateway.engines.base: Redis cannot be reached
+          │    └── PlaneUnavailable    gateway.plane.base: other brokers cannot be reached
           ├── QueueLimitReached  2003  gateway.engines.base: one queue too many
           │    └── QueueFull     2006  the queue holds max_queue_depth messages
           ├── InvalidVirtualQueue 2001 gateway.engines.topic_patterns: .name .pattern

@@ -53,7 +53,10 @@ def check_value(setting: Setting, value: object, source: str) -> None:
         raise ConfigError("must not be empty", source=source, key=key)
     if key == "port" and isinstance(value, int) and not 0 <= value <= 65535:
         raise ConfigError(f"must be between 0 and 65535, not {value}", source=source, key=key)
-    limit = setting.table in _POSITIVE_TABLES or key == "failed_handshakes_per_minute"
+    limit = setting.table in _POSITIVE_TABLES or key in (
+        "failed_handshakes_per_minute",
+        "bus_lease",
+    )
     # bool is an int to isinstance, and ``enabled = false`` is no limit.
     if limit and isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
         raise ConfigError(f"must be positive, not {value}", source=source, key=key)

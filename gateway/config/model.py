@@ -202,6 +202,10 @@ class GatewayConfig:
     engine: EngineName = "memory"
     #: Redis for the ``redis`` engine.
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Seconds within which a broker that dies drops out of the bus-wide routing
+    #: plane (``redis`` engine: the plane follows the engine): its Channels and
+    #: Respondents stop being found, and Commands it owed get fault 2102.
+    bus_lease: float = 10.0
     #: Codec limits for every inbound frame.
     limits: asbp.Limits = asbp.DEFAULT_LIMITS
     #: Per-Channel bounds.

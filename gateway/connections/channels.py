@@ -35,6 +35,9 @@ class ChannelKind(enum.Enum):
     WEBSOCKET = "websocket"
     #: Stateless HTTP: POST a Command, long-poll for the answers.
     HTTP = "http"
+    #: A Channel at another broker of the bus, stood for here while this broker
+    #: serves it (gateway.routing.remote): its outbox forwards over the bus.
+    REMOTE = "remote"
 
 
 @dataclass(eq=False, slots=True)

@@ -15,7 +15,7 @@ longest, which keeps a quiet bus predictable in tests and logs.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from asbp import ApplicationAgentId, FaultCode
@@ -53,7 +53,7 @@ class Tube:
 class RespondentTable:
     """Which Tubes serve which Command-Names."""
 
-    __slots__ = ("_by_name", "_tubes", "attached", "detached")
+    __slots__ = ("_by_name", "_tubes", "attached", "detached", "on_first", "on_last")
 
     def __init__(self) -> None:
         #: Tubes attached and detached since the broker started (the metrics'
@@ -62,6 +62,10 @@ class RespondentTable:
         self.detached = 0
         self._by_name: dict[str, list[Tube]] = {}
         self._tubes: dict[str, Tube] = {}
+        #: Called when a Command-Name gains its first Tube here, and loses its last:
+        #: the bus-wide directory learns what this broker serves (gateway.plane).
+        self.on_first: Callable[[str], object] | None = None
+        self.on_last: Callable[[str], object] | None = None
 
     def attach(self, tube: Tube) -> None:
         """Track a newly opened Tube (it serves nothing yet)."""
@@ -79,7 +83,12 @@ class RespondentTable:
         for name in names:
             if name not in tube.serves:
                 tube.serves.add(name)
-                self._by_name.setdefault(name, []).append(tube)
+                tubes = self._by_name.get(name)
+                if tubes is None:
+                    tubes = self._by_name[name] = []
+                    if self.on_first is not None:
+                        self.on_first(name)
+                tubes.append(tube)
 
     def unregister(self, tube: Tube, names: Iterable[str]) -> None:
         """``tube`` no longer serves ``names``."""
@@ -90,6 +99,8 @@ class RespondentTable:
                 tubes.remove(tube)
                 if not tubes:
                     del self._by_name[name]
+                    if self.on_last is not None:
+                        self.on_last(name)
 
     def pick(
         self,

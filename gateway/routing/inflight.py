@@ -101,6 +101,16 @@ class InFlightTable:
         entry.channel.in_flight.discard(entry.command_id)
         entry.tube.in_flight -= 1
 
+    def get(self, channel_id: ChannelId, command_id: int) -> InFlight | None:
+        """The entry for ``command_id`` of ``channel_id``, if it is in flight."""
+        return self._entries.get((channel_id, command_id))
+
+    def reassign(self, entry: InFlight, tube: Tube) -> None:
+        """``tube`` owes ``entry`` from now on (a forward learned where it went)."""
+        entry.tube.in_flight -= 1
+        entry.tube = tube
+        tube.in_flight += 1
+
     def answered(self, tube: Tube, channel: Channel, command: Command, command_id: int) -> None:
         """``tube`` sent ``channel`` ``command``, which carries ``u``: ``command_id``."""
         entry = self._entries.get((channel.id, command_id))

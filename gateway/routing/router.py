@@ -48,9 +48,10 @@ what the event log gets. Each is handed the narrow protocol it calls
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
@@ -60,10 +61,12 @@ from gateway.connections.channels import Channel, ChannelRegistry
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.eventlog.recorder import Recorder
 from gateway.metrics.counts import NO_NAME, RouterCounts
+from gateway.plane.base import Envelope, Plane
 from gateway.routing import builtin_commands
 from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
+from gateway.routing.remote import Remote
 from gateway.routing.replies import ReplySender
 from gateway.routing.routelog import builtin_route
 from gateway.routing.splice import Splicer
@@ -95,6 +98,7 @@ class Router:
         messaging: Callable[[Outlets], MessagingHooks] | None = None,
         recorder: Recorder | None = None,
         counts: RouterCounts | None = None,
+        plane: Plane | None = None,
     ) -> None:
         """Build the router and the helpers it owns, each handed what it calls.
 
@@ -103,6 +107,8 @@ class Router:
                 router's :attr:`replies`; None: the messaging built-ins get 2101.
             recorder: the event log; None when it is off.
             counts: the metrics' counters (gateway.metrics); None when metrics are off.
+            plane: the bus-wide routing plane; None, or one where this broker is
+                alone, and every target is local (gateway.routing.remote).
         """
         self.broker_id = broker_id
         self.channels = channels
@@ -164,6 +170,22 @@ class Router:
             # must be granted explicitly: credentials go only to trusted agents.
             may_serve=may_serve or (lambda agent, name: name != authenticate_command),
             log=log,
+        )
+        #: Routes to other brokers; None when this broker is alone on its bus.
+        self.remote = (
+            Remote(
+                plane,
+                channels=channels,
+                respondents=respondents,
+                replies=self.replies,
+                in_flight=self._in_flight,
+                limits=limits,
+                timeout=tube_limits.respondent_timeout,
+                log=log,
+                clock=clock,
+            )
+            if plane is not None and plane.spans_brokers
+            else None
         )
         self._intake = intake = Intake(
             route_channel=self._route_channel,
@@ -266,6 +288,9 @@ class Router:
             return
         tube = self.respondents.pick(name, among=among)
         if tube is None:
+            if self.remote is not None:
+                self._route_remote(channel, command, frame, name, among)
+                return
             self.fault(
                 channel,
                 FaultCode.NO_RESPONDENT,
@@ -301,6 +326,37 @@ class Router:
         if intake.source is not None:
             intake.routed = ("agent", tube.agent_id, tube.agent_id)
         self.send_tube_frame(tube, outbound)
+
+    def _route_remote(
+        self,
+        channel: Channel,
+        command: Command,
+        frame: bytes | None,
+        name: str,
+        among: Collection[str] | None,
+    ) -> None:
+        """No Tube here serves ``name``: the bus may (gateway.routing.remote)."""
+        assert self.remote is not None
+        command_id = command.command_id
+        if command_id is not None and (
+            command_id not in channel.in_flight
+            and len(channel.in_flight) >= self._channel_limits.max_in_flight
+        ):
+            self.fault(
+                channel,
+                FaultCode.TOO_MANY_IN_FLIGHT,
+                f"{len(channel.in_flight)} Commands already await an answer on this Channel",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        outbound = self._from_channel(channel, command, frame)
+        if outbound is None:
+            return
+        intake = self._intake
+        if intake.source is not None:
+            intake.routed = ("agent", None, None)
+        self.remote.request(channel, command, outbound, tuple(sorted(among or ())))
 
     def _from_channel(
         self, channel: Channel, command: Command, frame: bytes | None
@@ -352,6 +408,8 @@ class Router:
         if self.messaging is not None:
             self.messaging.channel_closed(channel)
         self._in_flight.close_channel(channel)
+        if self.remote is not None:
+            self.remote.channel_closed(channel)
         self._log.info(
             "channel.close",
             extra={
@@ -360,10 +418,28 @@ class Router:
             },
         )
 
+    def channel_opened(self, channel: Channel) -> None:
+        """A Channel opened here: the bus learns where it is."""
+        if self.remote is not None:
+            self.remote.channel_opened(channel)
+
+    def inbound(self, envelope: Envelope) -> None:
+        """An envelope another broker forwarded to this one (the plane calls it)."""
+        if self.remote is not None:
+            self.remote.inbound(envelope)
+
+    def broker_lost(self, broker_id: str) -> None:
+        """A broker this one forwarded to is gone (the plane calls it)."""
+        if self.remote is not None:
+            self.remote.lost(broker_id)
+
     def expire(self) -> int:
         """Fault every Command whose Respondent ran out of time; returns how many."""
         expired = 0
-        for entry in self._in_flight.expired():
+        entries = self._in_flight.expired()
+        if self.remote is not None:
+            entries = itertools.chain(entries, self.remote.expired())
+        for entry in entries:
             expired += 1
             self.fault(
                 entry.channel,
@@ -532,11 +608,15 @@ class Router:
         unknown: list[str] = []
         delivered: set[ChannelId] = set()
         get = self.channels.get
+        remote = self.remote
         for channel_id in destinations:
             channel = get(channel_id)
             if channel is None:
-                unknown.append(channel_id)
-                continue
+                if remote is not None:
+                    channel = remote.proxy(channel_id)
+                if channel is None:
+                    unknown.append(channel_id)
+                    continue
             if channel_id in delivered:
                 continue
             delivered.add(channel_id)
@@ -559,7 +639,10 @@ class Router:
                     "delivered": len(delivered),
                 },
             )
-        if unknown:
+        if unknown and remote is not None:
+            for missing in dict.fromkeys(unknown):
+                remote.to_channel(tube, missing, frame, command)
+        elif unknown:
             self.fault_tube(
                 tube,
                 FaultCode.UNKNOWN_CHANNEL,

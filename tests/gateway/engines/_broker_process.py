@@ -52,7 +52,7 @@ class BrokerProcess:
 
 @contextlib.asynccontextmanager
 async def broker_process(
-    redis_url: str, directory: Path, *, ack_timeout: float, prefetch: int
+    redis_url: str, directory: Path, *, ack_timeout: float, prefetch: int, settings: str = ""
 ) -> AsyncIterator[BrokerProcess]:
     """``python -m gateway --engine redis`` on a free port; stopped with SIGTERM at the end.
 
@@ -61,10 +61,13 @@ async def broker_process(
         directory: a new directory for its config file and ``data_dir``.
         ack_timeout: its ``[messaging] ack_timeout``: the leases it takes last this long.
         prefetch: its ``[messaging] prefetch``: unacknowledged messages per subscriber.
+        settings: top-level TOML lines before the tables (``bus_lease = 1.5``).
     """
     directory.mkdir(parents=True)
     config = directory / "broker.toml"
-    config.write_text(f"[messaging]\nack_timeout = {ack_timeout}\nprefetch = {prefetch}\n")
+    config.write_text(
+        f"{settings}[messaging]\nack_timeout = {ack_timeout}\nprefetch = {prefetch}\n"
+    )
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway",
         "--config", str(config),

@@ -1,0 +1,1 @@
+"""The bus-wide routing plane: where Channels and Respondents are, and forwarding."""

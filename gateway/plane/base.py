@@ -1,0 +1,175 @@
+"""The routing plane's interface: the bus-wide directory and forwarding between brokers.
+
+Theory of operation
+-------------------
+The router (gateway.routing.router) decides with what this broker holds: its
+Channels and the Tubes registered at it. The plane is what it asks when the
+target is *not* here:
+
+* **The directory** says where things are: which broker holds each Channel
+  (``channel_opened`` / ``channel_closed``) and which brokers hold Tubes
+  registered for each Command-Name (``serving`` / ``not_serving``, announced
+  by the Respondent table when a name gains its first Tube or loses its last).
+  Every entry belongs to the broker that announced it and lives only as long
+  as that broker's *lease*, which the broker renews; a broker that dies drops
+  out of every lookup within ``lease`` seconds, and its leftovers are swept
+  by the survivors.
+* **Forwarding** hands an :class:`Envelope` to another broker: a User-Agent
+  Command for a Respondent (``forward_request``: the plane picks a live
+  broker serving the name), Commands for a Channel (``forward_to_channel``:
+  the plane finds its broker) and, once the broker is known, anything for it
+  (``send_to``). The frame inside is the one the router would have written to
+  a local outbox, so ``i``, ``s``, ``b`` and ``u`` arrive intact and nothing is
+  encoded twice.
+
+Every announcement is fire and forget and every forward returns a future: the
+router never awaits the plane, and it calls the plane only when the target is
+not local, so a Command whose target is here costs exactly what it did before
+the plane existed. When the plane reports that a broker it talked to is gone
+(``lost``), the router faults what that broker owed (2102).
+
+Implementations: :mod:`gateway.plane.memory` (brokers in one process; a single
+broker by default, where the router never calls it at all) and
+:mod:`gateway.plane.redis` (many brokers on one Redis).
+tests/conformance/plane/ runs one suite on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from gateway.engines.base import EngineUnavailable
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "Envelope",
+    "EnvelopeKind",
+    "Inbound",
+    "Lost",
+    "Plane",
+    "PlaneUnavailable",
+]
+
+#: Seconds within which a dead broker drops out of the directory, by default.
+DEFAULT_LEASE: Final = 10.0
+
+
+class PlaneUnavailable(EngineUnavailable):
+    """The plane cannot reach the other brokers (Redis down): a forward may not have happened."""
+
+
+class EnvelopeKind(enum.Enum):
+    """What a forwarded frame is, and so what the receiving broker does with it."""
+
+    #: A User-Agent Command for a Respondent at the receiving broker; its answers
+    #: go back to ``origin`` as ``CHANNEL`` envelopes.
+    REQUEST = "q"
+    #: A frame for the Channel ``channel`` at the receiving broker, ready to deliver.
+    CHANNEL = "c"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One frame forwarded from broker ``origin`` to another broker."""
+
+    kind: EnvelopeKind
+    #: The Broker-Identifier of the broker that forwarded it.
+    origin: str
+    #: The Channel-Identifier the frame comes from (REQUEST) or goes to (CHANNEL).
+    channel: str
+    #: The encoded Command, exactly as a local outbox would have got it.
+    frame: bytes
+    #: REQUEST only: the Application-Agents allowed to answer (a Subject's), or empty.
+    among: tuple[str, ...] = ()
+
+
+#: Called with each envelope that arrives for this broker, on the event loop.
+Inbound = Callable[[Envelope], None]
+#: Called with the Broker-Identifier of a broker this one talked to, once it is gone.
+Lost = Callable[[str], None]
+
+
+class Plane(Protocol):
+    """The bus-wide directory and forwarding; see the module docstring."""
+
+    @property
+    def broker_id(self) -> str:
+        """This broker's Broker-Identifier."""
+        ...
+
+    @property
+    def spans_brokers(self) -> bool:
+        """Whether other brokers may exist: False lets the router never call the plane."""
+        ...
+
+    @property
+    def lease(self) -> float:
+        """Seconds within which a dead broker's entries stop being found."""
+        ...
+
+    async def start(self, inbound: Inbound, lost: Lost) -> None:
+        """Join the bus: take the lease, read envelopes for this broker.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Leave the bus: drop this broker's entries and stop reading (idempotent)."""
+        ...
+
+    def channel_opened(self, channel_id: str) -> None:
+        """The Channel ``channel_id`` is at this broker from now on."""
+        ...
+
+    def channel_closed(self, channel_id: str) -> None:
+        """The Channel ``channel_id`` is gone from this broker."""
+        ...
+
+    def serving(self, name: str) -> None:
+        """Tubes at this broker serve ``name`` from now on."""
+        ...
+
+    def not_serving(self, name: str) -> None:
+        """No Tube at this broker serves ``name`` any more."""
+        ...
+
+    async def locate_channel(self, channel_id: str) -> str | None:
+        """The live broker holding the Channel, or None."""
+        ...
+
+    async def respondents(self, name: str) -> frozenset[str]:
+        """The live brokers holding Tubes registered for ``name``."""
+        ...
+
+    def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        """Hand ``envelope`` to a live broker other than this one serving ``name``.
+
+        Returns:
+            A future: that broker's identifier, or None when no other broker serves it.
+            It fails with PlaneUnavailable when the bus cannot be reached.
+        """
+        ...
+
+    def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        """Hand ``envelope`` to the live broker holding ``channel_id``.
+
+        Returns:
+            A future: that broker's identifier, or None when no live broker holds it.
+        """
+        ...
+
+    def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        """Hand ``envelope`` to ``broker_id``; the future says False if it is gone."""
+        ...
+
+
+def pick_among(candidates: Collection[str], turn: int) -> str:
+    """One of ``candidates``, taking turns (sorted, so every broker agrees on the order)."""
+    ordered = sorted(candidates)
+    return ordered[turn % len(ordered)]

@@ -1,0 +1,205 @@
+"""The routing plane of brokers in one process: a directory of dicts, forwarding by call_soon.
+
+A broker on the ``memory`` engine gets a :class:`MemoryPlane` of its own bus,
+where it is alone: ``spans_brokers`` is False, so the router never calls it and
+routing costs what it did before the plane existed. Brokers built in one
+process on one shared :class:`MemoryBus` reach each other through it, with the
+same leases as :mod:`gateway.plane.redis`: each plane renews its lease every
+``lease / 6`` seconds, a lease lasts ``lease / 2``, and a plane that stops
+renewing (:meth:`MemoryPlane.abandon`, what a crash looks like) drops out of
+every lookup within ``lease``. That is what tests/conformance/plane/ runs
+against both implementations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from gateway.plane.base import DEFAULT_LEASE, Envelope, Inbound, Lost, PlaneUnavailable, pick_among
+
+__all__ = ["MemoryBus", "MemoryPlane"]
+
+T = TypeVar("T")
+
+
+class MemoryBus:
+    """The directory the planes of one process share.
+
+    Args:
+        clock: monotonic seconds, for the leases.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        #: Broker-Identifier → the plane, while it has joined.
+        self.planes: dict[str, MemoryPlane] = {}
+        #: Broker-Identifier → when its lease ends.
+        self.leases: dict[str, float] = {}
+        #: Channel-Identifier → Broker-Identifier.
+        self.channels: dict[str, str] = {}
+        #: Command-Name → the brokers holding Tubes for it.
+        self.names: dict[str, set[str]] = {}
+
+    def alive(self, broker_id: str) -> bool:
+        """Whether ``broker_id`` holds a lease now."""
+        return self.leases.get(broker_id, 0.0) > self.clock()
+
+    def forget(self, broker_id: str) -> None:
+        """Drop every entry of ``broker_id`` (it left, or its lease ran out)."""
+        self.planes.pop(broker_id, None)
+        self.leases.pop(broker_id, None)
+        for channel_id in [c for c, b in self.channels.items() if b == broker_id]:
+            del self.channels[channel_id]
+        for name in list(self.names):
+            brokers = self.names[name]
+            brokers.discard(broker_id)
+            if not brokers:
+                del self.names[name]
+
+
+class MemoryPlane:
+    """One broker's view of a :class:`MemoryBus` (a bus of its own by default).
+
+    Args:
+        broker_id: this broker's Broker-Identifier.
+        bus: the bus to share with other brokers of this process; None: a bus of
+            its own, where this broker is alone.
+        lease: seconds within which a broker that stops renewing drops out.
+    """
+
+    def __init__(
+        self, broker_id: str, *, bus: MemoryBus | None = None, lease: float = DEFAULT_LEASE
+    ) -> None:
+        self._broker_id = broker_id
+        self._shared = bus is not None
+        self._bus = bus if bus is not None else MemoryBus()
+        self._lease = lease
+        self._inbound: Inbound | None = None
+        self._lost: Lost | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._peers: set[str] = set()
+        self._turns = itertools.count()
+
+    @property
+    def broker_id(self) -> str:
+        return self._broker_id
+
+    @property
+    def spans_brokers(self) -> bool:
+        return self._shared
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    async def start(self, inbound: Inbound, lost: Lost) -> None:
+        self._inbound = inbound
+        self._lost = lost
+        self._bus.planes[self._broker_id] = self
+        self._renew()
+        if self._shared:  # alone on its bus, a broker has nobody to renew a lease for
+            self._renewal = asyncio.create_task(self._keep_lease(), name="asbp-plane-lease")
+
+    async def close(self) -> None:
+        await self._stop()
+        if self._bus.planes.get(self._broker_id) is self:
+            self._bus.forget(self._broker_id)
+
+    async def abandon(self) -> None:
+        """Stop renewing and reading without leaving, as a crashed broker does."""
+        await self._stop()
+        if self._bus.planes.get(self._broker_id) is self:
+            del self._bus.planes[self._broker_id]
+
+    async def _stop(self) -> None:
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+        self._inbound = None
+
+    def _renew(self) -> None:
+        self._bus.leases[self._broker_id] = self._bus.clock() + self._lease / 2
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease / 6)
+            self._renew()
+            bus = self._bus
+            for broker_id in [b for b in bus.leases if not bus.alive(b)]:
+                bus.forget(broker_id)
+            for peer in [p for p in self._peers if not bus.alive(p)]:
+                self._peers.discard(peer)
+                if self._lost is not None:
+                    self._lost(peer)
+
+    # -- the directory ---------------------------------------------------------
+
+    def channel_opened(self, channel_id: str) -> None:
+        self._bus.channels[channel_id] = self._broker_id
+
+    def channel_closed(self, channel_id: str) -> None:
+        if self._bus.channels.get(channel_id) == self._broker_id:
+            del self._bus.channels[channel_id]
+
+    def serving(self, name: str) -> None:
+        self._bus.names.setdefault(name, set()).add(self._broker_id)
+
+    def not_serving(self, name: str) -> None:
+        brokers = self._bus.names.get(name)
+        if brokers is not None:
+            brokers.discard(self._broker_id)
+            if not brokers:
+                del self._bus.names[name]
+
+    async def locate_channel(self, channel_id: str) -> str | None:
+        broker_id = self._bus.channels.get(channel_id)
+        return broker_id if broker_id is not None and self._bus.alive(broker_id) else None
+
+    async def respondents(self, name: str) -> frozenset[str]:
+        bus = self._bus
+        return frozenset(b for b in bus.names.get(name, ()) if bus.alive(b))
+
+    # -- forwarding ------------------------------------------------------------
+
+    def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        bus = self._bus
+        others = [b for b in bus.names.get(name, ()) if b != self._broker_id and bus.alive(b)]
+        target = pick_among(others, next(self._turns)) if others else None
+        if target is not None and not self._hand(target, envelope):
+            target = None
+        return _done(target)
+
+    def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        target = self._bus.channels.get(channel_id)
+        if target is not None and not (self._bus.alive(target) and self._hand(target, envelope)):
+            target = None
+        return _done(target)
+
+    def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))
+
+    def _hand(self, broker_id: str, envelope: Envelope) -> bool:
+        """Deliver on the next loop turn, as a stream read would: never re-entrantly."""
+        if self._inbound is None:
+            raise PlaneUnavailable("the plane is not started")
+        plane = self._bus.planes.get(broker_id)
+        inbound = plane._inbound if plane is not None else None
+        if inbound is None:
+            return False
+        if broker_id != self._broker_id:
+            self._peers.add(broker_id)
+        asyncio.get_running_loop().call_soon(inbound, envelope)
+        return True
+
+
+def _done(result: T) -> asyncio.Future[T]:
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    future.set_result(result)
+    return future

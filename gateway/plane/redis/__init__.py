@@ -1,0 +1,1 @@
+"""The routing plane of many brokers on one Redis."""

@@ -1,0 +1,463 @@
+"""The routing plane on Redis: the directory in hashes, forwarding through one stream per broker.
+
+Theory of operation
+-------------------
+*The directory.* ``<prefix>ch`` maps each Channel-Identifier to the broker
+holding it, ``<prefix>name:<n>`` holds the brokers with Tubes for a
+Command-Name; ``chs:<b>`` and ``names:<b>`` list what each broker announced, so
+that its entries can be dropped in one go. No entry has a TTL of its own: a
+broker's whole presence hangs on one key, ``alive:<b>``, set for ``lease / 2``
+and renewed every ``lease / 6``. Every lookup checks it, so a broker that dies
+drops out of every lookup within ``lease / 2``; each renewal also runs the
+sweep script, which forgets the entries of every broker whose lease ran out.
+A renewal that finds its own key gone (Redis lost the broker for longer than
+the lease, or restarted) announces everything again from the local copy.
+
+*Forwarding.* Each broker reads one inbound stream, ``in:<b>``, with XREAD
+BLOCK on a connection of its own, and trims what it read. A forward is one
+script call (:mod:`gateway.plane.redis.scripts`) that finds a live target and
+XADDs to its stream, so it costs one round trip, batched like the engine's
+calls (:class:`gateway.engines.redis.batch.Batcher`): under load, a hundred
+forwards share one pipeline. A stream rather than pub/sub because a stream
+keeps what its reader has not read yet (a reader reconnecting after a blip
+loses nothing) and an XADD to a broker whose lease is gone is refused, so a
+forward to a dead broker faults instead of vanishing. The stream is capped
+(``MAXLEN ~``) so that a broker that stops reading cannot fill Redis.
+
+*Liveness of peers.* The brokers this one forwarded to are its peers; each
+renewal reads their ``alive`` keys (one MGET) and reports the ones gone to the
+router (``lost``), which faults the Commands they owed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+
+from gateway.engines.base import EngineUnavailable
+from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_future
+from gateway.engines.redis.calls import script_command
+from gateway.plane.base import (
+    DEFAULT_LEASE,
+    Envelope,
+    EnvelopeKind,
+    Inbound,
+    Lost,
+    PlaneUnavailable,
+)
+from gateway.plane.redis.scripts import (
+    FORWARD_CHANNEL,
+    FORWARD_REQUEST,
+    LEAVE,
+    SCRIPTS,
+    SEND_TO,
+    SWEEP,
+)
+
+__all__ = ["PREFIX", "RedisPlane"]
+
+_log = logging.getLogger("asbp.plane")
+
+#: Where the plane's keys live in Redis, beside the engine's.
+PREFIX: Final = "asbp:plane:"
+#: Entries an inbound stream keeps at most (approximately), read or not.
+STREAM_MAX: Final = 100_000
+#: Milliseconds one XREAD waits for an entry before it asks again (and the reader
+#: sees whether the plane is stopping).
+_BLOCK_MS: Final = 200
+#: Entries one XREAD returns at most.
+_READ_COUNT: Final = 1024
+_READER: Final = "asbp-plane-inbound"
+_KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
+
+
+class _Future(Call):
+    """One script call whose reply ``convert`` turns into the future's result."""
+
+    __slots__ = ("_command", "_convert", "future")
+
+    def __init__(self, command: tuple[Any, ...], convert: Any) -> None:
+        self._command = command
+        self._convert = convert
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return (self._command,)
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        reply = replies[0]
+        if isinstance(reply, Exception):
+            self.fail(reply)
+        elif not self.future.done():
+            self.future.set_result(self._convert(reply))
+
+    def fail(self, error: BaseException) -> None:
+        unavailable = PlaneUnavailable(f"the bus is unreachable: {error}")
+        unavailable.__cause__ = error
+        fail_future(self.future, unavailable)
+
+
+class _Announcements(Call):
+    """Directory writes nobody waits for: every one until the next pipeline, merged."""
+
+    __slots__ = ("_commands",)
+    merge_key = "plane-announcements"
+
+    def __init__(self, commands: list[tuple[Any, ...]]) -> None:
+        self._commands = commands
+
+    def merge(self, other: Call) -> None:
+        assert isinstance(other, _Announcements)
+        self._commands.extend(other._commands)
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return self._commands
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        if errors:
+            _log.warning("plane.announce_failed", extra={"error": str(errors[0])})
+
+    def fail(self, error: BaseException) -> None:
+        # The next renewal that finds its lease gone announces everything again.
+        _log.warning("plane.announce_failed", extra={"error": str(error)})
+
+
+def _text(reply: Any) -> str | None:
+    return reply.decode() if isinstance(reply, bytes) else None
+
+
+class RedisPlane:
+    """The routing plane of the brokers sharing one Redis; see the module docstring.
+
+    Args:
+        url: the Redis (the engine's).
+        broker_id: this broker's Broker-Identifier.
+        lease: seconds within which a dead broker drops out of every lookup.
+        prefix: the keys' prefix (tests use their own).
+    """
+
+    def __init__(
+        self, url: str, *, broker_id: str, lease: float = DEFAULT_LEASE, prefix: str = PREFIX
+    ) -> None:
+        self._url = url
+        self._broker_id = broker_id
+        self._lease = lease
+        self._prefix = prefix
+        self._stream = f"{prefix}in:{broker_id}"
+        self._client: Redis | None = None
+        self._batcher: Batcher | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._inbound: Inbound | None = None
+        self._lost: Lost | None = None
+        #: What this broker announced, to announce again after losing its lease.
+        self._channels: set[str] = set()
+        self._names: set[str] = set()
+        self._peers: set[str] = set()
+
+    @property
+    def broker_id(self) -> str:
+        return self._broker_id
+
+    @property
+    def spans_brokers(self) -> bool:
+        return True
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def start(self, inbound: Inbound, lost: Lost) -> None:
+        self._inbound = inbound
+        self._lost = lost
+        self._client = Redis.from_url(self._url, decode_responses=False)
+        self._batcher = Batcher(self._client, SCRIPTS)
+        try:
+            await self._batcher.load_scripts()
+            # A broker restarted with the same identifier starts clean: whatever
+            # its previous life announced or was sent is gone with it.
+            await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+            await self._renew()
+        except (EngineUnavailable, PlaneUnavailable) as exc:
+            await self.close()
+            raise PlaneUnavailable(str(exc)) from exc
+        self._tasks = [
+            asyncio.create_task(self._keep_lease(), name="asbp-plane-lease"),
+            asyncio.create_task(self._read(), name=_READER),
+        ]
+
+    async def close(self) -> None:
+        await self._halt()
+        if self._batcher is not None and self._client is not None:
+            with contextlib.suppress(PlaneUnavailable, EngineUnavailable):
+                await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+        await self._disconnect()
+
+    async def abandon(self) -> None:
+        """Stop renewing and reading without leaving, as a crashed broker does."""
+        await self._halt()
+        await self._disconnect()
+
+    async def _halt(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        self._stopping = True
+        for task in tasks:
+            if task.get_name() != _READER:
+                task.cancel()
+        for task in tasks:
+            # A read cancelled mid-reply can fail inside redis-py; nothing it did matters now.
+            with contextlib.suppress(asyncio.CancelledError, AttributeError, *CONNECTION_ERRORS):
+                await task
+        self._inbound = None
+
+    async def _disconnect(self) -> None:
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await batcher.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- the lease -------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease / 6)
+            try:
+                await self._renew()
+            except PlaneUnavailable as exc:
+                _log.warning("plane.renew_failed", extra={"error": str(exc)})
+
+    async def _renew(self) -> None:
+        prefix = self._prefix
+        previous = await self._call(
+            ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
+        )
+        if previous is None:
+            self._announce_all()
+        await self._call(("SADD", f"{prefix}brokers", self._broker_id))
+        await self._call(script_command(SWEEP, (), (prefix,)))
+        peers = sorted(self._peers)
+        if peers:
+            alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
+            for peer, flag in zip(peers, alive, strict=True):
+                if flag is None:
+                    self._peers.discard(peer)
+                    if self._lost is not None:
+                        self._lost(peer)
+
+    def _announce_all(self) -> None:
+        commands: list[tuple[Any, ...]] = []
+        for channel_id in self._channels:
+            commands.extend(self._channel_commands(channel_id, opened=True))
+        for name in self._names:
+            commands.extend(self._name_commands(name, serving=True))
+        if commands:
+            self._announce(commands)
+
+    # -- the directory ---------------------------------------------------------
+
+    def channel_opened(self, channel_id: str) -> None:
+        self._channels.add(channel_id)
+        self._announce(self._channel_commands(channel_id, opened=True))
+
+    def channel_closed(self, channel_id: str) -> None:
+        self._channels.discard(channel_id)
+        self._announce(self._channel_commands(channel_id, opened=False))
+
+    def serving(self, name: str) -> None:
+        self._names.add(name)
+        self._announce(self._name_commands(name, serving=True))
+
+    def not_serving(self, name: str) -> None:
+        self._names.discard(name)
+        self._announce(self._name_commands(name, serving=False))
+
+    def _channel_commands(self, channel_id: str, *, opened: bool) -> list[tuple[Any, ...]]:
+        own = f"{self._prefix}chs:{self._broker_id}"
+        if opened:
+            return [
+                ("HSET", f"{self._prefix}ch", channel_id, self._broker_id),
+                ("SADD", own, channel_id),
+            ]
+        return [("HDEL", f"{self._prefix}ch", channel_id), ("SREM", own, channel_id)]
+
+    def _name_commands(self, name: str, *, serving: bool) -> list[tuple[Any, ...]]:
+        own = f"{self._prefix}names:{self._broker_id}"
+        key = f"{self._prefix}name:{name}"
+        if serving:
+            return [("HSET", key, self._broker_id, "1"), ("SADD", own, name)]
+        return [("HDEL", key, self._broker_id), ("SREM", own, name)]
+
+    def _announce(self, commands: list[tuple[Any, ...]]) -> None:
+        batcher = self._batcher
+        if batcher is None:
+            return
+        with contextlib.suppress(EngineUnavailable):  # closing: leaving drops it all anyway
+            batcher.submit(_Announcements(commands))
+
+    async def locate_channel(self, channel_id: str) -> str | None:
+        broker_id = _text(await self._call(("HGET", f"{self._prefix}ch", channel_id)))
+        if broker_id is None or not await self._alive(broker_id):
+            return None
+        return broker_id
+
+    async def respondents(self, name: str) -> frozenset[str]:
+        brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}name:{name}"))]
+        alive = [b for b in brokers if await self._alive(b)]
+        return frozenset(alive)
+
+    async def _alive(self, broker_id: str) -> bool:
+        return bool(await self._call(("EXISTS", f"{self._prefix}alive:{broker_id}")))
+
+    # -- forwarding ------------------------------------------------------------
+
+    def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        command = script_command(
+            FORWARD_REQUEST,
+            (f"{self._prefix}name:{name}",),
+            (
+                self._prefix,
+                self._broker_id,
+                envelope.kind.value,
+                envelope.channel,
+                ",".join(envelope.among),
+                envelope.frame,
+                STREAM_MAX,
+            ),
+        )
+        return self._submit(command, self._peer)
+
+    def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        command = script_command(
+            FORWARD_CHANNEL,
+            (f"{self._prefix}ch",),
+            (
+                self._prefix,
+                self._broker_id,
+                envelope.kind.value,
+                channel_id,
+                envelope.frame,
+                STREAM_MAX,
+            ),
+        )
+        return self._submit(command, self._peer)
+
+    def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        command = script_command(
+            SEND_TO,
+            (),
+            (
+                self._prefix,
+                self._broker_id,
+                envelope.kind.value,
+                envelope.channel,
+                envelope.frame,
+                STREAM_MAX,
+                broker_id,
+            ),
+        )
+        self._peers.add(broker_id)
+        return self._submit(command, bool)
+
+    def _peer(self, reply: Any) -> str | None:
+        broker_id = _text(reply)
+        if broker_id is not None:
+            self._peers.add(broker_id)
+        return broker_id
+
+    def _submit(self, command: tuple[Any, ...], convert: Any) -> asyncio.Future[Any]:
+        call = _Future(command, convert)
+        if self._batcher is None:
+            call.fail(EngineUnavailable("the plane is not started"))
+            return call.future
+        try:
+            self._batcher.submit(call)
+        except EngineUnavailable as exc:
+            call.fail(exc)
+        return call.future
+
+    async def _call(self, command: tuple[Any, ...]) -> Any:
+        return await self._submit(command, lambda reply: reply)
+
+    # -- the inbound stream ----------------------------------------------------
+
+    async def _read(self) -> None:
+        # A raw connection of its own: XREAD BLOCK holds it, and cancelling a
+        # raw read at close is prompt where the client's command wrapper is not.
+        last: bytes = b"0-0"
+        delay = 0.05
+        connection: AbstractConnection | None = None
+        try:
+            while not self._stopping:
+                try:
+                    if connection is None:
+                        connection = self._new_connection()
+                        await connection.connect()  # type: ignore[no-untyped-call]  # upstream
+                    await connection.send_command(
+                        "XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
+                        "STREAMS", self._stream, last, check_health=False,
+                    )  # fmt: skip
+                    # No read timeout: one that fires mid-reply can leave redis-py's
+                    # parser out of step. BLOCK is short instead, and the reader
+                    # looks at ``_stopping`` between reads.
+                    replies: Any = await connection.read_response()
+                except Exception as exc:  # the reader must never die
+                    _log.warning("plane.read_failed", extra={"error": repr(exc)})
+                    if connection is not None:
+                        with contextlib.suppress(*CONNECTION_ERRORS):
+                            await connection.disconnect()
+                        connection = None
+                    # Redis is away: try again, backing off up to a second.
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                delay = 0.05
+                if not replies:
+                    continue
+                # RESP3 answers a map of streams, RESP2 a list of pairs.
+                entries = (
+                    next(iter(replies.values())) if isinstance(replies, dict) else replies[0][1]
+                )
+                for entry_id, flat in entries:
+                    self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
+                    last = entry_id
+                # What was read is trimmed: the stream holds only what is on its way.
+                self._announce([("XTRIM", self._stream, "MINID", last)])
+        finally:
+            if connection is not None:
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await connection.disconnect()
+
+    def _new_connection(self) -> AbstractConnection:
+        assert self._client is not None
+        pool = self._client.connection_pool
+        connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
+        return connection
+
+    def _deliver(self, fields: dict[bytes, bytes]) -> None:
+        inbound = self._inbound
+        kind = _KINDS.get(fields.get(b"k", b""))
+        if inbound is None or kind is None:
+            return
+        among = fields.get(b"g", b"").decode()
+        envelope = Envelope(
+            kind,
+            fields.get(b"o", b"").decode(),
+            fields.get(b"i", b"").decode(),
+            fields.get(b"f", b""),
+            tuple(among.split(",")) if among else (),
+        )
+        try:
+            inbound(envelope)
+        except Exception:  # one bad envelope must not stop the reader
+            _log.exception("plane.inbound_failed")

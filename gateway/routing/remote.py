@@ -1,0 +1,347 @@
+"""Routing across brokers: what the router does when a target is not at this broker.
+
+The router (gateway.routing.router) calls :class:`Remote` only when its own
+tables miss: no Tube here serves ``c``, or no Channel here has the ``d``. A
+broker alone on its bus has no ``Remote`` at all, so local routing costs what it
+always did.
+
+Theory of operation
+-------------------
+*A User-Agent Command for a Respondent elsewhere* (broker A): the frame the
+router would have written to a local Tube (``i`` and ``b`` spliced in) goes to
+the routing plane, which hands it to a broker serving ``c`` (broker B). If it
+carries ``u``, A keeps it in flight in a table of its own, charged first to a
+placeholder and, once the plane says where it went, to that broker. The
+deadline there is the Respondent timeout plus the bus lease: B keeps the
+same Command in flight with the plain Respondent timeout and faults first
+(2103, or 2102 when its Tube closes), and A's deadline only fires when B
+cannot say anything. When the plane reports B gone, A faults what B owed with
+2102, within the lease.
+
+*The Respondent's broker* (B) stands for the remote Channel with a *proxy*: a
+:class:`~gateway.connections.channels.Channel` whose outbox forwards every
+frame to A. The Command goes to the least busy Tube for ``c`` (among a
+Subject's agents if A said so) and into B's ordinary in-flight table under the
+proxy, so the reply with ``d``, a stream's parts, the timeout and the Tube
+closing all take the router's ordinary paths; only the final ``offer`` goes
+over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
+works for the entries that hold it, and an agent's later ``d`` to that
+Channel is looked up on the bus.
+
+*An agent's Command for a Channel elsewhere*: ``d`` is looked up and forwarded
+by the plane in one call; a Channel that exists nowhere on the bus gets the
+agent fault 2104 as a Command, with its ``u``.
+
+The routing rules hold across brokers because each check stays where it is:
+A checks the User-Agent's ACL and Subject before forwarding; B's router
+writes ``a`` and removes ``d`` before anything leaves for a User-Agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import asbp
+from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, ProtocolError
+from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.outboxes import StreamOutbox
+from gateway.connections.tubes import RespondentTable, Tube
+from gateway.plane.base import Envelope, EnvelopeKind, Plane
+from gateway.routing.inflight import InFlight, InFlightTable
+from gateway.routing.replies import ReplySender
+
+__all__ = ["ForwardingOutbox", "Remote"]
+
+#: Proxies of remote Channels kept at most (least recently used go first).
+MAX_PROXIES: Final = 65_536
+
+
+class ForwardingOutbox:
+    """The outbox of a proxy Channel: every frame goes to the Channel's own broker."""
+
+    __slots__ = ("_broker", "_channel", "_closed", "_log", "_plane")
+
+    def __init__(self, plane: Plane, broker_id: str, channel_id: str, log: logging.Logger) -> None:
+        self._plane = plane
+        self._broker = broker_id
+        self._channel = channel_id
+        self._log = log
+        self._closed = False
+
+    @property
+    def broker_id(self) -> str:
+        """Where the Channel is."""
+        return self._broker
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def offer(self, frame: bytes) -> bool:
+        if self._closed:
+            return False
+        envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
+        self._plane.send_to(self._broker, envelope).add_done_callback(self._sent)
+        return True
+
+    def _sent(self, future: asyncio.Future[bool]) -> None:
+        if future.cancelled() or (future.exception() is None and future.result()):
+            return
+        # The Channel's broker is gone (its User-Agent got or gets 2102 there) or
+        # the bus is unreachable: nobody is left to tell but the operator.
+        self._log.warning(
+            "plane.forward_lost",
+            extra={"channel": self._channel, "broker": self._broker},
+        )
+
+    @property
+    def queued_bytes(self) -> int:
+        """Nothing waits here: each frame is handed to the plane as it is offered."""
+        return 0
+
+    def room(self) -> tuple[int, int]:
+        # The bus, not this process, bounds what is on its way (the stream's cap).
+        return (0, 0) if self._closed else (sys.maxsize, sys.maxsize)
+
+    def when_drained(self, callback: Callable[[], object] | None) -> None:
+        if callback is not None:
+            callback()
+
+    def close(self) -> None:
+        self._closed = True
+
+    def abort(self) -> None:
+        self._closed = True
+
+
+def _placeholder(name: str) -> Tube:
+    """A Tube that stands for a whole broker in the in-flight books; it is never written to."""
+    outbox = StreamOutbox(1, 1)
+    outbox.close()
+    # One agent identity for all: the books match an answer by Channel and ``u``.
+    return Tube(ApplicationAgentId(""), outbox, remote=name)
+
+
+class Remote:
+    """The router's routes to other brokers; see the module docstring."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        *,
+        channels: ChannelRegistry,
+        respondents: RespondentTable,
+        replies: ReplySender,
+        in_flight: InFlightTable,
+        limits: asbp.Limits,
+        timeout: float,
+        log: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plane = plane
+        self._channels = channels
+        self._respondents = respondents
+        self._replies = replies
+        self._in_flight = in_flight
+        self._limits = limits
+        self._timeout = timeout
+        self._log = log
+        #: Commands this broker's User-Agents sent to other brokers, by where they went.
+        self.waiting = InFlightTable(timeout=timeout + plane.lease, clock=clock)
+        self._unplaced = _placeholder("")
+        self._brokers: dict[str, Tube] = {}
+        self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
+        respondents.on_first = plane.serving
+        respondents.on_last = plane.not_serving
+
+    # -- this broker's User-Agents ---------------------------------------------
+
+    def request(
+        self, channel: Channel, command: Command, frame: bytes, among: tuple[str, ...]
+    ) -> None:
+        """Send ``frame`` (spliced for a Respondent) to a broker serving ``command.name``."""
+        name = command.name
+        assert name is not None
+        command_id = command.command_id
+        if command_id is not None:
+            self.waiting.start(channel, command_id, self._unplaced, name)
+        envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
+        self.plane.forward_request(name, envelope).add_done_callback(
+            lambda future: self._placed(future, channel, command_id, name, bool(among))
+        )
+
+    def _placed(
+        self,
+        future: asyncio.Future[str | None],
+        channel: Channel,
+        command_id: int | None,
+        name: str,
+        subject: bool,
+    ) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        target = None if error is not None else future.result()
+        entry = self.waiting.get(channel.id, command_id) if command_id is not None else None
+        if target is not None:
+            if entry is not None and entry.tube is self._unplaced:
+                self.waiting.reassign(entry, self._broker(target))
+            return
+        if command_id is not None and entry is None:
+            return  # answered or closed meanwhile: nothing is owed
+        if entry is not None:
+            self.waiting.finish(entry)
+        if channel.closed:
+            return
+        if error is not None:
+            message = f"the bus is unreachable, so nothing serves {name!r}: {error}"
+        else:
+            message = f"no Command-Respondent serves {name!r}" + (
+                " among the agents that authenticated this Subject" if subject else ""
+            )
+        self._replies.fault(
+            channel, FaultCode.NO_RESPONDENT, message, command_id=command_id, cause=name
+        )
+
+    def _broker(self, broker_id: str) -> Tube:
+        tube = self._brokers.get(broker_id)
+        if tube is None:
+            tube = self._brokers[broker_id] = _placeholder(broker_id)
+        return tube
+
+    def expired(self) -> Iterator[InFlight]:
+        """The forwarded Commands whose broker said nothing in time."""
+        return self.waiting.expired()
+
+    def channel_opened(self, channel: Channel) -> None:
+        self.plane.channel_opened(channel.id)
+
+    def channel_closed(self, channel: Channel) -> None:
+        self.plane.channel_closed(channel.id)
+        self.waiting.close_channel(channel)
+
+    def lost(self, broker_id: str) -> None:
+        """``broker_id`` is gone: what it owed gets 2102, and its proxies go."""
+        tube = self._brokers.pop(broker_id, None)
+        stranded = self.waiting.served_by(tube) if tube is not None else []
+        for entry in stranded:
+            self.waiting.finish(entry)
+            self._replies.fault(
+                entry.channel,
+                FaultCode.RESPONDENT_LEFT,
+                f"the broker serving {entry.name!r} left before answering",
+                command_id=entry.command_id,
+                cause=entry.name,
+            )
+        for channel_id, proxy in list(self._proxies.items()):
+            outbox = proxy.outbox
+            if isinstance(outbox, ForwardingOutbox) and outbox.broker_id == broker_id:
+                del self._proxies[channel_id]
+                outbox.close()
+        self._log.warning(
+            "plane.broker_lost", extra={"broker": broker_id, "stranded": len(stranded)}
+        )
+
+    # -- other brokers' User-Agents --------------------------------------------
+
+    def proxy(self, channel_id: str) -> Channel | None:
+        """The proxy of a remote Channel this broker has served, if it still has it."""
+        return self._proxies.get(ChannelId(channel_id))
+
+    def _proxy(self, channel_id: str, broker_id: str) -> Channel:
+        key = ChannelId(channel_id)
+        proxy = self._proxies.get(key)
+        if proxy is None or proxy.outbox.closed:
+            outbox = ForwardingOutbox(self.plane, broker_id, channel_id, self._log)
+            proxy = Channel(key, ChannelKind.REMOTE, outbox, remote=broker_id)
+            self._proxies[key] = proxy
+            while len(self._proxies) > MAX_PROXIES:
+                self._proxies.popitem(last=False)
+        else:
+            self._proxies.move_to_end(key)
+        return proxy
+
+    def to_channel(self, tube: Tube, channel_id: str, frame: bytes, command: Command) -> None:
+        """Forward ``frame`` from ``tube`` to the Channel ``channel_id`` wherever it is."""
+        envelope = Envelope(EnvelopeKind.CHANNEL, self.plane.broker_id, channel_id, frame)
+        self.plane.forward_to_channel(channel_id, envelope).add_done_callback(
+            lambda future: self._delivered(future, tube, channel_id, command)
+        )
+
+    def _delivered(
+        self, future: asyncio.Future[str | None], tube: Tube, channel_id: str, command: Command
+    ) -> None:
+        if future.cancelled() or tube.closed:
+            return
+        error = future.exception()
+        if error is None and future.result() is not None:
+            return
+        message = (
+            f"no Channel {channel_id} on the bus"
+            if error is None
+            else f"the bus is unreachable, so Channel {channel_id} was not reached: {error}"
+        )
+        self._replies.fault_tube(
+            tube,
+            FaultCode.UNKNOWN_CHANNEL,
+            message,
+            command_id=command.command_id,
+            cause=command.name,
+        )
+
+    # -- envelopes from other brokers ------------------------------------------
+
+    def inbound(self, envelope: Envelope) -> None:
+        """An envelope another broker forwarded here."""
+        if envelope.kind is EnvelopeKind.CHANNEL:
+            self._for_channel(envelope)
+        else:
+            self._for_respondent(envelope)
+
+    def _for_channel(self, envelope: Envelope) -> None:
+        channel = self._channels.get(envelope.channel)
+        if channel is None:
+            self._log.info("plane.channel_gone", extra={"channel": envelope.channel})
+            return
+        frame = envelope.frame
+        self._replies.deliver(channel, frame)
+        if channel.in_flight:
+            try:
+                command = asbp.decode(frame, limits=self._limits)
+            except ProtocolError:
+                return
+            command_id = command.command_id
+            if command_id is not None and command_id in channel.in_flight:
+                self.waiting.answered(self._unplaced, channel, command, command_id)
+
+    def _for_respondent(self, envelope: Envelope) -> None:
+        proxy = self._proxy(envelope.channel, envelope.origin)
+        try:
+            command = asbp.decode(envelope.frame, limits=self._limits)
+        except ProtocolError as exc:
+            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+            return
+        name = command.name
+        if name is None:
+            return
+        among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
+        tube = self._respondents.pick(name, among=among)
+        command_id = command.command_id
+        if tube is None:
+            self._replies.fault(
+                proxy,
+                FaultCode.NO_RESPONDENT,
+                f"no Command-Respondent serves {name!r}",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        if command_id is not None:
+            self._in_flight.start(proxy, command_id, tube, name)
+        self._replies.send_tube_frame(tube, envelope.frame)

@@ -1,0 +1,130 @@
+"""The routing plane's directory and forwarding, the same on every implementation."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from gateway.plane.base import Envelope, EnvelopeKind
+from tests.support import T
+from tests.support.planes import Bus
+
+pytestmark = pytest.mark.anyio
+
+CHANNEL = "0123456789abcdef0123456789abcdef"
+
+
+async def test_a_channel_is_found_at_its_broker_until_it_closes(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    a.plane.channel_opened(CHANNEL)
+    with anyio.fail_after(5 * T):
+        while await b.plane.locate_channel(CHANNEL) is None:  # announcements are batched
+            await anyio.sleep(0)
+    assert await b.plane.locate_channel(CHANNEL) == "broker-a"
+    assert await a.plane.locate_channel(CHANNEL) == "broker-a"
+    a.plane.channel_closed(CHANNEL)
+    with anyio.fail_after(5 * T):
+        while await b.plane.locate_channel(CHANNEL) is not None:
+            await anyio.sleep(0)
+    assert await b.plane.locate_channel("f" * 32) is None
+
+
+async def test_respondents_are_the_brokers_serving_a_name(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.serving("echo")
+    c.plane.serving("echo")
+    await b.plane.respondents("echo")  # after the announcements' pipeline
+    assert await a.plane.respondents("echo") == {"broker-b", "broker-c"}
+    c.plane.not_serving("echo")
+    await c.plane.respondents("echo")
+    assert await a.plane.respondents("echo") == {"broker-b"}
+    assert await a.plane.respondents("nobody") == frozenset()
+
+
+async def test_a_request_reaches_a_broker_serving_it_intact(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    b.plane.serving("echo")
+    await b.plane.respondents("echo")
+    frame = b"c=echo,u=7,s=x1,i=" + CHANNEL.encode() + b",b=broker-a;hi\x00\xff"
+    sent = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, frame, ("agent-1", "agent-2"))
+    assert await a.plane.forward_request("echo", sent) == "broker-b"
+    with anyio.fail_after(5 * T):
+        received = await b.inbound.get()
+    assert received == sent
+
+
+async def test_a_request_never_goes_back_to_its_own_broker(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    a.plane.serving("echo")
+    await a.plane.respondents("echo")
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    assert await a.plane.forward_request("echo", envelope) is None
+    assert await a.plane.forward_request("nobody", envelope) is None
+
+
+async def test_requests_take_turns_among_the_brokers_serving(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.serving("echo")
+    c.plane.serving("echo")
+    await c.plane.respondents("echo")
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    targets = [await a.plane.forward_request("echo", envelope) for _ in range(4)]
+    assert sorted(t or "" for t in targets) == ["broker-b", "broker-b", "broker-c", "broker-c"]
+
+
+async def test_frames_reach_the_broker_holding_a_channel(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.locate_channel(CHANNEL)
+    envelope = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=echo.reply,u=7,a=x;hi")
+    assert await b.plane.forward_to_channel(CHANNEL, envelope) == "broker-a"
+    assert await b.plane.send_to("broker-a", envelope)
+    with anyio.fail_after(5 * T):
+        assert await a.inbound.get() == envelope
+        assert await a.inbound.get() == envelope
+    assert await b.plane.forward_to_channel("e" * 32, envelope) is None
+
+
+async def test_a_broker_that_stops_renewing_vanishes_within_its_lease(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    b.plane.serving("echo")
+    b.plane.channel_opened(CHANNEL)
+    await b.plane.respondents("echo")
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    assert await a.plane.forward_request("echo", envelope) == "broker-b"  # now a peer of A
+    await b.abandon()
+    died = time.monotonic()
+    with anyio.fail_after(bus_lease(a) + 5 * T):
+        assert await a.lost.get() == "broker-b"
+    assert time.monotonic() - died <= bus_lease(a) + T
+    assert await a.plane.locate_channel(CHANNEL) is None
+    assert await a.plane.respondents("echo") == frozenset()
+    assert await a.plane.forward_request("echo", envelope) is None
+    assert await a.plane.forward_to_channel(CHANNEL, envelope) is None
+    assert not await a.plane.send_to("broker-b", envelope)
+
+
+async def test_a_broker_that_leaves_takes_its_entries_along(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    b.plane.serving("echo")
+    b.plane.channel_opened(CHANNEL)
+    await b.plane.respondents("echo")
+    await b.plane.close()
+    assert await a.plane.locate_channel(CHANNEL) is None
+    assert await a.plane.respondents("echo") == frozenset()
+
+
+def bus_lease(broker: object) -> float:
+    lease: float = broker.plane.lease  # type: ignore[attr-defined]
+    return lease

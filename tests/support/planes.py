@@ -1,0 +1,67 @@
+"""Brokers' routing planes on one bus, for tests/conformance/plane/.
+
+:class:`Bus` builds planes of one kind (``memory``: one shared
+:class:`gateway.plane.memory.MemoryBus`; ``redis``: one Redis under a key prefix
+of the test's own) and closes them; :class:`Broker` is one plane with what it
+received and which peers it lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+from gateway.plane.base import Envelope, Plane
+from gateway.plane.memory import MemoryBus, MemoryPlane
+
+__all__ = ["PLANES", "Broker", "Bus"]
+
+PLANES = ("memory", "redis")
+_prefixes = itertools.count()
+
+
+@dataclass(eq=False)
+class Broker:
+    """One plane, joined, with what it received and which peers it lost."""
+
+    plane: MemoryPlane | Plane
+    inbound: asyncio.Queue[Envelope] = field(default_factory=asyncio.Queue)
+    lost: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+    async def abandon(self) -> None:
+        """Stop renewing and reading without leaving: a crash."""
+        await self.plane.abandon()  # type: ignore[union-attr]  # both implementations have it
+
+
+class Bus:
+    """Builds brokers' planes on one bus; closes them at the end."""
+
+    def __init__(self, kind: str, redis_url: str | None, lease: float) -> None:
+        self.kind = kind
+        self._redis_url = redis_url
+        self._lease = lease
+        self._memory = MemoryBus()
+        self._prefix = f"test{next(_prefixes)}:"
+        self._brokers: list[Broker] = []
+
+    async def join(self, broker_id: str, *, lease: float | None = None) -> Broker:
+        lease = self._lease if lease is None else lease
+        plane: MemoryPlane | Plane
+        if self.kind == "memory":
+            plane = MemoryPlane(broker_id, bus=self._memory, lease=lease)
+        else:
+            from gateway.plane.redis.plane import RedisPlane
+
+            assert self._redis_url is not None
+            plane = RedisPlane(
+                self._redis_url, broker_id=broker_id, lease=lease, prefix=self._prefix
+            )
+        broker = Broker(plane)
+        await plane.start(broker.inbound.put_nowait, broker.lost.put_nowait)
+        self._brokers.append(broker)
+        return broker
+
+    async def close(self) -> None:
+        for broker in self._brokers:
+            await broker.plane.close()
