@@ -374,6 +374,7 @@ async def test_oversized_header_is_431_with_fault_1104(small_frames: Gateway) ->
         (b"c=asbp.ping", 1201, None),
         (b"", 1201, None),
         (b"u=8,c=x,i=NOTHEX;", 1203, 8),
+        (b"+u=9,c=x\xff;", 1201, 9),  # "+u=": u first in a header marked UTF-8 that is not
     ],
 )
 async def test_malformed_post_is_400(
