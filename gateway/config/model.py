@@ -65,6 +65,12 @@ class ChannelLimits:
     long_poll_max_frames: int = 256
     #: Seconds without a request after which a stateless HTTP Channel expires.
     http_idle_timeout: float = 120.0
+    #: Seconds an HTTP request's body has, from its first byte to its last, on
+    #: Hypercorn and Uvicorn alike. A body that stalls or arrives too slowly (a
+    #: ``Content-Length`` larger than what is sent, chunks that never end) gets
+    #: ``408`` with fault 1201 and its connection is closed, so it cannot hold a
+    #: connection and a request slot open.
+    http_read_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,9 +55,22 @@ _STATUS: Final = {
 }
 
 
-def _fault(code: FaultCode, message: str, *, command_id: int | None = None) -> Response:
+def _fault(
+    code: FaultCode, message: str, *, command_id: int | None = None, status: int | None = None
+) -> Response:
     frame = asbp.encode(builtin_commands.fault_command(code, message, command_id=command_id))
-    return Response(frame, status_code=_STATUS.get(code, 400), media_type=MEDIA_TYPE)
+    status_code = _STATUS.get(code, 400) if status is None else status
+    return Response(frame, status_code=status_code, media_type=MEDIA_TYPE)
+
+
+def _unfinished(status: int, message: str) -> Response:
+    """A fault for a body that never arrived whole; the connection closes after it.
+
+    What is left of the body would otherwise be read as the next request.
+    """
+    response = _fault(FaultCode.INVALID_MESSAGE_FORMAT, message, status=status)
+    response.headers["Connection"] = "close"
+    return response
 
 
 def _gone(broker: Broker, channel_id: str | None, command_id: int | None = None) -> Response:
@@ -118,10 +131,16 @@ async def post(request: Request) -> Response:
     """``POST /asbp``: one Command in, ``asbp.accepted`` (with ``i``) or a fault out."""
     broker: Broker = request.state.broker
     limits = broker.config.limits
+    read_timeout = broker.config.channels.http_read_timeout
     try:
-        body = await _read_body(request, limits.max_frame_bytes)
+        async with asyncio.timeout(read_timeout):
+            body = await _read_body(request, limits.max_frame_bytes)
+    except TimeoutError:
+        return _unfinished(408, f"the request body did not arrive in full within {read_timeout} s")
     except ClientDisconnect:
-        return Response(status_code=400)
+        # Uvicorn and Hypercorn answer a body cut short by end-of-file themselves
+        # (see gateway.transports.h11_eof); this is for a client that vanished.
+        return _unfinished(400, "the request body ended early")
     if body is None:
         return _fault(
             FaultCode.INVALID_MESSAGE_SIZE,
