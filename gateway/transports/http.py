@@ -151,6 +151,15 @@ async def post(request: Request) -> Response:
     except ProtocolError as exc:
         return _fault(exc.code, exc.message, command_id=builtin_commands.sniff_command_id(body))
     command_id = command.command_id
+    if "i" in request.query_params:
+        # Honouring it would give two places for one key that could disagree, and
+        # ignoring it opened a new Channel per POST whose replies the client never saw.
+        return _fault(
+            FaultCode.INVALID_MESSAGE_FORMAT,
+            "'i' goes in the Command's header (c=...,i=<Channel>;), not in the query string"
+            " of a POST; only GET takes it there",
+            command_id=command_id,
+        )
     channel_id = command.channel_id
     if channel_id is None:
         client = request.client
