@@ -23,6 +23,7 @@ from gateway.acl import AccessContext, channel_properties
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
 from gateway.config.model import GatewayConfig
+from gateway.connections.addresses import AddressLimits
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
@@ -120,6 +121,12 @@ class Broker:
         self.credentials = credentials
         self.log = log or logging.getLogger("asbp.gateway")
         self.channels = ChannelRegistry()
+        #: Open Channels and HTTP Channel opens per client address.
+        self.address_limits = AddressLimits(
+            self.channels,
+            max_per_address=config.channels.max_per_address,
+            http_opens_per_second=config.channels.http_opens_per_second,
+        )
         self.respondents = RespondentTable()
         self.engine = create_engine(config, broker_id=broker_id)
         #: The event log; None when ``event_log.mode`` is off.
@@ -211,23 +218,43 @@ class Broker:
     # -- Channels ------------------------------------------------------------
 
     def open_websocket_channel(
-        self, remote: str, *, address: str | None = None, tls: bool = False
+        self,
+        remote: str,
+        *,
+        address: str | None = None,
+        tls: bool = False,
+        address_key: str | None = None,
     ) -> tuple[Channel, StreamOutbox]:
-        """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``."""
+        """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``.
+
+        ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        """
         limits = self.config.channels
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(ChannelKind.WEBSOCKET, outbox, remote=remote)
+        channel = self.channels.open(
+            ChannelKind.WEBSOCKET, outbox, remote=remote, address_key=address_key
+        )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
 
     def open_http_channel(
-        self, remote: str, *, address: str | None = None, tls: bool = False
+        self,
+        remote: str,
+        *,
+        address: str | None = None,
+        tls: bool = False,
+        address_key: str | None = None,
     ) -> tuple[Channel, Mailbox]:
-        """Open a stateless HTTP Channel with a mailbox for long-polls."""
+        """Open a stateless HTTP Channel with a mailbox for long-polls.
+
+        ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        """
         limits = self.config.channels
         mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(ChannelKind.HTTP, mailbox, remote=remote)
+        channel = self.channels.open(
+            ChannelKind.HTTP, mailbox, remote=remote, address_key=address_key
+        )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.log.info(
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}

@@ -71,6 +71,15 @@ class ChannelLimits:
     #: ``408`` with fault 1201 and its connection is closed, so it cannot hold a
     #: connection and a request slot open.
     http_read_timeout: float = 10.0
+    #: Channels (WebSocket and HTTP together) one client address (an IPv6 /64)
+    #: may hold open at once; one more gets fault 2108 (a WebSocket Channel is
+    #: then closed with 1008, an HTTP POST gets ``429``). 0 turns the limit off.
+    #: Behind a reverse proxy every client has the proxy's address: raise it.
+    max_per_address: int = 1000
+    #: HTTP Channels one client address may open per second, sustained and in
+    #: a burst (a token bucket); past it ``429`` with ``Retry-After`` and fault
+    #: 2108. 0 turns the limit off.
+    http_opens_per_second: int = 20
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from starlette.responses import Response
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
+from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import Mailbox
 from gateway.routing import builtin_commands
@@ -52,6 +53,7 @@ _STATUS: Final = {
     FaultCode.HEADER_TOO_LARGE: 431,
     FaultCode.UNKNOWN_CHANNEL: 404,
     FaultCode.SLOW_CONSUMER: 410,
+    FaultCode.TOO_MANY_CHANNELS: 429,
 }
 
 
@@ -164,10 +166,18 @@ async def post(request: Request) -> Response:
     if channel_id is None:
         client = request.client
         remote = f"{client.host}:{client.port}" if client else ""
+        try:
+            key = broker.address_limits.admit(client.host if client else None, http=True)
+        except TooManyChannels as exc:
+            response = _fault(exc.code, exc.message, command_id=command_id)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = str(exc.retry_after)
+            return response
         channel, _ = broker.open_http_channel(
             remote,
             address=client.host if client else None,
             tls=request.url.scheme == "https",
+            address_key=key,
         )
     else:
         found = _http_channel(broker, channel_id)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from asbp import Command, FaultCode, Limits, encode
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.auth.throttle import HandshakeThrottle
+from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel
 from gateway.connections.finish import finish as _finish
 from gateway.connections.outboxes import StreamOutbox
@@ -68,6 +69,8 @@ ReceiveFrames = Callable[[Callable[[bytes, bool], None] | None], object]
 SUBPROTOCOL: Final = "asbp"
 #: WebSocket close code for a reader the broker gave up on (policy violation).
 CLOSE_SLOW: Final = 1008
+#: WebSocket close code for a Channel past a per-address limit (policy violation).
+CLOSE_POLICY: Final = 1008
 #: WebSocket close code when the broker shuts down ("going away").
 CLOSE_GOING_AWAY: Final = 1001
 
@@ -199,7 +202,18 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         return
     broker = _broker(scope)
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
-    channel, outbox = broker.open_websocket_channel(remote_address(scope))
+    client = scope.get("client")
+    try:
+        key = broker.address_limits.admit(str(client[0]) if client else None, http=False)
+    except TooManyChannels as exc:
+        # Accepted first, so that the fault reaches the client: a refused handshake
+        # tells a browser nothing but "failed".
+        fault = encode(builtin_commands.fault_command(exc.code, exc.message))
+        await send({"type": "websocket.send", "bytes": fault})
+        reason = f"{int(exc.code)} {exc.code.description}"
+        await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason})
+        return
+    channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=key)
     router = broker.router
     router.send(channel, Command(c=builtin_commands.CHANNEL, i=channel.id, b=broker.broker_id))
     extensions = scope.get("extensions") or {}
