@@ -276,6 +276,7 @@ class Broker:
         limits = self.config.tubes
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
         tube = Tube(ApplicationAgentId(agent_id), outbox, remote)
+        tube.gate.own = outbox
         tube.access = _access(address, tls, agent_id=agent_id, channel_id=tube.id)
         self.router.open_tube(tube)
         return tube, outbox

@@ -80,6 +80,12 @@ class ChannelLimits:
     #: a burst (a token bucket); past it ``429`` with ``Retry-After`` and fault
     #: 2108. 0 turns the limit off.
     http_opens_per_second: int = 20
+    #: Seconds a publisher (Channel or Tube) is held back by flow control at most
+    #: while a destination's outbox is over half full (WebSocket: its next message
+    #: is not read; HTTP: ``429`` with fault 2109). A destination that has not
+    #: drained below a quarter by then counts as stopped: nobody is held back for
+    #: it any more, so it fills and is cut off with 2105 as before.
+    flow_stall_timeout: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from asbp import ChannelId, FaultCode
 from gateway.acl import AccessContext
+from gateway.connections.flow import FlowGate
 from gateway.connections.outboxes import Outbox
 
 __all__ = ["Channel", "ChannelKind", "ChannelRegistry"]
@@ -66,6 +67,8 @@ class Channel:
     closed: bool = False
     #: The client address it counts against (gateway.connections.addresses), if any.
     address_key: str | None = None
+    #: Whether it may be read from now (flow control: gateway.connections.flow).
+    gate: FlowGate = field(default_factory=FlowGate)
 
 
 class ChannelRegistry:
@@ -97,6 +100,7 @@ class ChannelRegistry:
             if channel_id not in self._channels:
                 break
         channel = Channel(channel_id, kind, outbox, remote, address_key=address_key)
+        channel.gate.own = outbox
         self._channels[channel_id] = channel
         if address_key is not None:
             self._held[address_key] = self._held.get(address_key, 0) + 1

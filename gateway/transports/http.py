@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from typing import TYPE_CHECKING, Final
@@ -54,6 +55,7 @@ _STATUS: Final = {
     FaultCode.UNKNOWN_CHANNEL: 404,
     FaultCode.SLOW_CONSUMER: 410,
     FaultCode.TOO_MANY_CHANNELS: 429,
+    FaultCode.DESTINATIONS_BUSY: 429,
 }
 
 
@@ -185,6 +187,21 @@ async def post(request: Request) -> Response:
             return _gone(broker, channel_id, command_id)
         channel = found
     channel.last_seen = time.monotonic()
+    gate = channel.gate
+    if gate.blocked:
+        # Flow control: what this Channel published filled a destination's outbox.
+        stall_timeout = broker.config.channels.flow_stall_timeout
+        wait = gate.retry_after(stall_timeout)
+        if wait > 0:
+            response = _fault(
+                FaultCode.DESTINATIONS_BUSY,
+                "what this Channel sends fills its destinations faster than they read;"
+                " send again after Retry-After",
+                command_id=command_id,
+            )
+            response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+            return response
+        gate.give_up()  # a destination that did not drain in all that time has stopped
     if command.name != builtin_commands.CHANNEL:
         # The frame too: the router forwards it as it is where it can, and the
         # event log takes the header's size from it.

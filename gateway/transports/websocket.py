@@ -219,12 +219,21 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame
+    gate = channel.gate
+    stall_timeout = broker.config.channels.flow_stall_timeout
     receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    shortcut = receive_frames is not None
     if receive_frames is not None:
 
         def on_frame(data: bytes, text: bool) -> None:
+            nonlocal shortcut
             channel.prefers_text = text
             frame_for(channel, data)
+            if gate.held and receive_frames is not None:
+                # Held back: the next messages wait in the server's queue, which
+                # stops reading the socket, until the loop below lets them in.
+                shortcut = False
+                receive_frames(None)
 
         receive_frames(on_frame)
     try:
@@ -232,6 +241,8 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                if gate.held:
+                    await gate.wait(stall_timeout)
                 data = message.get("bytes")
                 if data is None:
                     channel.prefers_text = True
@@ -239,6 +250,9 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                 else:
                     channel.prefers_text = False
                 frame_for(channel, data)
+                if not shortcut and receive_frames is not None and not gate.held:
+                    shortcut = True
+                    receive_frames(on_frame)
             elif kind == "websocket.disconnect":
                 break
     finally:
@@ -355,18 +369,34 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     writer = asyncio.create_task(_write(outbox, send, tube, extensions.get(SEND_FRAME)))
     router = broker.router
     frame_for = router.tube_frame
+    gate = tube.gate
+    stall_timeout = broker.config.channels.flow_stall_timeout
     receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    shortcut = receive_frames is not None
+
+    def on_frame(data: bytes, _text: bool) -> None:
+        nonlocal shortcut
+        frame_for(tube, data)
+        if gate.held and receive_frames is not None:
+            shortcut = False  # held back, as a Channel is (channel_endpoint)
+            receive_frames(None)
+
     if receive_frames is not None:
-        receive_frames(lambda data, _text: frame_for(tube, data))
+        receive_frames(on_frame)
     try:
         while True:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                if gate.held:
+                    await gate.wait(stall_timeout)
                 data = message.get("bytes")
                 if data is None:
                     data = (message.get("text") or "").encode("utf-8")
                 frame_for(tube, data)
+                if not shortcut and receive_frames is not None and not gate.held:
+                    shortcut = True
+                    receive_frames(on_frame)
             elif kind == "websocket.disconnect":
                 break
     finally:
