@@ -157,11 +157,12 @@ class _Bounded(Generic[F]):
         if drained is not None:
             self._drained = None
             drained()
-        if self._relief is not None and (
+        if (self._relief is not None or self._given_up) and (
             self._closed
             or (len(self._frames) <= self._low_frames and self._bytes <= self._low_bytes)
         ):
-            relief, self._relief = self._relief, None
+            self._given_up = False
+            relief, self._relief = self._relief or [], None
             for callback in relief:
                 callback()
 

@@ -24,6 +24,7 @@ from tests.support.gateway import (
     Gateway,
     GatewayFactory,
     Peer,
+    assert_fault,
     decode,
     small_receive_buffer_socket,
 )
@@ -129,3 +130,46 @@ async def read_until_end(peer: Peer) -> list[int]:
         if n == END:
             return got
         got.append(n)
+
+
+async def test_an_http_publisher_gets_429_with_2109_until_its_destination_drains(
+    make_gateway: GatewayFactory,
+) -> None:
+    # Eight Commands per outbox: over half is five.
+    gateway = await make_gateway(channels=ChannelLimits(outbox_frames=8))
+    subscriber = await gateway.http_channel()
+    status, _ = await subscriber.post(
+        Command(c="asbp.subscribe", i=subscriber.id, destination=TOPIC, u=1)
+    )
+    assert status == 200
+    assert [c.name for _, c in await subscriber.poll()] == ["asbp.accepted"]
+    assert await subscriber.poll(wait=0) == []  # acknowledges it: the mailbox is empty
+    publisher = await gateway.http_channel()
+    for u in range(1, 6):
+        status, _ = await publisher.post(
+            Command({"c": "asbp.publish", "i": publisher.id, "destination": TOPIC, "u": u}, b"m")
+        )
+        assert status == 200
+    # Each publication's answer means the engine has it; its delivery to the
+    # subscriber, which does not poll, was scheduled before that answer.
+    answers = await publisher.poll()
+    assert [c.get("u") for _, c in answers] == ["1", "2", "3", "4", "5"]
+
+    response = await publisher.client.post(
+        gateway.url,
+        content=b"c=asbp.publish,i=%s,destination=%s,u=6;m"
+        % (publisher.id.encode(), TOPIC.encode()),
+        headers={"Content-Type": "application/asbp"},
+    )
+    assert response.status_code == 429
+    assert int(response.headers["retry-after"]) >= 1
+    assert_fault(decode(response.content), 2109, u=6)
+
+    # The subscriber reads: the publisher may send again, and nothing was lost.
+    assert len(await subscriber.poll()) == 5
+    await subscriber.poll(wait=0)  # acknowledges them
+    status, _ = await publisher.post(
+        Command({"c": "asbp.publish", "i": publisher.id, "destination": TOPIC, "u": 7}, b"m")
+    )
+    assert status == 200
+    assert not gateway.events.find("channel.slow_consumer")
