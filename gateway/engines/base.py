@@ -376,3 +376,11 @@ class Engine(Protocol):
     async def queues(self) -> list[str]:
         """Every queue and virtual queue (virtual ones as ``name@pattern``)."""
         ...
+
+    async def ping(self) -> None:
+        """Return once the backing store answers (``/readyz``).
+
+        Raises:
+            EngineUnavailable: it cannot be reached.
+        """
+        ...

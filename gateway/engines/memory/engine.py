@@ -286,6 +286,10 @@ class MemoryEngine:
         self._check_open()
         return list(self._queues)
 
+    async def ping(self) -> None:
+        """In memory: answers while open."""
+        self._check_open()
+
     def sweep(self) -> None:
         """Apply time to every queue now (what the periodic sweep runs); call in the loop."""
         now = self._clock()

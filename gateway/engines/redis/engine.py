@@ -464,6 +464,10 @@ class RedisEngine:
         members = await self._command(("SMEMBERS", REGISTRY))
         return sorted(member.decode() for member in members)
 
+    async def ping(self) -> None:
+        """One ``PING`` through the batcher, as every other command goes."""
+        await self._command(("PING",))
+
     # -- internals ---------------------------------------------------------
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
