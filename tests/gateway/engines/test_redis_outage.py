@@ -15,8 +15,9 @@ AOF, or while ``CLIENT KILL`` drops the broker's connections:
 
 ``/readyz`` answers 503 (``"engine": false``) while Redis is killed, and 200
 again once it is back. SIGSTOP for ten seconds, then SIGCONT: a publication is
-answered 2005 after the engine's command timeout, never left hanging. Not
-covered here (issue 16, left for later): a full disk and ``maxmemory``.
+answered 2005 after the engine's command timeout, never left hanging.
+``maxmemory`` reached: 2005 until memory is freed. Not covered here (issue 16,
+left for later): a full disk (the AOF on a small tmpfs needs mount rights).
 """
 
 from __future__ import annotations
@@ -160,4 +161,49 @@ async def test_redis_stopped_for_ten_seconds_then_continued(
         assert set(got) - set(accepted) <= {9}  # the one answered 2005 may have landed
         assert len(got) == len(set(got))
     finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_redis_at_maxmemory_refuses_with_2005_and_recovers(
+    make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """``maxmemory`` reached (``noeviction``): publications get 2005, not a 5xx or a
+    hang; once memory is freed they are accepted again, and nothing accepted is lost."""
+    server = RedisServer(tmp_path / "redis", appendonly=True)
+    await asyncio.to_thread(server.start)
+    admin = aioredis.Redis.from_url(server.url)
+    try:
+        gateway = await make_gateway(engine="redis", redis_url=server.url)
+        publisher = await user(gateway)
+        accepted: set[int] = set()
+        await publish_until_accepted(publisher, 0, accepted)
+        used = int((await admin.info("memory"))["used_memory"])
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", str(used + 2 * 1024 * 1024))
+        refused = False
+        for n in range(1, 200):
+            reply = await publisher.call(
+                "asbp.publish", b"%d;" % n + bytes(64 * 1024), destination=QUEUE, type="QUEUE"
+            )
+            if reply.name == "asbp.accepted":
+                accepted.add(n)
+                continue
+            assert reply.get("code") == "2005", reply
+            refused = True
+            break
+        assert refused, "maxmemory was never reached"
+        await admin.config_set("maxmemory", "0")
+        await publish_until_accepted(publisher, 500, accepted)
+        consumer = await user(gateway)
+        await consumer.subscribe(QUEUE, type="QUEUE")
+        got: set[int] = set()
+        while not accepted <= got:
+            note = await consumer.notification()
+            got.add(int(note.body.split(b";")[0]))
+            await consumer.ok(
+                "asbp.ack", destination=QUEUE, type="QUEUE", receipt=[note.get("receipt")]
+            )
+        assert got == accepted
+    finally:
+        await admin.aclose()
         await asyncio.to_thread(server.stop)
