@@ -68,6 +68,10 @@ class FaultCode(IntEnum):
     TOO_MANY_IN_FLIGHT = 2106
     #: Extension: the Command-Respondent failed while handling the Command.
     RESPONDENT_FAILED = 2107
+    #: Extension: one client address holds or opens too many Channels.
+    TOO_MANY_CHANNELS = 2108
+    #: Extension: the publisher's destinations are full; it is held back (flow control).
+    DESTINATIONS_BUSY = 2109
 
     # 31xx: authentication faults (Sapo).
     #: Sapo: authentication failed.
@@ -110,6 +114,8 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.SLOW_CONSUMER: "Slow consumer",
     FaultCode.TOO_MANY_IN_FLIGHT: "Too many Commands in flight",
     FaultCode.RESPONDENT_FAILED: "Command-Respondent failed",
+    FaultCode.TOO_MANY_CHANNELS: "Too many Channels",
+    FaultCode.DESTINATIONS_BUSY: "Destinations busy",
     FaultCode.AUTHENTICATION_FAILED: "Authentication failed",
     FaultCode.UNKNOWN_AUTHENTICATION_TYPE: "Unknown authentication type",
     FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE: "Invalid authentication channel type",

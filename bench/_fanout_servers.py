@@ -56,9 +56,16 @@ BACKLOG = 1024
 
 def broker_app(broker_id: str, data_dir: Path) -> Any:
     from gateway.app import create_app
-    from gateway.config.model import GatewayConfig
+    from gateway.config.model import ChannelLimits, GatewayConfig
 
-    config = GatewayConfig(host=HOST, port=0, broker_id=broker_id, data_dir=data_dir)
+    # Every subscriber connects from 127.0.0.1: no per-address limit on Channels.
+    config = GatewayConfig(
+        host=HOST,
+        port=0,
+        broker_id=broker_id,
+        data_dir=data_dir,
+        channels=ChannelLimits(max_per_address=0),
+    )
     return create_app(config)
 
 

@@ -4,7 +4,7 @@ One port serves everything:
 
 ==========================  =============================================
 ``GET /healthz``            liveness: the process answers
-``GET /readyz``             readiness: the Broker is started (503 before)
+``GET /readyz``             readiness: the Broker is started and its engine answers (503 otherwise)
 ``ws(s)://…/asbp``          a User-Agent Channel over WebSocket
 ``POST /asbp``              a stateless HTTP Channel: send one Command
 ``GET /asbp?i=…``           a stateless HTTP Channel: long-poll
@@ -24,10 +24,11 @@ counts failed Tube handshakes per client address.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -75,15 +76,33 @@ async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+#: Seconds ``/readyz`` waits for the engine to answer before it says not ready.
+ENGINE_PING_TIMEOUT: Final = 1.0
+
+
 async def _readyz(request: Request) -> Response:
     broker: Broker = request.state.broker
+    engine = broker.ready and await _engine_answers(broker)
+    ready = broker.ready and engine
     body = {
-        "ready": broker.ready,
+        "ready": ready,
+        "engine": engine,
         "broker": broker.broker_id,
         "channels": len(broker.channels),
         "tubes": len(broker.respondents.tubes()),
     }
-    return JSONResponse(body, status_code=200 if broker.ready else 503)
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+async def _engine_answers(broker: Broker) -> bool:
+    """Whether the engine answers a ping in time: a broker whose Redis is gone (or
+    stopped) is taken out of a Service's endpoints, and back once it answers."""
+    try:
+        async with asyncio.timeout(ENGINE_PING_TIMEOUT):
+            await broker.engine.ping()
+    except (TimeoutError, AsbpError):
+        return False
+    return True
 
 
 async def _metrics(request: Request) -> Response:

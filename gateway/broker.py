@@ -24,6 +24,7 @@ from gateway.acl import AccessContext, Acl, channel_properties, load_acl
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
 from gateway.config.model import GatewayConfig
+from gateway.connections.addresses import AddressLimits
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
@@ -140,6 +141,12 @@ class Broker:
         #: When the broker was made (Unix time): the uptime's origin.
         self.started_at = time.time()
         self.channels = ChannelRegistry()
+        #: Open Channels and HTTP Channel opens per client address.
+        self.address_limits = AddressLimits(
+            self.channels,
+            max_per_address=config.channels.max_per_address,
+            http_opens_per_second=config.channels.http_opens_per_second,
+        )
         self.respondents = RespondentTable()
         self.engine = create_engine(config, broker_id=broker_id)
         #: Where Channels and Respondents are across the bus, and forwarding.
@@ -242,24 +249,44 @@ class Broker:
     # -- Channels ------------------------------------------------------------
 
     def open_websocket_channel(
-        self, remote: str, *, address: str | None = None, tls: bool = False
+        self,
+        remote: str,
+        *,
+        address: str | None = None,
+        tls: bool = False,
+        address_key: str | None = None,
     ) -> tuple[Channel, StreamOutbox]:
-        """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``."""
+        """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``.
+
+        ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        """
         limits = self.config.channels
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(ChannelKind.WEBSOCKET, outbox, remote=remote)
+        channel = self.channels.open(
+            ChannelKind.WEBSOCKET, outbox, remote=remote, address_key=address_key
+        )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.router.channel_opened(channel)
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
 
     def open_http_channel(
-        self, remote: str, *, address: str | None = None, tls: bool = False
+        self,
+        remote: str,
+        *,
+        address: str | None = None,
+        tls: bool = False,
+        address_key: str | None = None,
     ) -> tuple[Channel, Mailbox]:
-        """Open a stateless HTTP Channel with a mailbox for long-polls."""
+        """Open a stateless HTTP Channel with a mailbox for long-polls.
+
+        ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        """
         limits = self.config.channels
         mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(ChannelKind.HTTP, mailbox, remote=remote)
+        channel = self.channels.open(
+            ChannelKind.HTTP, mailbox, remote=remote, address_key=address_key
+        )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.router.channel_opened(channel)
         self.log.info(
@@ -316,6 +343,7 @@ class Broker:
         limits = self.config.tubes
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
         tube = Tube(ApplicationAgentId(agent_id), outbox, remote)
+        tube.gate.own = outbox
         tube.access = _access(address, tls, agent_id=agent_id, channel_id=tube.id)
         self.router.open_tube(tube)
         return tube, outbox

@@ -18,6 +18,7 @@
           ├── TooManyPending         2106  gateway.messaging.sequencing: a sender's queue
           │                                of engine calls is full
           ├── MessageTooLarge        1101  gateway.messaging.dispatch
+          ├── TooManyChannels        2108  gateway.connections.addresses: .retry_after
           └── LocalError               never sent to a peer; str() is the message alone
                ├── ConfigError         gateway.config.errors: .source .detail .key .line
                ├── AclConfigError      gateway.acl.errors: .source .line .key .detail

@@ -67,6 +67,27 @@ class ChannelLimits:
     long_poll_max_frames: int = 256
     #: Seconds without a request after which a stateless HTTP Channel expires.
     http_idle_timeout: float = 120.0
+    #: Seconds an HTTP request's body has, from its first byte to its last, on
+    #: Hypercorn and Uvicorn alike. A body that stalls or arrives too slowly (a
+    #: ``Content-Length`` larger than what is sent, chunks that never end) gets
+    #: ``408`` with fault 1201 and its connection is closed, so it cannot hold a
+    #: connection and a request slot open.
+    http_read_timeout: float = 10.0
+    #: Channels (WebSocket and HTTP together) one client address (an IPv6 /64)
+    #: may hold open at once; one more gets fault 2108 (a WebSocket Channel is
+    #: then closed with 1008, an HTTP POST gets ``429``). 0 turns the limit off.
+    #: Behind a reverse proxy every client has the proxy's address: raise it.
+    max_per_address: int = 1000
+    #: HTTP Channels one client address may open per second, sustained and in
+    #: a burst (a token bucket); past it ``429`` with ``Retry-After`` and fault
+    #: 2108. 0 turns the limit off.
+    http_opens_per_second: int = 20
+    #: Seconds a publisher (Channel or Tube) is held back by flow control at most
+    #: while a destination's outbox is over half full (WebSocket: its next message
+    #: is not read; HTTP: ``429`` with fault 2109). A destination that has not
+    #: drained below a quarter by then counts as stopped: nobody is held back for
+    #: it any more, so it fills and is cut off with 2105 as before.
+    flow_stall_timeout: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from asbp import ChannelId, FaultCode
 from gateway.acl import AccessContext
+from gateway.connections.flow import FlowGate
 from gateway.connections.outboxes import Outbox
 
 __all__ = ["Channel", "ChannelKind", "ChannelRegistry"]
@@ -69,12 +70,16 @@ class Channel:
     fault: FaultCode | None = None
     #: Whether the Channel has been closed.
     closed: bool = False
+    #: The client address it counts against (gateway.connections.addresses), if any.
+    address_key: str | None = None
+    #: Whether it may be read from now (flow control: gateway.connections.flow).
+    gate: FlowGate = field(default_factory=FlowGate)
 
 
 class ChannelRegistry:
     """Every open Channel at this broker, and every group."""
 
-    __slots__ = ("_channels", "_groups", "_tombstones", "closed", "opened")
+    __slots__ = ("_channels", "_groups", "_held", "_tombstones", "closed", "opened")
 
     def __init__(self) -> None:
         #: Channels opened and closed since the broker started (the metrics'
@@ -82,6 +87,8 @@ class ChannelRegistry:
         self.opened = 0
         self.closed = 0
         self._channels: dict[ChannelId, Channel] = {}
+        #: Open Channels per client address key (only keys holding one).
+        self._held: dict[str, int] = {}
         self._groups: dict[str, set[ChannelId]] = {}
         self._tombstones: OrderedDict[ChannelId, FaultCode] = OrderedDict()
 
@@ -91,18 +98,27 @@ class ChannelRegistry:
     def __iter__(self) -> Iterator[Channel]:
         return iter(list(self._channels.values()))
 
-    def open(self, kind: ChannelKind, outbox: Outbox, *, remote: str = "") -> Channel:
-        """Create a Channel with a fresh Channel-Identifier."""
+    def open(
+        self, kind: ChannelKind, outbox: Outbox, *, remote: str = "", address_key: str | None = None
+    ) -> Channel:
+        """Create a Channel with a fresh Channel-Identifier, counted under ``address_key``."""
         while True:
             channel_id = ChannelId(uuid.uuid4().hex)
             # A collision is astronomically unlikely, but uniqueness at this
             # broker is a MUST, and checking costs one dict lookup.
             if channel_id not in self._channels:
                 break
-        channel = Channel(channel_id, kind, outbox, remote)
+        channel = Channel(channel_id, kind, outbox, remote, address_key=address_key)
+        channel.gate.own = outbox
         self._channels[channel_id] = channel
         self.opened += 1
+        if address_key is not None:
+            self._held[address_key] = self._held.get(address_key, 0) + 1
         return channel
+
+    def held_by(self, address_key: str) -> int:
+        """How many open Channels count against ``address_key``."""
+        return self._held.get(address_key, 0)
 
     def get(self, channel_id: str) -> Channel | None:
         """The open Channel with this identifier, or None."""
@@ -115,6 +131,13 @@ class ChannelRegistry:
         channel.closed = True
         self.closed += 1
         self._channels.pop(channel.id, None)
+        key = channel.address_key
+        if key is not None:
+            held = self._held[key] - 1
+            if held:
+                self._held[key] = held
+            else:
+                del self._held[key]
         for group in channel.groups:
             members = self._groups.get(group)
             if members is not None:

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Generic, Protocol, TypeVar
 
+from gateway.connections.flow import PUBLISHER
+
 __all__ = ["Mailbox", "Outbox", "StreamOutbox"]
 
 
@@ -82,6 +84,18 @@ class Outbox(Protocol):
         """Take no more frames and drop what is queued (the reader is gone)."""
         ...
 
+    def on_relief(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once the outbox drains below its low-water mark or closes.
+
+        Any number at a time (gateway.connections.flow: each blocked publisher).
+        """
+        ...
+
+    def stalled(self) -> None:
+        """A publisher waited too long for this outbox to drain: hold nobody back for
+        it until it does (it fills and its reader is cut off, as without flow control)."""
+        ...
+
 
 #: What an outbox queues per frame: the frame, or (for a Mailbox) its number and it.
 F = TypeVar("F")
@@ -90,7 +104,20 @@ F = TypeVar("F")
 class _Bounded(Generic[F]):
     """What both outboxes share: the bounds, ``room()`` and the drain hook."""
 
-    __slots__ = ("_bytes", "_closed", "_drained", "_frames", "_max_bytes", "_max_frames")
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_drained",
+        "_frames",
+        "_given_up",
+        "_high_bytes",
+        "_high_frames",
+        "_low_bytes",
+        "_low_frames",
+        "_max_bytes",
+        "_max_frames",
+        "_relief",
+    )
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self._frames: deque[F] = deque()
@@ -99,6 +126,16 @@ class _Bounded(Generic[F]):
         self._max_bytes = max_bytes
         self._closed = False
         self._drained: Callable[[], object] | None = None
+        # Flow control (gateway.connections.flow): above half the bounds, the
+        # publisher being routed is held back until they are under a quarter.
+        self._high_frames = max_frames // 2
+        self._high_bytes = max_bytes // 2
+        self._low_frames = max_frames // 4
+        self._low_bytes = max_bytes // 4
+        self._relief: list[Callable[[], object]] | None = None
+        # A publisher waited too long for this outbox to drain: until it does,
+        # publishers are not held back for it (it fills, and is cut, as before).
+        self._given_up = False
 
     @property
     def closed(self) -> bool:
@@ -129,6 +166,31 @@ class _Bounded(Generic[F]):
         if drained is not None:
             self._drained = None
             drained()
+        if (self._relief is not None or self._given_up) and (
+            self._closed
+            or (len(self._frames) <= self._low_frames and self._bytes <= self._low_bytes)
+        ):
+            self._given_up = False
+            relief, self._relief = self._relief or [], None
+            for callback in relief:
+                callback()
+
+    def _congested(self) -> None:
+        """Above the high-water mark: hold back the publisher being routed, if any."""
+        gate = PUBLISHER.gate
+        if gate is not None and not self._given_up:
+            gate.block_on(self)
+
+    def on_relief(self, callback: Callable[[], object]) -> None:
+        if self._closed:
+            callback()
+            return
+        if self._relief is None:
+            self._relief = []
+        self._relief.append(callback)
+
+    def stalled(self) -> None:
+        self._given_up = True
 
 
 class StreamOutbox(_Bounded[bytes]):
@@ -193,6 +255,8 @@ class StreamOutbox(_Bounded[bytes]):
             return False
         frames.append(frame)
         self._bytes = size
+        if size > self._high_bytes or len(frames) > self._high_frames:
+            self._congested()
         if self._waiter is not None:
             loop = self._loop
             if loop is None:
@@ -214,13 +278,13 @@ class StreamOutbox(_Bounded[bytes]):
                 self._wake()
                 break
             self._bytes -= len(frames.popleft())
-        if self._drained is not None:
+        if self._drained is not None or self._relief is not None or self._given_up:
             self._emptied()
 
     def close(self) -> None:
         self._closed = True
         self._wake()
-        if self._drained is not None:
+        if self._drained is not None or self._relief is not None or self._given_up:
             self._emptied()
 
     def abort(self) -> None:
@@ -250,7 +314,7 @@ class StreamOutbox(_Bounded[bytes]):
         batch = list(self._frames)
         self._frames.clear()
         self._bytes = 0
-        if self._drained is not None:
+        if self._drained is not None or self._relief is not None or self._given_up:
             self._emptied()
         return batch
 
@@ -295,6 +359,8 @@ class Mailbox(_Bounded[tuple[int, bytes]]):
         frames.append((self._next_seq, frame))
         self._next_seq += 1
         self._bytes = size
+        if size > self._high_bytes or len(frames) > self._high_frames:
+            self._congested()
         self._wake(True)
         return True
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from asbp import ApplicationAgentId, FaultCode
 from gateway.acl import AccessContext
+from gateway.connections.flow import FlowGate
 from gateway.connections.outboxes import Outbox
 
 __all__ = ["RespondentTable", "Tube"]
@@ -48,6 +49,8 @@ class Tube:
     fault: FaultCode | None = None
     #: Whether the Tube has been closed.
     closed: bool = False
+    #: Whether it may be read from now (flow control: gateway.connections.flow).
+    gate: FlowGate = field(default_factory=FlowGate)
 
 
 class RespondentTable:

@@ -383,3 +383,11 @@ class Engine(Protocol):
         May lag by one expiry sweep: messages that expired since are still counted.
         """
         ...
+
+    async def ping(self) -> None:
+        """Return once the backing store answers (``/readyz``).
+
+        Raises:
+            EngineUnavailable: it cannot be reached.
+        """
+        ...

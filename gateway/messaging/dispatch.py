@@ -24,6 +24,7 @@ import asbp
 from asbp import AsbpError, Command, FaultCode
 from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
+from gateway.connections.flow import PUBLISHER, remember_origin
 from gateway.engines.base import DEFAULT_PRIORITY, Engine, new_message
 from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
@@ -182,6 +183,12 @@ class CommandDispatcher:
             headers,
         )
         queued = destination.type is DestinationType.QUEUE
+        if not queued:
+            # Its delivery, later, holds this publisher back if it fills a
+            # subscriber's outbox (gateway.connections.flow).
+            gate = PUBLISHER.gate
+            if gate is not None:
+                remember_origin(message.id, gate)
         engine = self._engine
         run = functools.partial(engine.enqueue if queued else engine.publish, message)
         if queued:

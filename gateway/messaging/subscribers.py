@@ -28,6 +28,7 @@ from typing import Final
 from asbp import AsbpError, FaultCode
 from gateway.acl import AccessContext, DestinationType
 from gateway.config.model import MessagingLimits
+from gateway.connections.flow import PUBLISHER, origin_of
 from gateway.engines.base import Engine, Message
 from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
@@ -215,6 +216,15 @@ class Subscribers:
 
     def on_topic(self, message: Message) -> None:
         """A topic message, from any broker sharing the engine: notify its subscribers."""
+        # A subscriber's outbox this fills past its high-water mark holds the
+        # publisher back, when it is a connection of this broker.
+        previous, PUBLISHER.gate = PUBLISHER.gate, origin_of(message.id)
+        try:
+            self._notify(message)
+        finally:
+            PUBLISHER.gate = previous
+
+    def _notify(self, message: Message) -> None:
         topic = message.destination
         for subscription in self._topics.matching(topic):
             frame: bytes | None = None

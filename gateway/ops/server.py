@@ -341,6 +341,7 @@ async def _run_uvicorn(
     import uvicorn
 
     from gateway.transports.coalescing import CoalescingWebSocketProtocol
+    from gateway.transports.h11_eof import EofAnsweringH11Protocol
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -355,7 +356,8 @@ async def _run_uvicorn(
     server = Server(
         uvicorn.Config(
             app,
-            http="h11",
+            # h11, answering a body cut short by end-of-file with 400 as Hypercorn does.
+            http=EofAnsweringH11Protocol,
             # Uvicorn's websockets-sansio protocol (the legacy "websockets" one warns on
             # import), writing what one loop turn sends in one system call.
             ws=CoalescingWebSocketProtocol,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import asbp
 from asbp import Command, ProtocolError
 from gateway.connections.channels import Channel
+from gateway.connections.flow import PUBLISHER
 from gateway.connections.tubes import Tube
 from gateway.eventlog.recorder import Recorder, Route
 from gateway.eventlog.schema import SourceKind
@@ -89,6 +90,15 @@ class Intake:
 
     def channel_frame(self, channel: Channel, frame: bytes) -> None:
         """A frame arrived from a User-Agent."""
+        # Flow control: an outbox this fills past its high-water mark holds the
+        # Channel back (gateway.connections.flow).
+        previous, PUBLISHER.gate = PUBLISHER.gate, channel.gate
+        try:
+            self._channel_frame(channel, frame)
+        finally:
+            PUBLISHER.gate = previous
+
+    def _channel_frame(self, channel: Channel, frame: bytes) -> None:
         recorder = self.recorder
         if recorder is None or channel.closed:
             try:
@@ -135,6 +145,15 @@ class Intake:
         self, channel: Channel, command: Command, frame: bytes | None = None
     ) -> None:
         """Route a decoded Command from a User-Agent (``frame``: its bytes, if known)."""
+        previous, PUBLISHER.gate = PUBLISHER.gate, channel.gate
+        try:
+            self._channel_command(channel, command, frame)
+        finally:
+            PUBLISHER.gate = previous
+
+    def _channel_command(
+        self, channel: Channel, command: Command, frame: bytes | None = None
+    ) -> None:
         recorder = self.recorder
         if recorder is None or channel.closed:
             self._route_channel(channel, command, frame)
@@ -186,6 +205,13 @@ class Intake:
 
     def tube_frame(self, tube: Tube, frame: bytes) -> None:
         """A frame arrived from an Application-Agent."""
+        previous, PUBLISHER.gate = PUBLISHER.gate, tube.gate
+        try:
+            self._tube_frame(tube, frame)
+        finally:
+            PUBLISHER.gate = previous
+
+    def _tube_frame(self, tube: Tube, frame: bytes) -> None:
         recorder = self.recorder
         if recorder is None or tube.closed:
             try:

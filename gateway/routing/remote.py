@@ -105,6 +105,13 @@ class ForwardingOutbox:
         """Nothing waits here: each frame is handed to the plane as it is offered."""
         return 0
 
+    def on_relief(self, callback: Callable[[], object]) -> None:
+        """Never full, so never holds a publisher back (flow control is per broker)."""
+        callback()
+
+    def stalled(self) -> None:
+        """Nothing to give up on: frames leave as they are offered."""
+
     def room(self) -> tuple[int, int]:
         # The bus, not this process, bounds what is on its way (the stream's cap).
         return (0, 0) if self._closed else (sys.maxsize, sys.maxsize)

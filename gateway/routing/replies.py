@@ -78,14 +78,20 @@ class ReplySender:
     def deliver(self, channel: Channel, frame: bytes) -> None:
         """Leave an encoded Command for ``channel``; a full outbox closes it."""
         if not channel.outbox.offer(frame) and not channel.closed:
-            self._log.warning(
-                "channel.slow_consumer",
-                extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
-            )
-            channel.fault = FaultCode.SLOW_CONSUMER
-            self.slow_channels += 1
-            channel.outbox.abort()
-            self._close_channel(channel)
+            self.cut_channel(channel)
+
+    def cut_channel(self, channel: Channel) -> None:
+        """Close ``channel`` as too slow (2105), dropping what is queued for it."""
+        if channel.closed:
+            return
+        self._log.warning(
+            "channel.slow_consumer",
+            extra={"channel": channel.id, "code": int(FaultCode.SLOW_CONSUMER)},
+        )
+        channel.fault = FaultCode.SLOW_CONSUMER
+        self.slow_channels += 1
+        channel.outbox.abort()
+        self._close_channel(channel)
 
     def send_tube(self, tube: Tube, command: Command) -> bool:
         """Encode ``command`` and leave it for ``tube``; False if it was too slow."""
@@ -95,18 +101,23 @@ class ReplySender:
         """Leave an encoded Command for ``tube``; False if it was too slow."""
         if tube.outbox.offer(frame):
             return True
-        if not tube.closed:
-            self._log.warning(
-                "tube.slow_consumer",
-                extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
-            )
-            tube.fault = FaultCode.SLOW_CONSUMER
-            self.slow_tubes += 1
-            tube.outbox.abort()
-            if self._on_slow_tube is not None:
-                self._on_slow_tube(tube)
-            self._close_tube(tube)
+        self.cut_tube(tube)
         return False
+
+    def cut_tube(self, tube: Tube) -> None:
+        """Close ``tube`` as too slow (2105), dropping what is queued for it."""
+        if tube.closed:
+            return
+        self._log.warning(
+            "tube.slow_consumer",
+            extra={"tube": tube.id, "agent": tube.agent_id, "code": 2105},
+        )
+        tube.fault = FaultCode.SLOW_CONSUMER
+        self.slow_tubes += 1
+        tube.outbox.abort()
+        if self._on_slow_tube is not None:
+            self._on_slow_tube(tube)
+        self._close_tube(tube)
 
     def fault(
         self,

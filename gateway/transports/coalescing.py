@@ -256,6 +256,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             elif handler is not None:
                 if not self._handle(handler, payload, kind == TEXT):
                     return
+                # The handler may have stopped the shortcut (flow control holds the
+                # connection back): the rest of this read waits in the queue.
+                handler = self._on_frame
             else:
                 if kind == TEXT:
                     queue.put_nowait({"type": "websocket.receive", "text": payload.decode()})

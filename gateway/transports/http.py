@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from typing import TYPE_CHECKING, Final
@@ -35,6 +36,7 @@ from starlette.responses import Response
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
+from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import Mailbox
 from gateway.routing import builtin_commands
@@ -52,12 +54,27 @@ _STATUS: Final = {
     FaultCode.HEADER_TOO_LARGE: 431,
     FaultCode.UNKNOWN_CHANNEL: 404,
     FaultCode.SLOW_CONSUMER: 410,
+    FaultCode.TOO_MANY_CHANNELS: 429,
+    FaultCode.DESTINATIONS_BUSY: 429,
 }
 
 
-def _fault(code: FaultCode, message: str, *, command_id: int | None = None) -> Response:
+def _fault(
+    code: FaultCode, message: str, *, command_id: int | None = None, status: int | None = None
+) -> Response:
     frame = asbp.encode(builtin_commands.fault_command(code, message, command_id=command_id))
-    return Response(frame, status_code=_STATUS.get(code, 400), media_type=MEDIA_TYPE)
+    status_code = _STATUS.get(code, 400) if status is None else status
+    return Response(frame, status_code=status_code, media_type=MEDIA_TYPE)
+
+
+def _unfinished(status: int, message: str) -> Response:
+    """A fault for a body that never arrived whole; the connection closes after it.
+
+    What is left of the body would otherwise be read as the next request.
+    """
+    response = _fault(FaultCode.INVALID_MESSAGE_FORMAT, message, status=status)
+    response.headers["Connection"] = "close"
+    return response
 
 
 def _gone(broker: Broker, channel_id: str | None, command_id: int | None = None) -> Response:
@@ -118,10 +135,16 @@ async def post(request: Request) -> Response:
     """``POST /asbp``: one Command in, ``asbp.accepted`` (with ``i``) or a fault out."""
     broker: Broker = request.state.broker
     limits = broker.config.limits
+    read_timeout = broker.config.channels.http_read_timeout
     try:
-        body = await _read_body(request, limits.max_frame_bytes)
+        async with asyncio.timeout(read_timeout):
+            body = await _read_body(request, limits.max_frame_bytes)
+    except TimeoutError:
+        return _unfinished(408, f"the request body did not arrive in full within {read_timeout} s")
     except ClientDisconnect:
-        return Response(status_code=400)
+        # Uvicorn and Hypercorn answer a body cut short by end-of-file themselves
+        # (see gateway.transports.h11_eof); this is for a client that vanished.
+        return _unfinished(400, "the request body ended early")
     if body is None:
         return _fault(
             FaultCode.INVALID_MESSAGE_SIZE,
@@ -132,14 +155,31 @@ async def post(request: Request) -> Response:
     except ProtocolError as exc:
         return _fault(exc.code, exc.message, command_id=builtin_commands.sniff_command_id(body))
     command_id = command.command_id
+    if "i" in request.query_params:
+        # Honouring it would give two places for one key that could disagree, and
+        # ignoring it opened a new Channel per POST whose replies the client never saw.
+        return _fault(
+            FaultCode.INVALID_MESSAGE_FORMAT,
+            "'i' goes in the Command's header (c=...,i=<Channel>;), not in the query string"
+            " of a POST; only GET takes it there",
+            command_id=command_id,
+        )
     channel_id = command.channel_id
     if channel_id is None:
         client = request.client
         remote = f"{client.host}:{client.port}" if client else ""
+        try:
+            key = broker.address_limits.admit(client.host if client else None, http=True)
+        except TooManyChannels as exc:
+            response = _fault(exc.code, exc.message, command_id=command_id)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = str(exc.retry_after)
+            return response
         channel, _ = broker.open_http_channel(
             remote,
             address=client.host if client else None,
             tls=request.url.scheme == "https",
+            address_key=key,
         )
     else:
         found = _http_channel(broker, channel_id)
@@ -147,6 +187,21 @@ async def post(request: Request) -> Response:
             return _gone(broker, channel_id, command_id)
         channel = found
     channel.last_seen = time.monotonic()
+    gate = channel.gate
+    if gate.blocked:
+        # Flow control: what this Channel published filled a destination's outbox.
+        stall_timeout = broker.config.channels.flow_stall_timeout
+        wait = gate.retry_after(stall_timeout)
+        if wait > 0:
+            response = _fault(
+                FaultCode.DESTINATIONS_BUSY,
+                "what this Channel sends fills its destinations faster than they read;"
+                " send again after Retry-After",
+                command_id=command_id,
+            )
+            response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+            return response
+        gate.give_up()  # a destination that did not drain in all that time has stopped
     if command.name != builtin_commands.CHANNEL:
         # The frame too: the router forwards it as it is where it can, and the
         # event log takes the header's size from it.

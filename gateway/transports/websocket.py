@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from asbp import Command, FaultCode, Limits, encode
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.auth.throttle import HandshakeThrottle
+from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel
 from gateway.connections.finish import finish as _finish
 from gateway.connections.outboxes import StreamOutbox
@@ -69,6 +70,8 @@ ReceiveFrames = Callable[[Callable[[bytes, bool], None] | None], object]
 SUBPROTOCOL: Final = "asbp"
 #: WebSocket close code for a reader the broker gave up on (policy violation).
 CLOSE_SLOW: Final = 1008
+#: WebSocket close code for a Channel past a per-address limit (policy violation).
+CLOSE_POLICY: Final = 1008
 #: WebSocket close code when the broker shuts down ("going away").
 CLOSE_GOING_AWAY: Final = 1001
 
@@ -209,18 +212,38 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         await _deny(scope, send, 403, FaultCode.ACCESS_DENIED, why)
         return
     await send({"type": "websocket.accept", "subprotocol": _subprotocol(scope)})
-    channel, outbox = broker.open_websocket_channel(remote_address(scope))
+    client = scope.get("client")
+    try:
+        key = broker.address_limits.admit(str(client[0]) if client else None, http=False)
+    except TooManyChannels as exc:
+        # Accepted first, so that the fault reaches the client: a refused handshake
+        # tells a browser nothing but "failed".
+        fault = encode(builtin_commands.fault_command(exc.code, exc.message))
+        await send({"type": "websocket.send", "bytes": fault})
+        reason = f"{int(exc.code)} {exc.code.description}"
+        await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason})
+        return
+    channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=key)
     router = broker.router
     router.send(channel, Command(c=builtin_commands.CHANNEL, i=channel.id, b=broker.broker_id))
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame
+    gate = channel.gate
+    stall_timeout = broker.config.channels.flow_stall_timeout
     receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    shortcut = receive_frames is not None
     if receive_frames is not None:
 
         def on_frame(data: bytes, text: bool) -> None:
+            nonlocal shortcut
             channel.prefers_text = text
             frame_for(channel, data)
+            if gate.held and receive_frames is not None:
+                # Held back: the next messages wait in the server's queue, which
+                # stops reading the socket, until the loop below lets them in.
+                shortcut = False
+                receive_frames(None)
 
         receive_frames(on_frame)
     try:
@@ -228,6 +251,8 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                if gate.held:
+                    await gate.wait(stall_timeout)
                 data = message.get("bytes")
                 if data is None:
                     channel.prefers_text = True
@@ -235,6 +260,9 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                 else:
                     channel.prefers_text = False
                 frame_for(channel, data)
+                if not shortcut and receive_frames is not None and not gate.held:
+                    shortcut = True
+                    receive_frames(on_frame)
             elif kind == "websocket.disconnect":
                 break
     finally:
@@ -351,18 +379,34 @@ async def tube_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     writer = asyncio.create_task(_write(outbox, send, tube, extensions.get(SEND_FRAME)))
     router = broker.router
     frame_for = router.tube_frame
+    gate = tube.gate
+    stall_timeout = broker.config.channels.flow_stall_timeout
     receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)
+    shortcut = receive_frames is not None
+
+    def on_frame(data: bytes, _text: bool) -> None:
+        nonlocal shortcut
+        frame_for(tube, data)
+        if gate.held and receive_frames is not None:
+            shortcut = False  # held back, as a Channel is (channel_endpoint)
+            receive_frames(None)
+
     if receive_frames is not None:
-        receive_frames(lambda data, _text: frame_for(tube, data))
+        receive_frames(on_frame)
     try:
         while True:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                if gate.held:
+                    await gate.wait(stall_timeout)
                 data = message.get("bytes")
                 if data is None:
                     data = (message.get("text") or "").encode("utf-8")
                 frame_for(tube, data)
+                if not shortcut and receive_frames is not None and not gate.held:
+                    shortcut = True
+                    receive_frames(on_frame)
             elif kind == "websocket.disconnect":
                 break
     finally:

@@ -24,12 +24,24 @@ async def test_readyz_names_the_broker_and_counts_connections(gateway: Gateway) 
     readyz = f"{gateway.server.http_url}/readyz"
     response = await client.get(readyz)
     assert response.status_code == 200
-    assert response.json() == {"ready": True, "broker": BROKER_ID, "channels": 0, "tubes": 0}
+    assert response.json() == {
+        "ready": True,
+        "engine": True,
+        "broker": BROKER_ID,
+        "channels": 0,
+        "tubes": 0,
+    }
 
     await gateway.channel()
     await gateway.tube()
     response = await client.get(readyz)
-    assert response.json() == {"ready": True, "broker": BROKER_ID, "channels": 1, "tubes": 1}
+    assert response.json() == {
+        "ready": True,
+        "engine": True,
+        "broker": BROKER_ID,
+        "channels": 1,
+        "tubes": 1,
+    }
 
 
 @pytest.mark.anyio

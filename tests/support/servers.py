@@ -54,6 +54,7 @@ from starlette.types import ASGIApp
 
 from asbp import DEFAULT_LIMITS
 from gateway.transports.coalescing import CoalescingWebSocketProtocol
+from gateway.transports.h11_eof import EofAnsweringH11Protocol
 from gateway.transports.websocket import max_message_bytes
 
 from .timing import T
@@ -382,7 +383,7 @@ def _uvicorn(
     async def serve(ready: _Ready, stop: asyncio.Event) -> None:
         config = uvicorn.Config(
             app,
-            http="h11",
+            http=EofAnsweringH11Protocol,  # as gateway/ops/server.py runs it
             # As gateway/ops/server.py runs Uvicorn: websockets-sansio, writes coalesced.
             ws=CoalescingWebSocketProtocol if ws == "coalescing" else ws,
             ws_max_size=max_message_bytes,

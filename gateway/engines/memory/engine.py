@@ -292,6 +292,10 @@ class MemoryEngine:
         self._check_open()
         return {name: queue.depth for name, queue in self._queues.items()}
 
+    async def ping(self) -> None:
+        """In memory: answers while open."""
+        self._check_open()
+
     def sweep(self) -> None:
         """Apply time to every queue now (what the periodic sweep runs); call in the loop."""
         now = self._clock()

@@ -124,6 +124,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.engines.base import (
     Delivery,
@@ -252,7 +253,10 @@ class RedisEngine:
             decode_responses=False,
             # One retry, at once: a pooled connection that Redis closed while
             # idle (a restart) fails on first use and the retry takes a fresh one.
-            retry=Retry(NoBackoff(), 1),
+            # Not after a timeout: a Redis that is there but silent (stopped, a
+            # stalled disk) would make every call wait twice the command timeout
+            # before its caller hears 2005.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=COMMAND_TIMEOUT,
         )
@@ -470,6 +474,10 @@ class RedisEngine:
         names = await self.queues()
         values = await asyncio.gather(*(self.depth(name) for name in names))
         return dict(zip(names, values, strict=True))
+
+    async def ping(self) -> None:
+        """One ``PING`` through the batcher, as every other command goes."""
+        await self._command(("PING",))
 
     # -- internals ---------------------------------------------------------
 

@@ -163,6 +163,24 @@ async def test_post_without_i_opens_a_new_channel_each_time(gateway: Gateway) ->
 
 
 @pytest.mark.parametrize("server_name", SERVERS)
+async def test_post_with_i_in_the_query_string_faults_and_opens_nothing(gateway: Gateway) -> None:
+    user = await gateway.http_channel()
+    before = await gateway.call(lambda broker: len(broker.channels))
+    response = await user.client.post(
+        gateway.url,
+        params={"i": user.id},
+        content=asbp.encode(Command(c="asbp.ping", u=6)),
+        headers={"Content-Type": "application/asbp"},
+    )
+    assert response.status_code == 400
+    fault = decode(response.content)
+    assert_fault(fault, 1201, u=6)
+    assert "header" in fault.body.decode() and "query string" in fault.body.decode()
+    assert await gateway.call(lambda broker: len(broker.channels)) == before
+    assert await user.poll(wait=0) == []  # and the ping was not routed on the Channel
+
+
+@pytest.mark.parametrize("server_name", SERVERS)
 async def test_later_posts_carry_i(gateway: Gateway) -> None:
     user = await gateway.http_channel()
     status, accepted = await user.post(Command(c="asbp.ping", i=user.id, u=1))
@@ -374,6 +392,7 @@ async def test_oversized_header_is_431_with_fault_1104(small_frames: Gateway) ->
         (b"c=asbp.ping", 1201, None),
         (b"", 1201, None),
         (b"u=8,c=x,i=NOTHEX;", 1203, 8),
+        (b"+u=9,c=x\xff;", 1201, 9),  # "+u=": u first in a header marked UTF-8 that is not
     ],
 )
 async def test_malformed_post_is_400(

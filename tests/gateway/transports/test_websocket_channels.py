@@ -102,6 +102,7 @@ async def test_text_sender_gets_binary_when_the_answer_is_not_utf8(gateway: Gate
         (b"c=asbp.ping,u=10", 1201, None),  # no ";": no header, so no u either
         (b"u=11,c=x,i=nothex;", 1203, 11),  # a reserved key's rule
         (b"u=12;\xff", 1201, 12),  # decodes, but a User-Agent's Command needs c
+        (b"+u=13,c=x\xff;", 1201, 13),  # "+u=": u first in a header marked UTF-8 that is not
     ],
 )
 async def test_malformed_frame_faults_and_the_channel_stays_open(
