@@ -57,8 +57,10 @@ class Intake:
         "_fault",
         "_fault_tube",
         "_limits",
+        "_outcome_later",
         "_route_channel",
         "_route_tube",
+        "deferred",
         "fault_code",
         "recorder",
         "routed",
@@ -73,6 +75,7 @@ class Intake:
         faults: Faults,
         limits: asbp.Limits,
         recorder: Recorder | None,
+        outcome_later: Callable[[Callable[[int | None], object]], None] | None = None,
     ) -> None:
         self._route_channel = route_channel
         self._route_tube = route_tube
@@ -87,6 +90,11 @@ class Intake:
         self.routed: Route | None = None
         #: The first fault it got.
         self.fault_code: int | None = None
+        #: Set by the router when it handed the Command to another broker of the bus:
+        #: its outcome (placed, or fault 2101) is known only later, so its record waits
+        #: for it (``outcome_later`` takes the record to finish with the fault, if any).
+        self.deferred = False
+        self._outcome_later = outcome_later
 
     def channel_frame(self, channel: Channel, frame: bytes) -> None:
         """A frame arrived from a User-Agent."""
@@ -125,6 +133,9 @@ class Intake:
             self._record_undecoded(recorder, "channel", channel.id, None, frame, began)
             return
         self._route_channel(channel, command, frame)
+        if self.deferred:
+            self._record_later(recorder, "channel", channel.id, None, command, frame, began)
+            return
         # The hot path, inline (see _record and routelog.record_routed for the same).
         self.source = None
         body_bytes = len(command.body)
@@ -161,7 +172,35 @@ class Intake:
         began = _clock_ns()
         self.source, self.routed, self.fault_code = channel, None, None
         self._route_channel(channel, command, frame)
+        if self.deferred:
+            self._record_later(recorder, "channel", channel.id, None, command, frame, began)
+            return
         self._record(recorder, "channel", channel.id, None, command, frame, began)
+
+    def _record_later(
+        self,
+        recorder: Recorder,
+        source_kind: SourceKind,
+        source: str,
+        agent: str | None,
+        command: Command,
+        frame: bytes | None,
+        began: int,
+    ) -> None:
+        """Record a Command handed to the bus once the bus says what became of it."""
+        self.source, self.deferred = None, False
+        routed, limits = self.routed, self._limits
+
+        def record(fault: int | None) -> None:
+            route = None if fault is not None else routed
+            record_routed(
+                recorder, source_kind, source, agent, command, frame, began, route, fault, limits
+            )
+
+        if self._outcome_later is None:
+            record(self.fault_code)
+        else:
+            self._outcome_later(record)
 
     def _record(
         self,

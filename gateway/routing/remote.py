@@ -164,6 +164,8 @@ class Remote:
         self._unplaced = _placeholder("")
         self._brokers: dict[str, Tube] = {}
         self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
+        #: The placing of the request just made, for :meth:`outcome_later`.
+        self._placing: asyncio.Future[str | None] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
 
@@ -179,9 +181,33 @@ class Remote:
         if command_id is not None:
             self.waiting.start(channel, command_id, self._unplaced, name)
         envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
-        self.plane.forward_request(name, envelope).add_done_callback(
+        placing = self.plane.forward_request(name, envelope)
+        placing.add_done_callback(
             lambda future: self._placed(future, channel, command_id, name, bool(among))
         )
+        self._placing = placing
+
+    def outcome_later(self, record: Callable[[int | None], object]) -> None:
+        """Call ``record`` with the fault of the request just made (None once it is
+        placed on a broker), after its fault, if any, went to the User-Agent.
+
+        The event log's row of a Command handed to the bus waits for this, so a Command
+        nobody on the bus serves is logged with fault 2101, as on one broker.
+        """
+        placing, self._placing = self._placing, None
+        if placing is None:
+            record(None)
+            return
+
+        def outcome(future: asyncio.Future[str | None]) -> None:
+            placed = (
+                not future.cancelled()
+                and future.exception() is None
+                and future.result() is not None
+            )
+            record(None if placed else int(FaultCode.NO_RESPONDENT))
+
+        placing.add_done_callback(outcome)
 
     def _placed(
         self,

@@ -193,6 +193,7 @@ class Router:
             faults=self.replies,
             limits=limits,
             recorder=recorder,
+            outcome_later=None if self.remote is None else self.remote.outcome_later,
         )
         # Where frames and Commands enter, under the router's name (the transports'
         # call sites), bound once: the hot path pays no extra call for the split.
@@ -356,6 +357,7 @@ class Router:
         intake = self._intake
         if intake.source is not None:
             intake.routed = ("agent", None, None)
+            intake.deferred = True  # placed on another broker, or 2101: known later
         self.remote.request(channel, command, outbound, tuple(sorted(among or ())))
 
     def _from_channel(
