@@ -69,13 +69,23 @@ async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterato
 
 
 async def until_in_directory(redis_url: str, key: str, field: str, present: bool = True) -> None:
-    """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``."""
+    """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``.
+
+    Woken by the key's keyspace notifications, subscribed to before each look, so a
+    change cannot fall between a look and the wait.
+    """
     client = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    full_key = PREFIX + key
     try:
+        await client.config_set("notify-keyspace-events", "KA")
+        db = client.connection_pool.connection_kwargs.get("db", 0)
+        await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
         with anyio.fail_after(5 * T):
-            while bool(await client.hexists(PREFIX + key, field)) != present:
-                await anyio.sleep(0.01)
+            while bool(await client.hexists(full_key, field)) != present:
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
     finally:
+        await pubsub.aclose()
         await client.aclose()
 
 
