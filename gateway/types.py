@@ -99,7 +99,7 @@ class MessagingHooks(Protocol):
     def channel_command(
         self, channel: Channel, access: AccessContext, command: Command, name: str
     ) -> None:
-        """A messaging built-in (builtin_commands.MESSAGING) from a User-Agent, sent
+        """A messaging built-in (asbp.names.MESSAGING) from a User-Agent, sent
         with ``access`` (the Channel's, or its Subject's when ``s`` names one)."""
         ...
 

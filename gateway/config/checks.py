@@ -34,7 +34,7 @@ __all__ = ["BROKER_ID_PATTERN", "check_across", "check_value"]
 #: value, in a URL, in a log line and as part of a file or Redis key name.
 BROKER_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
-# The broker's own Command-Names (gateway.routing.builtin_commands.PREFIX); an
+# The broker's own Command-Names (asbp.names.PREFIX); an
 # Authenticate-Command there could never reach an agent.
 _RESERVED_COMMAND_PREFIX: Final = "asbp."
 _REDIS_SCHEMES: Final = ("redis", "rediss", "unix")

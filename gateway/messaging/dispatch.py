@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 import asbp
 from asbp import AsbpError, Command, FaultCode
+from asbp.names import ACK, POLL, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
 from gateway.connections.flow import PUBLISHER, remember_origin
@@ -37,7 +38,6 @@ from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import Subscribers
 from gateway.messaging.subscriptions import Endpoint, Operation
 from gateway.metrics.counts import MessagingCounts
-from gateway.routing import builtin_commands
 
 __all__ = ["CommandDispatcher", "MessageTooLarge"]
 
@@ -118,11 +118,11 @@ class CommandDispatcher:
         command_id: int | None,
     ) -> Operation:
         """Read, check and prepare one Command (the "on sight" step)."""
-        if name == builtin_commands.PUBLISH:
+        if name == PUBLISH:
             return self._publish_operation(endpoint, access, command, command_id)
-        if name in (builtin_commands.SUBSCRIBE, builtin_commands.UNSUBSCRIBE):
+        if name in (SUBSCRIBE, UNSUBSCRIBE):
             return self._subscription_operation(endpoint, access, command, name)
-        if name == builtin_commands.POLL:
+        if name == POLL:
             poll = read_poll(
                 command, max_count=self._limits.prefetch, max_wait=self._limits.max_poll_wait
             )
@@ -132,7 +132,7 @@ class CommandDispatcher:
                 command_id,
             )  # fmt: skip
             return Operation(name, command_id, run, detached=True)
-        if name == builtin_commands.ACK:
+        if name == ACK:
             ack = read_ack(command)
             self._require(access, ack.destination, Privilege.READ)
             queue = ack.destination.name
@@ -199,7 +199,7 @@ class CommandDispatcher:
             self._notices.hold(message.id)
             abandon = functools.partial(self._notices.abandon, message.id)
         return Operation(
-            builtin_commands.PUBLISH,
+            PUBLISH,
             command_id,
             run,
             answer=functools.partial(
@@ -215,7 +215,7 @@ class CommandDispatcher:
     ) -> Operation:
         command_id = command.command_id
         destination = read_subscription(command).destination
-        if name == builtin_commands.UNSUBSCRIBE:
+        if name == UNSUBSCRIBE:
             run = functools.partial(
                 self._subscribers.unsubscribe, endpoint, destination, command_id
             )
@@ -267,4 +267,4 @@ class CommandDispatcher:
             endpoint.drop(receipt)
         self._subscribers.wake(queue)
         if command_id is not None:
-            endpoint.reply(accepted(builtin_commands.ACK, command_id, count=live))
+            endpoint.reply(accepted(ACK, command_id, count=live))

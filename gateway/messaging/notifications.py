@@ -39,10 +39,10 @@ from typing import Final
 import asbp
 from asbp import Command
 from asbp.grammar import is_bare
+from asbp.names import ACCEPTED, NOTICE, NOTIFICATION, PUBLISH
 from gateway.acl import DestinationType
 from gateway.engines.base import Delivery, DeliveryNotice, Message, NoticeEvent
 from gateway.messaging.requests import MAX_DESTINATION_BYTES
-from gateway.routing import builtin_commands
 
 __all__ = [
     "NOTIFICATION_RESERVE",
@@ -124,7 +124,7 @@ def notification(
     return _frame(text, message.payload)
 
 
-_NOTIFICATION_START: Final = f"c={builtin_commands.NOTIFICATION},destination="
+_NOTIFICATION_START: Final = f"c={NOTIFICATION},destination="
 
 
 def notification_size(destination: str, payload: bytes, headers: Mapping[str, str]) -> int:
@@ -144,7 +144,7 @@ def notification_size(destination: str, payload: bytes, headers: Mapping[str, st
 
 def notice(event: DeliveryNotice, *, command_id: int | None) -> bytes:
     """The encoded ``asbp.notice`` for one delivery notice."""
-    header: dict[str, asbp.HeaderInput] = {"c": builtin_commands.NOTICE}
+    header: dict[str, asbp.HeaderInput] = {"c": NOTICE}
     if event.event is NoticeEvent.QUEUED:
         header["event"] = "queued"
     else:
@@ -163,7 +163,7 @@ def accepted(cause: str, command_id: int, **keys: str | int) -> bytes:
 
     ``keys`` are the broker's own (a message id, a count).
     """
-    text = f"c={builtin_commands.ACCEPTED},u={command_id},cause={_token(cause)}"
+    text = f"c={ACCEPTED},u={command_id},cause={_token(cause)}"
     for key, value in keys.items():
         text += f",{key}={value if type(value) is int else _token(str(value))}"
     return _frame(text, b"")
@@ -178,6 +178,4 @@ def published(command_id: int, message_id: str) -> bytes:
     return _PUBLISHED % (command_id, message_id.encode("ascii"))
 
 
-_PUBLISHED: Final = (
-    f"c={builtin_commands.ACCEPTED},u=%d,cause={builtin_commands.PUBLISH},id=%s;".encode()
-)
+_PUBLISHED: Final = f"c={ACCEPTED},u=%d,cause={PUBLISH},id=%s;".encode()

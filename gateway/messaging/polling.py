@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from asbp.names import POLL
 from gateway.acl import AccessContext, DestinationType
 from gateway.engines.base import Delivery, Engine
 from gateway.messaging.acl_gate import AclGate
@@ -26,7 +27,6 @@ from gateway.messaging.notifications import accepted, notification
 from gateway.messaging.requests import Destination
 from gateway.messaging.subscriptions import Endpoint
 from gateway.metrics.counts import MessagingCounts
-from gateway.routing import builtin_commands
 
 __all__ = ["Poller"]
 
@@ -139,4 +139,4 @@ class Poller:
             )
             await self._engine.ack(queue, unreadable)
         if command_id is not None:
-            endpoint.reply(accepted(builtin_commands.POLL, command_id, count=delivered))
+            endpoint.reply(accepted(POLL, command_id, count=delivered))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from asbp import AsbpError, FaultCode
+from asbp.names import SUBSCRIBE, UNSUBSCRIBE
 from gateway.acl import AccessContext, DestinationType
 from gateway.config.model import MessagingLimits
 from gateway.connections.flow import PUBLISHER, origin_of
@@ -39,7 +40,6 @@ from gateway.messaging.requests import Destination
 from gateway.messaging.subscriptions import Endpoint, Topics
 from gateway.messaging.system_topics import SystemTopics
 from gateway.metrics.counts import MessagingCounts
-from gateway.routing import builtin_commands
 
 __all__ = ["FETCH_WAIT", "Subscribers", "TooManySubscriptions"]
 
@@ -146,7 +146,7 @@ class Subscribers:
             if new:
                 self._system.queue_count(name, len(consumer.members))
         if command_id is not None:
-            endpoint.reply(accepted(builtin_commands.SUBSCRIBE, command_id))
+            endpoint.reply(accepted(SUBSCRIBE, command_id))
 
     async def unsubscribe(
         self, endpoint: Endpoint, destination: Destination, command_id: int | None
@@ -154,7 +154,7 @@ class Subscribers:
         """``asbp.unsubscribe``: ``endpoint`` leaves ``destination``, then is answered."""
         self.leave(endpoint, destination.name)
         if command_id is not None:
-            endpoint.reply(accepted(builtin_commands.UNSUBSCRIBE, command_id))
+            endpoint.reply(accepted(UNSUBSCRIBE, command_id))
 
     def leave(self, endpoint: Endpoint, name: str) -> None:
         """``endpoint`` leaves the topic subscription or queue ``name``, if it held it."""

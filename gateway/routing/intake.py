@@ -28,10 +28,10 @@ from gateway.connections.flow import PUBLISHER
 from gateway.connections.tubes import Tube
 from gateway.eventlog.recorder import Recorder, Route
 from gateway.eventlog.schema import SourceKind
-from gateway.routing import builtin_commands
 from gateway.routing.routelog import clock_ns as _clock_ns
 from gateway.routing.routelog import record_routed, record_undecoded
 from gateway.routing.routelog import text as _text
+from gateway.routing.sniff import sniff_command_id
 from gateway.types import Faults
 
 __all__ = ["Intake"]
@@ -116,7 +116,7 @@ class Intake:
                     channel,
                     exc.code,
                     exc.message,
-                    command_id=builtin_commands.sniff_command_id(frame),
+                    command_id=sniff_command_id(frame),
                 )
                 return
             self._route_channel(channel, command, frame)
@@ -127,9 +127,7 @@ class Intake:
         try:
             command = asbp.decode(frame, limits=self._limits)
         except ProtocolError as exc:
-            self._fault(
-                channel, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-            )
+            self._fault(channel, exc.code, exc.message, command_id=sniff_command_id(frame))
             self._record_undecoded(recorder, "channel", channel.id, None, frame, began)
             return
         self._route_channel(channel, command, frame)
@@ -256,9 +254,7 @@ class Intake:
             try:
                 command = asbp.decode(frame, limits=self._limits)
             except ProtocolError as exc:
-                self._fault_tube(
-                    tube, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-                )
+                self._fault_tube(tube, exc.code, exc.message, command_id=sniff_command_id(frame))
                 return
             self._route_tube(tube, command, frame)
             return
@@ -268,9 +264,7 @@ class Intake:
         try:
             command = asbp.decode(frame, limits=self._limits)
         except ProtocolError as exc:
-            self._fault_tube(
-                tube, exc.code, exc.message, command_id=builtin_commands.sniff_command_id(frame)
-            )
+            self._fault_tube(tube, exc.code, exc.message, command_id=sniff_command_id(frame))
             self._record_undecoded(recorder, "agent", agent, agent, frame, began)
             return
         self._route_tube(tube, command, frame)

@@ -1,4 +1,4 @@
-"""The built-in Commands the broker answers itself (names in gateway.routing.builtin_commands).
+"""The built-in Commands the broker answers itself (names in asbp.names).
 
 A User-Agent may send ``asbp.ping``, ``asbp.commands`` and, while Subjects are
 on, ``asbp.logout``; an Application-Agent may send ``asbp.ping``,
@@ -22,10 +22,26 @@ from typing import Final
 import orjson
 
 from asbp import Command, FaultCode
+from asbp.names import (
+    ACCEPTED,
+    AUTHENTICATED,
+    COMMANDS,
+    JOIN,
+    LEAVE,
+    LOGOUT,
+    MESSAGING,
+    NOTICE,
+    NOTIFICATION,
+    PING,
+    PONG,
+    PREFIX,
+    REFUSED,
+    REGISTER,
+    UNREGISTER,
+)
 from gateway.acl import AccessContext, Privilege
 from gateway.connections.channels import Channel, ChannelRegistry
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.routing import builtin_commands
 from gateway.routing.subject_auth import Authenticator
 from gateway.types import MessagingHooks, Replies
 
@@ -36,31 +52,27 @@ __all__ = ["CHANNEL_BUILTINS", "SUBJECT_BUILTINS", "TUBE_BUILTINS", "Management"
 Permitted = Callable[[str, AccessContext, str, Privilege, int | None], bool]
 
 #: The built-ins the broker answers for a User-Agent, besides messaging.
-CHANNEL_BUILTINS: Final = frozenset(
-    {builtin_commands.PING, builtin_commands.COMMANDS, builtin_commands.LOGOUT}
-)
+CHANNEL_BUILTINS: Final = frozenset({PING, COMMANDS, LOGOUT})
 #: The built-ins the broker answers for an Application-Agent, besides messaging.
 TUBE_BUILTINS: Final = frozenset(
     {
-        builtin_commands.PING,
-        builtin_commands.COMMANDS,
-        builtin_commands.REGISTER,
-        builtin_commands.UNREGISTER,
-        builtin_commands.JOIN,
-        builtin_commands.LEAVE,
-        builtin_commands.AUTHENTICATED,
-        builtin_commands.REFUSED,
+        PING,
+        COMMANDS,
+        REGISTER,
+        UNREGISTER,
+        JOIN,
+        LEAVE,
+        AUTHENTICATED,
+        REFUSED,
     }
 )
 #: Built-ins that exist only while Subjects are on.
-SUBJECT_BUILTINS: Final = frozenset(
-    {builtin_commands.LOGOUT, builtin_commands.AUTHENTICATED, builtin_commands.REFUSED}
-)
+SUBJECT_BUILTINS: Final = frozenset({LOGOUT, AUTHENTICATED, REFUSED})
 #: The messaging built-ins a sender may use (notifications and notices only
 #: ever come from the broker).
-_MESSAGING_REQUESTS: Final = builtin_commands.MESSAGING - {
-    builtin_commands.NOTIFICATION,
-    builtin_commands.NOTICE,
+_MESSAGING_REQUESTS: Final = MESSAGING - {
+    NOTIFICATION,
+    NOTICE,
 }
 
 
@@ -103,10 +115,10 @@ class Management:
         """Answer ``command``, the built-in ``name`` from ``peer``.
 
         ``name`` is in :data:`CHANNEL_BUILTINS` (from a Channel) or
-        :data:`TUBE_BUILTINS` (from a Tube), or in ``builtin_commands.MESSAGING``.
+        :data:`TUBE_BUILTINS` (from a Tube), or in ``MESSAGING``.
         """
         command_id = command.command_id
-        if name in builtin_commands.MESSAGING:
+        if name in MESSAGING:
             messaging = self._messaging
             if messaging is None:
                 self._fault(
@@ -141,14 +153,14 @@ class Management:
                 auth.logout(peer, command)
             return
         reply: Command | None
-        if name == builtin_commands.PING:
-            reply = Command({"c": builtin_commands.PONG}, command.body)
-        elif name == builtin_commands.COMMANDS:
+        if name == PING:
+            reply = Command({"c": PONG}, command.body)
+        elif name == COMMANDS:
             reply = self._commands(TUBE_BUILTINS if isinstance(peer, Tube) else CHANNEL_BUILTINS)
         elif not isinstance(peer, Tube):
             # The router hands a Channel only CHANNEL_BUILTINS and messaging.
             raise AssertionError(f"{name!r} is not a User-Agent built-in")
-        elif name in (builtin_commands.REGISTER, builtin_commands.UNREGISTER):
+        elif name in (REGISTER, UNREGISTER):
             reply = self._registration(peer, command, name)
         else:
             reply = self._membership(peer, command, name)
@@ -198,9 +210,7 @@ class Management:
         if self._messaging is not None:
             usable = usable | _MESSAGING_REQUESTS
         names = sorted(usable) + self._respondents.names()
-        return Command(
-            {"c": builtin_commands.COMMANDS, "m": "application/json"}, orjson.dumps(names)
-        )
+        return Command({"c": COMMANDS, "m": "application/json"}, orjson.dumps(names))
 
     def _registration(self, tube: Tube, command: Command, name: str) -> Command | None:
         """REGISTER or UNREGISTER: which Command-Names (``names``) ``tube`` serves."""
@@ -218,18 +228,18 @@ class Management:
             )
             return None
         names = [names_value] if isinstance(names_value, str) else list(names_value)
-        reserved = [n for n in names if n.startswith(builtin_commands.PREFIX)]
+        reserved = [n for n in names if n.startswith(PREFIX)]
         if reserved:
             replies.fault_tube(
                 tube,
                 FaultCode.ACCESS_DENIED,
-                f"Command-Names starting with {builtin_commands.PREFIX!r} belong to the broker: "
+                f"Command-Names starting with {PREFIX!r} belong to the broker: "
                 f"{', '.join(reserved)}",
                 command_id=command_id,
                 cause=name,
             )
             return None
-        if name == builtin_commands.REGISTER:
+        if name == REGISTER:
             forbidden = [
                 n
                 for n in names
@@ -259,10 +269,10 @@ class Management:
         else:
             self._respondents.unregister(tube, names)
         self._log.info(
-            "tube." + name.removeprefix(builtin_commands.PREFIX),
+            "tube." + name.removeprefix(PREFIX),
             extra={"tube": tube.id, "agent": tube.agent_id, "names": names},
         )
-        return Command({"c": builtin_commands.ACCEPTED, "cause": name, "names": names})
+        return Command({"c": ACCEPTED, "cause": name, "names": names})
 
     def _membership(self, tube: Tube, command: Command, name: str) -> Command | None:
         """JOIN or LEAVE: which Channels (``channels``) belong to which ``groups``."""
@@ -283,7 +293,7 @@ class Management:
             return None
         found = [self._channels.get(i) for i in ids]
         channels = [c for c in found if c is not None]
-        if name == builtin_commands.JOIN:
+        if name == JOIN:
             missing = [i for i, c in zip(ids, found, strict=True) if c is None]
             if missing:
                 replies.fault_tube(
@@ -299,4 +309,4 @@ class Management:
         else:
             for group in group_names:
                 self._channels.leave(group, channels)
-        return Command({"c": builtin_commands.ACCEPTED, "cause": name})
+        return Command({"c": ACCEPTED, "cause": name})

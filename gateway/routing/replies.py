@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import asbp
 from asbp import Command, FaultCode
+from asbp.fault_commands import fault_command
 from gateway.connections.channels import Channel
 from gateway.connections.tubes import Tube
-from gateway.routing import builtin_commands
 
 __all__ = ["FaultListener", "ReplySender"]
 
@@ -136,7 +136,7 @@ class ReplySender:
         self._on_fault(channel, code, message, cause, None)
         self.send(
             channel,
-            builtin_commands.fault_command(code, message, command_id=command_id, cause=cause),
+            fault_command(code, message, command_id=command_id, cause=cause),
         )
 
     def fault_tube(
@@ -160,6 +160,4 @@ class ReplySender:
             },
         )
         self._on_fault(tube, code, message, cause, tube.agent_id)
-        self.send_tube(
-            tube, builtin_commands.fault_command(code, message, command_id=command_id, cause=cause)
-        )
+        self.send_tube(tube, fault_command(code, message, command_id=command_id, cause=cause))

@@ -14,9 +14,9 @@ from typing import Final, cast
 
 import asbp
 from asbp import Command, ProtocolError
+from asbp.names import ACK, MESSAGING, POLL
 from gateway.eventlog.recorder import CLOCK_NS, Recorder, Route
 from gateway.eventlog.schema import DestinationKind, SourceKind
-from gateway.routing import builtin_commands
 
 __all__ = ["builtin_route", "clock_ns", "record_routed", "record_undecoded", "text"]
 
@@ -36,14 +36,14 @@ text: Final = cast("Callable[[Command, str], str | None]", Command.get)
 def builtin_route(command: Command, name: str) -> Route:
     """Where the event log says a built-in went: the topic or queue a messaging
     Command names (docs/protocol.md, "Topics and queues"), else the broker."""
-    if name not in builtin_commands.MESSAGING:
+    if name not in MESSAGING:
         return "broker", name, None
     destination = command.get("destination")
     if not isinstance(destination, str):
         return None, None, None  # none, or a list: refused on sight
     kind = command.get("type")
     if kind is None:
-        if name in (builtin_commands.POLL, builtin_commands.ACK):
+        if name in (POLL, ACK):
             return ("virtual_queue" if "@" in destination else "queue"), destination, None
         return "topic", destination, None
     return (_MESSAGING_KINDS.get(kind) if isinstance(kind, str) else None), destination, None

@@ -55,6 +55,7 @@ from collections.abc import Callable, Collection
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
+from asbp.names import MESSAGING, TUBE
 from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
@@ -62,7 +63,6 @@ from gateway.connections.tubes import RespondentTable, Tube
 from gateway.eventlog.recorder import Recorder
 from gateway.metrics.counts import NO_NAME, RouterCounts
 from gateway.plane.base import Envelope, Plane
-from gateway.routing import builtin_commands
 from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
@@ -244,7 +244,7 @@ class Router:
                 counts.channel_commands[name] += 1
             except KeyError:
                 counts.count_new(counts.channel_commands, name)
-        if name in CHANNEL_BUILTINS or name in builtin_commands.MESSAGING:
+        if name in CHANNEL_BUILTINS or name in MESSAGING:
             intake = self._intake
             if intake.source is not None:
                 intake.routed = builtin_route(command, name)
@@ -472,7 +472,7 @@ class Router:
             tube,
             Command(
                 {
-                    "c": builtin_commands.TUBE,
+                    "c": TUBE,
                     "a": tube.agent_id,
                     "b": self.broker_id,
                     "tube": tube.id,
@@ -520,7 +520,7 @@ class Router:
             except KeyError:
                 counts.count_new(counts.agent_commands, label)
         addressed = "d" in command or "g" in command
-        if (name in TUBE_BUILTINS or name in builtin_commands.MESSAGING) and not addressed:
+        if (name in TUBE_BUILTINS or name in MESSAGING) and not addressed:
             intake = self._intake
             if intake.source is not None:
                 intake.routed = builtin_route(command, name)

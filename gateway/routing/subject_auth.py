@@ -30,10 +30,10 @@ from dataclasses import replace
 
 import asbp
 from asbp import ApplicationAgentId, Command, FaultCode, ProtocolError
+from asbp.names import ACCEPTED, AUTHENTICATED, LOGOUT, REFUSED, SUBJECT_ENDED
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject, SubjectRegistry, SubjectState
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.routing import builtin_commands
 from gateway.types import SubjectReplies
 
 __all__ = ["Authenticator"]
@@ -156,11 +156,11 @@ class Authenticator:
                 FaultCode.ACCESS_DENIED,
                 "Subject-Identifier 's' does not belong to this Channel",
                 command_id=command.command_id,
-                cause=builtin_commands.LOGOUT,
+                cause=LOGOUT,
             )
             return
         self.end(subject, "logout")
-        reply = Command(c=builtin_commands.ACCEPTED, cause=builtin_commands.LOGOUT, s=subject.id)
+        reply = Command(c=ACCEPTED, cause=LOGOUT, s=subject.id)
         if command.command_id is not None:
             reply = reply.with_keys(u=command.command_id)
         self._replies.send(channel, reply)
@@ -184,7 +184,7 @@ class Authenticator:
             )
             return
         subject.asked.pop(tube.id, None)
-        if name == builtin_commands.REFUSED:
+        if name == REFUSED:
             reason = command.body.decode("utf-8", "replace") or "refused"
             subject.refusals.append(f"{tube.agent_id}: {reason}")
             self._log.info(
@@ -198,9 +198,7 @@ class Authenticator:
         if command.command_id is not None:
             replies.send_tube(
                 tube,
-                Command(
-                    c=builtin_commands.ACCEPTED, cause=name, s=subject.id, u=command.command_id
-                ),
+                Command(c=ACCEPTED, cause=name, s=subject.id, u=command.command_id),
             )
 
     def _authenticated(self, tube: Tube, subject: Subject, command: Command) -> None:
@@ -220,7 +218,7 @@ class Authenticator:
             return
         subject.state = SubjectState.AUTHENTICATED
         reply: dict[str, asbp.HeaderInput] = {
-            "c": builtin_commands.AUTHENTICATED,
+            "c": AUTHENTICATED,
             "s": subject.id,
             "a": tube.agent_id,
             "roles": sorted(subject.roles),
@@ -249,7 +247,7 @@ class Authenticator:
         self.subjects.end(subject)
         self._log.info("subject.end", extra={"subject": subject.id, "reason": why})
         if agents:
-            notice = Command(c=builtin_commands.SUBJECT_ENDED, s=subject.id, cause=why)
+            notice = Command(c=SUBJECT_ENDED, s=subject.id, cause=why)
             for tube in self._respondents.of_agents(agents):
                 self._replies.send_tube(tube, notice)
 

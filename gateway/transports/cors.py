@@ -33,7 +33,7 @@ from starlette.responses import Response
 
 import asbp
 from asbp import FaultCode
-from gateway.routing import builtin_commands
+from asbp.fault_commands import fault_command
 
 __all__ = ["ANY_ORIGIN", "allowed_origins", "is_allowed", "preflight", "with_cors"]
 
@@ -67,7 +67,7 @@ def _origins(request: Request) -> frozenset[str]:
 
 def _refused(origin: str) -> Response:
     frame = asbp.encode(
-        builtin_commands.fault_command(
+        fault_command(
             FaultCode.ACCESS_DENIED,
             f"origin {origin} is not allowed here (cors_origins)",
         )

@@ -22,12 +22,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import asbp
 from asbp import FaultCode
-from gateway.routing import builtin_commands
+from asbp.fault_commands import fault_command
 
 __all__ = ["EofAnsweringH11Protocol"]
 
 _FAULT: Final = asbp.encode(
-    builtin_commands.fault_command(FaultCode.INVALID_MESSAGE_FORMAT, "the request body ended early")
+    fault_command(FaultCode.INVALID_MESSAGE_FORMAT, "the request body ended early")
 )
 
 

@@ -36,10 +36,12 @@ from starlette.responses import Response
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from asbp.names import ACCEPTED, CHANNEL
 from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import Mailbox
-from gateway.routing import builtin_commands
+from gateway.routing.sniff import sniff_command_id
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -62,7 +64,7 @@ _STATUS: Final = {
 def _fault(
     code: FaultCode, message: str, *, command_id: int | None = None, status: int | None = None
 ) -> Response:
-    frame = asbp.encode(builtin_commands.fault_command(code, message, command_id=command_id))
+    frame = asbp.encode(fault_command(code, message, command_id=command_id))
     status_code = _STATUS.get(code, 400) if status is None else status
     return Response(frame, status_code=status_code, media_type=MEDIA_TYPE)
 
@@ -153,7 +155,7 @@ async def post(request: Request) -> Response:
     try:
         command = asbp.decode(body, limits=limits)
     except ProtocolError as exc:
-        return _fault(exc.code, exc.message, command_id=builtin_commands.sniff_command_id(body))
+        return _fault(exc.code, exc.message, command_id=sniff_command_id(body))
     command_id = command.command_id
     if "i" in request.query_params:
         # Honouring it would give two places for one key that could disagree, and
@@ -202,11 +204,11 @@ async def post(request: Request) -> Response:
             response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
             return response
         gate.give_up()  # a destination that did not drain in all that time has stopped
-    if command.name != builtin_commands.CHANNEL:
+    if command.name != CHANNEL:
         # The frame too: the router forwards it as it is where it can, and the
         # event log takes the header's size from it.
         broker.router.channel_command(channel, command, body)
-    reply = Command(c=builtin_commands.ACCEPTED, i=channel.id, b=broker.broker_id)
+    reply = Command(c=ACCEPTED, i=channel.id, b=broker.broker_id)
     if command_id is not None:
         reply = reply.with_keys(u=command_id)
     return Response(asbp.encode(reply), media_type=MEDIA_TYPE)

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from asbp import Command, FaultCode, Limits, encode
+from asbp.fault_commands import fault_command
+from asbp.names import CHANNEL
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.auth.throttle import HandshakeThrottle
 from gateway.connections.addresses import TooManyChannels
@@ -34,7 +36,6 @@ from gateway.connections.channels import Channel
 from gateway.connections.finish import finish as _finish
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import Tube
-from gateway.routing import builtin_commands
 from gateway.transports import cors
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
 
@@ -218,14 +219,14 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     except TooManyChannels as exc:
         # Accepted first, so that the fault reaches the client: a refused handshake
         # tells a browser nothing but "failed".
-        fault = encode(builtin_commands.fault_command(exc.code, exc.message))
+        fault = encode(fault_command(exc.code, exc.message))
         await send({"type": "websocket.send", "bytes": fault})
         reason = f"{int(exc.code)} {exc.code.description}"
         await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason})
         return
     channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=key)
     router = broker.router
-    router.send(channel, Command(c=builtin_commands.CHANNEL, i=channel.id, b=broker.broker_id))
+    router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id))
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame
@@ -286,7 +287,7 @@ async def _deny(
 ) -> None:
     """Refuse a WebSocket handshake with an HTTP status, ``headers`` and a fault body."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        frame = encode(builtin_commands.fault_command(code, message))
+        frame = encode(fault_command(code, message))
         await send(
             {
                 "type": "websocket.http.response.start",

@@ -1,78 +1,18 @@
-"""The broker's own Commands: names, shapes and the faults it sends.
+"""Finding the ``u`` of a frame the codec refused, so its fault can carry it.
 
-Every built-in Command-Name starts with ``asbp.``; that prefix is reserved
-for the broker, so no Application-Agent may register a name in it. The
-extension keys used here (``code``, ``cause``, ``names``, ``tube``) are
-unknown keys to the codec and are documented in docs/protocol.md.
-
-The names and the fault Command's shape are protocol vocabulary that the SDK
-speaks too, so they are defined in :mod:`asbp.names` and
-:mod:`asbp.fault_commands` and re-exported here: ``builtin_commands.PING`` *is*
-``asbp.names.PING``, and the broker's modules keep their one import.
+The broker's own Command-Names and the fault Command's shape are protocol
+vocabulary the SDK speaks too: they live in :mod:`asbp.names` and
+:mod:`asbp.fault_commands`. What stays here is the broker's best effort at
+answering a frame it could not decode with that frame's ``u``.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from asbp.fault_commands import fault_command
 from asbp.grammar import MAX_COMMAND_ID
-from asbp.names import (
-    ACCEPTED,
-    ACK,
-    AUTHENTICATED,
-    CHANNEL,
-    COMMANDS,
-    FAULT,
-    JOIN,
-    LEAVE,
-    LOGOUT,
-    MESSAGING,
-    NOTICE,
-    NOTIFICATION,
-    PING,
-    POLL,
-    PONG,
-    PREFIX,
-    PUBLISH,
-    REFUSED,
-    REGISTER,
-    SUBJECT_ENDED,
-    SUBSCRIBE,
-    TUBE,
-    UNREGISTER,
-    UNSUBSCRIBE,
-)
 
-__all__ = [
-    "ACCEPTED",
-    "ACK",
-    "AUTHENTICATED",
-    "CHANNEL",
-    "COMMANDS",
-    "FAULT",
-    "JOIN",
-    "LEAVE",
-    "LOGOUT",
-    "MESSAGING",
-    "NOTICE",
-    "NOTIFICATION",
-    "PING",
-    "POLL",
-    "PONG",
-    "PREFIX",
-    "PUBLISH",
-    "REFUSED",
-    "REGISTER",
-    "SNIFF_WINDOW",
-    "SUBJECT_ENDED",
-    "SUBSCRIBE",
-    "TUBE",
-    "UNREGISTER",
-    "UNSUBSCRIBE",
-    "fault_command",
-    "sniff_command_id",
-]
+__all__ = ["SNIFF_WINDOW", "sniff_command_id"]
 
 #: How far a refused frame is searched for its ``u``.
 SNIFF_WINDOW: Final = 1024
