@@ -37,8 +37,7 @@ from typing import Any, Final
 from agents import control
 from agents.addressing import ChannelMemory
 from agents.errors import AgentError, FaultError
-from agents.respondent import Handler, Request, RespondentTable
-from agents.tube import TubeSession
+from agents.respondent import Handler, Request, RequestSession, RespondentTable
 from asbp import Command, FaultCode
 
 __all__ = ["HANDLER_FAILED", "Dispatcher"]
@@ -110,7 +109,7 @@ class Dispatcher:
             await asyncio.gather(*late, return_exceptions=True)
         return len(late)
 
-    def dispatch(self, session: TubeSession, command: Command) -> None:
+    def dispatch(self, session: RequestSession, command: Command) -> None:
         """Handle one Command from a broker that answers no call of ours."""
         name = command.name
         channel_id = command.channel_id
@@ -144,7 +143,7 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _builtin(self, session: TubeSession, name: str, command: Command) -> None:
+    def _builtin(self, session: RequestSession, name: str, command: Command) -> None:
         if name == control.FAULT:
             fault = FaultError.from_command(command)
             waiter = self._fault_waiters.pop((fault.cause, fault.command_id), None)
