@@ -1,0 +1,397 @@
+"""Intermediary-Agents: Respondents on one bus that are User-Agents of the next (draft §3.4).
+
+::
+
+    downstream = Downstream("wss://inner.example/asbp")        # a User-Agent of the inner bus
+    agent = ApplicationAgent("gate", credentials, ["wss://outer.example/tube"])
+    async with IntermediaryAgent(upstream=agent, downstream=downstream, names=["echo"]):
+        ...                                                     # serve until done
+
+    # or one Respondent at a time, in an ApplicationAgent or a BrokerAgent:
+    agent.add_respondent("echo", forward_to(downstream))
+
+Theory of operation
+-------------------
+§3.4: "Intermediary-Agent, which is simply a Application-Agent that is also a
+User-Agent in this context"; its diagram chains User-Agent → Broker →
+Intermediary-Agent → Broker → etc., without limit. So an Intermediary is two
+SDK pieces joined by one handler:
+
+* **upstream**, whatever serves Respondents: an
+  :class:`~agents.agent.ApplicationAgent` on a Tube to a broker, or a
+  :class:`~agents.broker_agent.BrokerAgent` that User-Agents reach directly;
+* **downstream**, a :class:`Downstream`: one User-Agent Channel
+  (:class:`~agents.user_agent.UserAgent`) to a broker of the next bus (or to
+  the same bus's other broker, or to a Broker-Agent), kept open and dialled
+  again with backoff when it drops;
+* :func:`forward_to`: the handler that sends each request down the Channel
+  and each answer back up.
+
+**``u`` end to end.** ``u`` is per Channel (§1.3.4.2: "unique to the User
+Agent Channel"), so the Command going down cannot keep the sender's ``u``: two
+upstream Channels may both be using ``u=1`` at once. The downstream
+User-Agent gives it a fresh ``u`` of its own Channel, and the handler, which
+holds the upstream request, answers that request, so every answer goes back
+with the sender's original ``u`` and to its Channel. A streamed answer keeps
+``t`` and ``o``; parts go up in ``o`` order as they arrive.
+
+**Faults, never silence.** Whatever stops the answer reaches the original
+sender as ``asbp.fault`` with its ``u``:
+
+==========================================  ==========================================
+downstream                                  the original sender gets
+==========================================  ==========================================
+a fault (2101, 2102, 2103, 2106, 2107, …)   the same code and message
+no answer within ``timeout``                2103
+the Channel closed with the Command in      2102
+flight
+not connected (dialling again)              2101 (nothing serves the name right now)
+more than ``max_in_flight`` awaiting        2106
+==========================================  ==========================================
+
+Keep ``timeout`` below the upstream broker's Respondent timeout (60 s by
+default; the default here is 50 s), so that the sender hears this tier's 2103,
+whose message says where the time went, rather than its own broker's.
+
+**Which keys cross.** Going down, the keys that name the upstream hop are
+dropped: ``a``, ``b``, ``i``, ``s`` and ``u`` (the downstream broker sets its
+own; an upstream Subject means nothing on another bus, and knowing an ``s`` is
+never enough to act as its owner), and ``p`` and ``r``, the Conversation
+Protocol's addressing, which this tier does not route (a Course does). Every
+other key and the body cross as they are. Coming back, ``a``, ``b``, ``d``,
+``i``, ``s`` and ``u`` are dropped and the answer is addressed to the
+requester. So the Respondent at the far end sees the Intermediary's Channel,
+not the sender's: identity does not cross tiers unless the application puts
+it in a key of its own.
+
+Commands without ``u`` are sent down and nothing is awaited. Commands the
+downstream bus sends unasked (pushes to the Intermediary's Channel) have no
+sender to go back to: they are logged at DEBUG, or handed to ``on_push``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol
+
+from agents.backoff import Backoff
+from agents.errors import AgentError, ConnectionLost, FaultError
+from agents.respondent import Handler, Request
+from agents.user_agent import UserAgent
+from asbp import Command, FaultCode, HeaderInput
+
+__all__ = ["DOWN_DROPPED", "UP_DROPPED", "Downstream", "IntermediaryAgent", "forward_to"]
+
+#: Keys not sent down: the upstream hop's, and CP's addressing (see the module docstring).
+DOWN_DROPPED: Final = frozenset({"a", "b", "i", "s", "u", "p", "r"})
+#: Keys of a downstream answer not sent back up.
+UP_DROPPED: Final = frozenset({"a", "b", "d", "i", "s", "u"})
+
+
+class Downstream:
+    """One User-Agent Channel to the next bus, kept open, that forwards requests down it.
+
+    Args:
+        target: the next broker's Channel URL (``ws(s)://host/asbp``), or a
+            callable that makes a new, unconnected :class:`UserAgent` per attempt
+            (to choose HTTP, TLS or timeouts).
+        timeout: seconds to wait for an answer (and for each next part of a
+            stream) before the sender gets fault 2103.
+        max_in_flight: requests awaiting answers at once; more get fault 2106.
+            The default is a broker's per-Channel limit, which a larger value
+            would only meet one tier down.
+        backoff: delays between dialling attempts.
+        on_push: called with each Command the next bus sends unasked.
+        logger: where to log; ``logging.getLogger("asbp.intermediary")``.
+
+    Raises:
+        ValueError: a ``timeout`` or ``max_in_flight`` below the minimum.
+    """
+
+    def __init__(
+        self,
+        target: str | Callable[[], UserAgent],
+        *,
+        timeout: float = 50.0,
+        max_in_flight: int = 256,
+        backoff: Backoff | None = None,
+        on_push: Callable[[Command], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if timeout <= 0 or max_in_flight < 1:
+            raise ValueError("timeout must be positive and max_in_flight at least 1")
+        if isinstance(target, str):
+            url = target
+            self._make: Callable[[], UserAgent] = lambda: UserAgent.websocket(url, logger=logger)
+            self.target = url
+        else:
+            self._make = target
+            self.target = getattr(target, "__name__", repr(target))
+        self.timeout = timeout
+        self._max_in_flight = max_in_flight
+        self._backoff = backoff or Backoff()
+        self._on_push = on_push
+        self._log = logger or logging.getLogger("asbp.intermediary")
+        self._user_agent: UserAgent | None = None
+        self._connected = asyncio.Event()
+        self._disconnected = asyncio.Event()
+        self._disconnected.set()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        #: How many Channels have been opened so far (reconnects + 1).
+        self.channels_opened = 0
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "not connected"
+        return f"<Downstream {self.target} {state} in flight={self._in_flight}>"
+
+    @property
+    def connected(self) -> bool:
+        """Whether the Channel to the next bus is open right now."""
+        user_agent = self._user_agent
+        return user_agent is not None and not user_agent.closed
+
+    @property
+    def in_flight(self) -> int:
+        """Requests awaiting their answers from the next bus."""
+        return self._in_flight
+
+    @property
+    def user_agent(self) -> UserAgent | None:
+        """The open Channel's User-Agent, if any."""
+        return self._user_agent if self.connected else None
+
+    async def start(self) -> None:
+        """Start dialling in the background; returns at once."""
+        if self._task is None:
+            self._stopping.clear()
+            self._task = asyncio.create_task(self._run(), name=f"asbp-downstream {self.target}")
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the Channel is open.
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            await self._connected.wait()
+
+    async def wait_disconnected(self, timeout: float | None = None) -> None:
+        """Wait until the Channel is not open (it closed; dialling again, or stopped).
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            await self._disconnected.wait()
+
+    async def stop(self) -> None:
+        """Close the Channel and stop dialling; requests still awaiting get fault 2102."""
+        self._stopping.set()
+        user_agent = self._user_agent
+        if user_agent is not None:
+            with contextlib.suppress(Exception):  # best effort: we leave anyway
+                await user_agent.close()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    async def __aenter__(self) -> Downstream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping.is_set():
+            user_agent = self._make()
+            try:
+                await user_agent.connect()
+            except Exception as exc:  # any failure to dial is retried, as a Tube's is
+                self._log.warning(
+                    "downstream %s: cannot connect: %s", self.target, str(exc) or type(exc).__name__
+                )
+                with contextlib.suppress(Exception):
+                    await user_agent.close()
+            else:
+                attempt = 0
+                self._user_agent = user_agent
+                self.channels_opened += 1
+                self._disconnected.clear()
+                self._connected.set()
+                self._log.info(
+                    "downstream %s: channel %s open at broker %s",
+                    self.target,
+                    user_agent.channel_id,
+                    user_agent.broker_id,
+                )
+                try:
+                    async for command in user_agent:
+                        self._push(command)
+                finally:
+                    self._connected.clear()
+                    self._user_agent = None
+                    self._disconnected.set()
+                self._log.warning("downstream %s: the Channel closed", self.target)
+            if self._stopping.is_set():
+                break
+            delay = self._backoff.delay(attempt)
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):  # a backoff delay that a stop() cuts short
+                    await self._stopping.wait()
+
+    def _push(self, command: Command) -> None:
+        if self._on_push is not None:
+            self._on_push(command)
+        else:
+            self._log.debug("downstream %s: unsolicited %r", self.target, command)
+
+    async def forward(self, request: Request) -> None:
+        """Send ``request`` down the Channel and its answer (or a fault) back up.
+
+        Raises:
+            ConnectionLost: the way back up has closed (nothing can be answered).
+        """
+        name = request.name
+        command_id = request.command_id
+        user_agent = self.user_agent
+        if user_agent is None:
+            if command_id is not None:
+                await request.fault(
+                    FaultCode.NO_RESPONDENT,
+                    f"no Command-Respondent serves {name!r} right now: "
+                    "the Intermediary's Channel to the next bus is not open",
+                )
+            return
+        keys: dict[str, HeaderInput] = {
+            key: value for key, value in request.command.header.items() if key not in DOWN_DROPPED
+        }
+        if command_id is None:
+            try:
+                await user_agent.send(Command(keys, request.body))
+            except AgentError as exc:
+                self._log.info("downstream %s: could not send %r: %s", self.target, request, exc)
+            return
+        if self._in_flight >= self._max_in_flight:
+            await request.fault(
+                FaultCode.TOO_MANY_IN_FLIGHT,
+                f"{self._in_flight} Commands already await an answer from the next bus",
+            )
+            return
+        del keys["c"]
+        self._in_flight += 1
+        try:
+            await self._relay(request, user_agent, keys)
+        finally:
+            self._in_flight -= 1
+
+    async def _relay(
+        self, request: Request, user_agent: UserAgent, keys: dict[str, HeaderInput]
+    ) -> None:
+        name = request.name
+        code: FaultCode | int
+        try:
+            async with contextlib.aclosing(
+                user_agent.stream(name, request.body, timeout=self.timeout, **keys)
+            ) as parts:
+                async for part in parts:
+                    await request.send(part.without_keys(*UP_DROPPED))
+            return
+        except FaultError as exc:
+            code, message = exc.code, exc.message
+        except TimeoutError:
+            code = FaultCode.RESPONDENT_TIMEOUT
+            message = f"no answer to {name!r} from the next bus within {self.timeout:g} seconds"
+        except ConnectionLost:
+            code = FaultCode.RESPONDENT_LEFT
+            message = f"the Channel to the next bus closed with {name!r} in flight"
+        except AgentError as exc:  # a stream whose parts do not form one answer
+            code, message = FaultCode.RESPONDENT_FAILED, f"the next bus's answer to {name!r}: {exc}"
+        await request.fault(code, message)
+
+
+def forward_to(downstream: Downstream) -> Handler:
+    """A Respondent that passes each request down ``downstream`` and the answer back.
+
+    ::
+
+        agent.add_respondent("echo", forward_to(downstream))
+    """
+
+    async def forward(request: Request) -> None:
+        await downstream.forward(request)
+
+    return forward
+
+
+class RespondentHost(Protocol):
+    """What serves an Intermediary's names upstream: an ApplicationAgent or a BrokerAgent."""
+
+    def add_respondent(self, name: str, handler: Handler) -> None:
+        """Serve ``name`` with ``handler``."""
+        ...
+
+    async def start(self) -> None:
+        """Start serving."""
+        ...
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop serving, letting handlers finish."""
+        ...
+
+
+class IntermediaryAgent:
+    """An Application-Agent of one bus that is a User-Agent of the next (§3.4).
+
+    Args:
+        upstream: where the names are served (its Respondents are added here).
+        downstream: the Channel to the next bus.
+        names: the Command-Names to pass through.
+
+    Raises:
+        ValueError: no names, or a name ``upstream`` refuses.
+    """
+
+    def __init__(
+        self, *, upstream: RespondentHost, downstream: Downstream, names: Iterable[str]
+    ) -> None:
+        self.names = tuple(dict.fromkeys(names))
+        if isinstance(names, str) or not self.names:
+            raise ValueError("names must be a non-empty collection of Command-Names")
+        self.upstream = upstream
+        self.downstream = downstream
+        handler = forward_to(downstream)
+        for name in self.names:
+            upstream.add_respondent(name, handler)
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Open the downstream Channel, then start serving upstream.
+
+        Serving starts only once the next bus is reachable, so that the first
+        requests do not all fail with 2101.
+
+        Raises:
+            TimeoutError: the downstream Channel did not open within ``timeout``.
+        """
+        await self.downstream.start()
+        await self.downstream.wait_connected(timeout)
+        await self.upstream.start()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop serving upstream (answering what is in flight), then close downstream."""
+        await self.upstream.close(timeout)
+        await self.downstream.stop()
+
+    async def __aenter__(self) -> IntermediaryAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
