@@ -20,8 +20,11 @@ Brokers are ``python -m gateway --server uvicorn`` processes (memory engine,
 event log on, as deployed); every program is its own process, started here
 and stopped by its PID. Per layout and repeat: ``--requests`` sequential round
 trips (p50 and p99, µs) after a warm-up, and ``--requests`` pipelined with
-``--window`` outstanding (round trips per second). Each ratio against
-``direct`` is computed within a repeat, and the median over repeats printed.
+``--window`` outstanding (round trips per second, and the CPU every serving
+process of the layout spent per round trip, from ``/proc/<pid>/task/*/schedstat``).
+Each ratio against ``direct`` is computed within a repeat, and the median over
+repeats printed. On a shared machine throughput swings most; the CPU per trip
+is the steadiest figure.
 
 What to expect: the four-tier chain does the direct path's work twice plus the
 Intermediary's decode, re-encode and bookkeeping, so about half the direct
@@ -42,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,9 +127,27 @@ def _listening(line: str) -> bool:
     return False
 
 
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time the processes have used so far, every thread (``/proc/<pid>/task/*/schedstat``)."""
+    total = 0
+    for pid in pids:
+        for schedstat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(schedstat.read_text().split()[0])
+    return total
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a layout's User-Agent connects, and the processes that serve it."""
+
+    url: str
+    pids: list[int]
+
+
 @contextlib.asynccontextmanager
-async def broker(directory: Path, broker_id: str, identity: str) -> AsyncIterator[str]:
-    """``python -m gateway`` trusting ``identity``; yields its ``ws://`` base URL."""
+async def broker(directory: Path, broker_id: str, identity: str) -> AsyncIterator[tuple[str, int]]:
+    """``python -m gateway`` trusting ``identity``; yields its ``ws://`` base URL and PID."""
     config = directory / f"{broker_id}.toml"
     config.write_text(
         f'broker_id = "{broker_id}"\ninsecure_dev_tubes = true\n'
@@ -136,7 +158,7 @@ async def broker(directory: Path, broker_id: str, identity: str) -> AsyncIterato
     args += ["--host", "127.0.0.1", "--port", "0", "--log-format", "json"]
     async with child(args, broker_id) as process:
         line = await process.wait_line(_listening)
-        yield str(json.loads(line)["url"]).replace("http://", "ws://", 1)
+        yield str(json.loads(line)["url"]).replace("http://", "ws://", 1), process.process.pid
 
 
 def example(name: str) -> list[str]:
@@ -152,12 +174,12 @@ def write_key(directory: Path, identity: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def layouts(directory: Path) -> AsyncIterator[dict[str, str]]:
-    """Every program of the three layouts running; the Channel URL of each layout."""
+async def layouts(directory: Path) -> AsyncIterator[dict[str, Layout]]:
+    """Every program of the three layouts running; each layout's URL and processes."""
     echo_key, gate_key = write_key(directory, "echo"), write_key(directory, "gate")
     async with (
-        broker(directory, "broker-b", "echo") as url_b,
-        broker(directory, "broker-a", "gate") as url_a,
+        broker(directory, "broker-b", "echo") as (url_b, pid_b),
+        broker(directory, "broker-a", "gate") as (url_a, pid_a),
     ):
         agent_args = ["--url", url_b + "/tube", "--key-file", str(echo_key)]
         gate_args = ["--upstream", url_a + "/tube", "--identity", "gate"]
@@ -172,16 +194,17 @@ async def layouts(directory: Path) -> AsyncIterator[dict[str, str]]:
             url_ba = line.split()[1]
             async with child([*example("intermediary"), *gate_args], "intermediary") as gate:
                 await gate.wait_line(lambda line: line.startswith("forwarding "))
+                agent_pid, gate_pid = agent.process.pid, gate.process.pid
                 yield {
-                    "direct": url_b + "/asbp",
-                    "four-tier": url_a + "/asbp",
-                    "broker-agent": url_ba,
+                    "direct": Layout(url_b + "/asbp", [pid_b, agent_pid]),
+                    "four-tier": Layout(url_a + "/asbp", [pid_a, gate_pid, pid_b, agent_pid]),
+                    "broker-agent": Layout(url_ba, [broker_agent.process.pid]),
                 }
 
 
-async def measure(url: str, requests: int, window: int) -> dict[str, float]:
-    """Sequential latency and pipelined throughput through one layout."""
-    async with UserAgent.websocket(url) as ua:
+async def measure(layout: Layout, requests: int, window: int) -> dict[str, float]:
+    """Sequential latency, pipelined throughput and server CPU per trip through one layout."""
+    async with UserAgent.websocket(layout.url) as ua:
         for _ in range(max(20, requests // 10)):  # warm-up: connections, caches, JIT-free paths
             await ua.request("echo", BODY, timeout=30)
         latencies: list[float] = []
@@ -198,13 +221,16 @@ async def measure(url: str, requests: int, window: int) -> dict[str, float]:
                 answer = await ua.request("echo", BODY, timeout=30)
                 assert answer.body == BODY
 
+        cpu_before = cpu_ns(layout.pids)
         started = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(requests)))
         elapsed = time.perf_counter() - started
+        cpu = cpu_ns(layout.pids) - cpu_before
     return {
         "p50_us": latencies[len(latencies) // 2] * 1e6,
         "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
         "per_s": requests / elapsed,
+        "cpu_us": cpu / requests / 1e3,
     }
 
 
@@ -221,7 +247,7 @@ async def run(repeats: int, requests: int, window: int) -> dict[str, list[dict[s
 
 
 def report(samples: dict[str, list[dict[str, float]]]) -> None:
-    print(f"{'layout':<14}{'p50 us':>10}{'p99 us':>10}{'trips/s':>10}")
+    print(f"{'layout':<14}{'p50 us':>10}{'p99 us':>10}{'trips/s':>10}{'CPU us/trip':>13}")
     for name in LAYOUTS:
         rows = samples[name]
         print(
@@ -229,16 +255,20 @@ def report(samples: dict[str, list[dict[str, float]]]) -> None:
             f"{statistics.median(r['p50_us'] for r in rows):>10.0f}"
             f"{statistics.median(r['p99_us'] for r in rows):>10.0f}"
             f"{statistics.median(r['per_s'] for r in rows):>10.0f}"
+            f"{statistics.median(r['cpu_us'] for r in rows):>13.0f}"
         )
     base = samples["direct"]
     for name in ("four-tier", "broker-agent"):
         throughput = [r["per_s"] / b["per_s"] for r, b in zip(samples[name], base, strict=True)]
         latency = [r["p50_us"] / b["p50_us"] for r, b in zip(samples[name], base, strict=True)]
+        cpu = [r["cpu_us"] / b["cpu_us"] for r, b in zip(samples[name], base, strict=True)]
         print(
             f"  ratio {name}/direct: throughput {statistics.median(throughput):.2f} "
             f"(range {min(throughput):.2f}-{max(throughput):.2f}), "
             f"p50 latency {statistics.median(latency):.2f} "
-            f"(range {min(latency):.2f}-{max(latency):.2f})"
+            f"(range {min(latency):.2f}-{max(latency):.2f}), "
+            f"server CPU per trip {statistics.median(cpu):.2f} "
+            f"(range {min(cpu):.2f}-{max(cpu):.2f})"
         )
 
 

@@ -30,7 +30,10 @@ def test_quick_run_prints_the_ratios() -> None:
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     for layout in ("direct", "four-tier", "broker-agent"):
-        assert re.search(rf"^{layout} +\d+ +\d+ +\d+$", run.stdout, re.MULTILINE), run.stdout
+        assert re.search(rf"^{layout} +\d+ +\d+ +\d+ +\d+$", run.stdout, re.MULTILINE), run.stdout
     for layout in ("four-tier", "broker-agent"):
-        pattern = rf"^  ratio {layout}/direct: throughput \d+\.\d\d .*p50 latency \d+\.\d\d"
+        pattern = (
+            rf"^  ratio {layout}/direct: throughput \d+\.\d\d .*"
+            r"p50 latency \d+\.\d\d .*server CPU per trip \d+\.\d\d"
+        )
         assert re.search(pattern, run.stdout, re.MULTILINE), run.stdout
