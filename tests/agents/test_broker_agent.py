@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import asbp
-from agents import FaultError, Request, UserAgent
+from agents import AgentError, FaultError, Request, UserAgent
 from agents.broker_agent import BrokerAgent
 from agents.broker_channel import OutboxLimits
 from asbp import Command, Limits
-from tests.support import T
+from tests.support import T, client_ssl_context, generate_tls_files
 
 pytestmark = pytest.mark.anyio
 
@@ -286,3 +288,28 @@ def test_limits_are_checked() -> None:
         BrokerAgent(max_in_flight=0)
     with pytest.raises(ValueError, match="cannot be sent"):
         BrokerAgent("it's")
+
+
+async def test_tls_and_the_life_cycle(tmp_path: Path) -> None:
+    tls = generate_tls_files(tmp_path)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(tls.cert, tls.key)
+    broker = build(ssl=server_context)
+    with pytest.raises(AgentError, match="not serving"):
+        _ = broker.port
+    async with broker:
+        with pytest.raises(AgentError, match="already"):
+            await broker.start()
+        url = broker.url("localhost")
+        assert url.startswith("wss://localhost:")
+        context = client_ssl_context(tls)
+        async with UserAgent.websocket(url, ssl=context) as ua:
+            assert (await ua.request("echo", b"sealed", timeout=5 * T)).body == b"sealed"
+            await broker.remove_respondent("echo")
+            assert "echo" not in broker.respondent_names
+            with pytest.raises(FaultError) as gone:
+                await ua.request("echo", timeout=5 * T)
+            assert gone.value.code == 2101
+        assert "channels=" in repr(broker)
+    with pytest.raises(KeyError):
+        await broker.remove_respondent("echo")
