@@ -142,7 +142,8 @@ class Layout:
     """Where a layout's User-Agent connects, and the processes that serve it."""
 
     url: str
-    pids: list[int]
+    #: The serving processes, by name.
+    pids: dict[str, int]
 
 
 @contextlib.asynccontextmanager
@@ -196,9 +197,17 @@ async def layouts(directory: Path) -> AsyncIterator[dict[str, Layout]]:
                 await gate.wait_line(lambda line: line.startswith("forwarding "))
                 agent_pid, gate_pid = agent.process.pid, gate.process.pid
                 yield {
-                    "direct": Layout(url_b + "/asbp", [pid_b, agent_pid]),
-                    "four-tier": Layout(url_a + "/asbp", [pid_a, gate_pid, pid_b, agent_pid]),
-                    "broker-agent": Layout(url_ba, [broker_agent.process.pid]),
+                    "direct": Layout(url_b + "/asbp", {"broker B": pid_b, "agent": agent_pid}),
+                    "four-tier": Layout(
+                        url_a + "/asbp",
+                        {
+                            "broker A": pid_a,
+                            "intermediary": gate_pid,
+                            "broker B": pid_b,
+                            "agent": agent_pid,
+                        },
+                    ),
+                    "broker-agent": Layout(url_ba, {"broker-agent": broker_agent.process.pid}),
                 }
 
 
@@ -221,17 +230,19 @@ async def measure(layout: Layout, requests: int, window: int) -> dict[str, float
                 answer = await ua.request("echo", BODY, timeout=30)
                 assert answer.body == BODY
 
-        cpu_before = cpu_ns(layout.pids)
+        cpu_before = {name: cpu_ns([pid]) for name, pid in layout.pids.items()}
         started = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(requests)))
         elapsed = time.perf_counter() - started
-        cpu = cpu_ns(layout.pids) - cpu_before
-    return {
+        cpu = {name: cpu_ns([pid]) - cpu_before[name] for name, pid in layout.pids.items()}
+    sample = {
         "p50_us": latencies[len(latencies) // 2] * 1e6,
         "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
         "per_s": requests / elapsed,
-        "cpu_us": cpu / requests / 1e3,
+        "cpu_us": sum(cpu.values()) / requests / 1e3,
     }
+    sample.update({f"cpu_us {name}": ns / requests / 1e3 for name, ns in cpu.items()})
+    return sample
 
 
 async def run(repeats: int, requests: int, window: int) -> dict[str, list[dict[str, float]]]:
@@ -257,6 +268,13 @@ def report(samples: dict[str, list[dict[str, float]]]) -> None:
             f"{statistics.median(r['per_s'] for r in rows):>10.0f}"
             f"{statistics.median(r['cpu_us'] for r in rows):>13.0f}"
         )
+    for name in LAYOUTS:
+        parts = [key for key in samples[name][0] if key.startswith("cpu_us ")]
+        shares = ", ".join(
+            f"{key.removeprefix('cpu_us ')} {statistics.median(r[key] for r in samples[name]):.0f}"
+            for key in parts
+        )
+        print(f"  CPU us/trip by process, {name}: {shares}")
     base = samples["direct"]
     for name in ("four-tier", "broker-agent"):
         throughput = [r["per_s"] / b["per_s"] for r, b in zip(samples[name], base, strict=True)]
