@@ -367,7 +367,10 @@ class BrokerAgent:
     # -- internals: Channels ---------------------------------------------------------
 
     async def _serve_channel(self, websocket: ServerConnection) -> None:
-        if len(self._channels) >= self._max_channels or not self._dispatcher.accepting:
+        if not self._dispatcher.accepting:  # a handshake that raced close()
+            await websocket.close(_GOING_AWAY, "the Broker-Agent is stopping")
+            return
+        if len(self._channels) >= self._max_channels:
             refusal = control.fault_command(
                 FaultCode.TOO_MANY_CHANNELS,
                 f"this Broker-Agent holds {len(self._channels)} Channels, its limit",

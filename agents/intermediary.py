@@ -197,7 +197,13 @@ class Downstream:
             with contextlib.suppress(Exception):  # best effort: we leave anyway
                 await user_agent.close()
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        if user_agent is None:
+            # Dialling or backing off: nothing is in flight, and a dial to a host
+            # that does not answer would hold the stop for its whole timeout.
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
             await task
 
     async def __aenter__(self) -> Downstream:
@@ -263,7 +269,9 @@ class Downstream:
         command_id = request.command_id
         user_agent = self.user_agent
         if user_agent is None:
-            if command_id is not None:
+            if command_id is None:
+                self._log.info("downstream %s: not open; dropped %r", self.target, request)
+            else:
                 await request.fault(
                     FaultCode.NO_RESPONDENT,
                     f"no Command-Respondent serves {name!r} right now: "
