@@ -141,6 +141,10 @@ class BrokerAgent:
         max_channels: open Channels (fault 2108 past it, then close).
         outbox: what may wait for one User-Agent (close 2105 past it).
         max_concurrency: handlers running at once; the rest wait their turn.
+        max_pending: handlers running or waiting at once; past it the
+            Broker-Agent stops reading from the Channel that sent the last
+            one until one finishes, so TCP holds that sender back (a Command
+            without ``u`` has no in-flight limit, so this is what bounds them).
         allowed_origins: the web origins whose pages may open Channels; a
             handshake with any other ``Origin`` is refused with 403.
         ssl: a server TLS context for ``wss://``; None serves ``ws://``.
@@ -161,12 +165,15 @@ class BrokerAgent:
         max_channels: int = 1000,
         outbox: OutboxLimits | None = None,
         max_concurrency: int = 100,
+        max_pending: int = 10_000,
         allowed_origins: Iterable[str] = (),
         ssl: ssl_module.SSLContext | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
-        if max_in_flight < 1 or max_channels < 1 or respondent_timeout <= 0:
-            raise ValueError("max_in_flight, max_channels and respondent_timeout must be positive")
+        if min(max_in_flight, max_channels, max_pending) < 1 or respondent_timeout <= 0:
+            raise ValueError(
+                "max_in_flight, max_channels, max_pending and respondent_timeout must be positive"
+            )
         self.broker_id = broker_id or f"ba-{uuid.uuid4().hex[:12]}"
         try:
             Command(b=self.broker_id)
@@ -177,6 +184,7 @@ class BrokerAgent:
         self._max_in_flight = max_in_flight
         self._timeout = respondent_timeout
         self._max_channels = max_channels
+        self._max_pending = max_pending
         self._outbox = outbox or OutboxLimits()
         self._origins: list[Origin | None] = [
             None,
@@ -387,6 +395,7 @@ class BrokerAgent:
         try:
             async for message in websocket:
                 self._frame(channel, message)
+                await self._dispatcher.wait_for_room(self._max_pending)
         except ConnectionClosed:
             pass  # the User-Agent left; what it had in flight has nowhere to go
         finally:

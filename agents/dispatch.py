@@ -98,6 +98,16 @@ class Dispatcher:
         """Handlers running or waiting for a slot, and faults being sent."""
         return len(self._tasks)
 
+    async def wait_for_room(self, limit: int) -> None:
+        """Return once fewer than ``limit`` handlers are running or waiting for a slot.
+
+        A reader that calls this before taking the next Command holds its
+        sender back (TCP pushes back once buffers fill) instead of letting
+        waiting handlers pile up without bound.
+        """
+        while len(self._tasks) >= limit:
+            await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+
     async def drain(self, timeout: float) -> int:
         """Wait up to ``timeout`` for every task, then cancel the rest; returns how many."""
         if not self._tasks:

@@ -313,3 +313,27 @@ async def test_tls_and_the_life_cycle(tmp_path: Path) -> None:
         assert "channels=" in repr(broker)
     with pytest.raises(KeyError):
         await broker.remove_respondent("echo")
+
+
+async def test_past_max_pending_the_sender_is_no_longer_read() -> None:
+    # One handler at a time, two pending at most: the third Command without u
+    # stays unread (TCP holds its sender back) until a handler finishes.
+    async with (
+        running(max_concurrency=1, max_pending=2) as broker,
+        raw(broker) as sender,
+        raw(broker) as other,
+    ):
+        for _ in range(3):
+            await sender.send(b"c=hold;")
+        async with asyncio.timeout(5 * T):
+            await broker.entered.wait()  # type: ignore[attr-defined]
+        await other.send(b"c=asbp.ping,u=1;")  # another Channel is still served
+        assert (await recv(other)).name == "asbp.pong"
+        assert broker._dispatcher.in_flight == 2
+        broker.released.set()  # type: ignore[attr-defined]
+        await sender.send(b"c=echo,u=2;read again")
+        bodies = []
+        while not bodies or bodies[-1] != b"read again":
+            bodies.append((await recv(sender)).body)
+        # The handlers answer even a Command without u (to its Channel, without u).
+        assert bodies.count(b"released") == len(bodies) - 1
