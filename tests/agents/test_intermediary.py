@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +254,24 @@ async def test_forward_to_in_a_broker_agent_and_a_downstream_that_cannot_dial() 
         assert fault.value.code == 2101
         await ua.send(Command(c="echo"))  # no u: dropped, nobody waits
         assert (await ua.request("asbp.ping", timeout=5 * T)).name == "asbp.pong"
+
+
+async def test_a_downstream_over_http_long_polling(tmp_path: Path) -> None:
+    # Downstream takes any UserAgent factory: here the stateless HTTP Channel.
+    echo = make_credentials(tmp_path, "echo")
+    async with running_broker(tmp_path, "broker-b") as broker_b:
+        responder = make_agent(echo, [broker_b.ws_url + "/tube"])
+        install_echo(responder)
+        async with responder:
+            await responder.wait_registered(10 * T)
+            downstream = Downstream(
+                lambda: UserAgent.http(broker_b.http_url + "/asbp", poll_wait=1 * T),
+                backoff=FAST,
+            )
+            outer = BrokerAgent("outer")
+            async with (
+                IntermediaryAgent(upstream=outer, downstream=downstream, names=["echo"]),
+                UserAgent.websocket(outer.url()) as ua,
+            ):
+                reply = await ua.request("echo", b"over http", timeout=10 * T)
+                assert reply.body == b"over http"
