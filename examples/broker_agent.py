@@ -11,7 +11,8 @@ application's choice), kept in a bounded in-memory map::
 
 With ``--downstream URL --forward NAME`` it is also an Intermediary: ``NAME``
 is passed on to the bus at ``URL`` (a broker's or another Broker-Agent's
-``/asbp``) and its answer, or its fault, comes back with the sender's ``u``.
+``/asbp``), instead of served here if it is one of the names above, and its
+answer, or its fault, comes back with the sender's ``u``.
 
 It prints ``listening <url>`` on standard output once it accepts Channels
 (``--port 0`` picks a free port), and stops cleanly on SIGINT or SIGTERM.
@@ -105,6 +106,8 @@ async def main(argv: Sequence[str] | None = None, *, stop: asyncio.Event | None 
     if downstream is not None:
         handler = forward_to(downstream)
         for name in args.forward:
+            if name in broker.respondent_names:
+                await broker.remove_respondent(name)  # passed on instead of served here
             broker.add_respondent(name, handler)
         await downstream.start()
     if stop is None:

@@ -4,6 +4,9 @@
 * 4 tiers: examples/user_agent.py → broker A (``python -m gateway``) →
   examples/intermediary.py → broker B (``python -m gateway``) →
   examples/echo_agent.py.
+* 3 tiers and onward: the SDK's UserAgent → examples/broker_agent.py, which
+  serves ``echo`` itself and passes ``notes.*`` on to a second
+  examples/broker_agent.py.
 * 4 tiers with a Broker-Agent as the second broker: the SDK's UserAgent →
   broker A → examples/intermediary.py → examples/broker_agent.py, where a
   timeout (2103), an application's fault (2101) and the far process killed
@@ -143,3 +146,21 @@ async def test_four_tiers_with_a_broker_agent_and_faults_from_every_tier(tmp_pat
             with pytest.raises(FaultError) as down:
                 await ua.request("notes.get", b"k", timeout=20 * T)
             assert down.value.code == 2101 and "not open" in down.value.message
+
+
+async def test_a_broker_agent_that_passes_names_on_to_another() -> None:
+    async with broker_agent("--broker-id", "back") as (_, back):
+        forward = ["--forward", "notes.put", "--forward", "notes.get", "--downstream", back]
+        async with (
+            broker_agent("--broker-id", "front", *forward) as (process, front),
+            UserAgent.websocket(front) as ua,
+        ):
+            echoed = await ua.request("echo", b"here", timeout=20 * T)
+            assert (echoed.body, echoed.agent_id) == (b"here", "front")
+            await process.wait_line(lambda line: "open at broker back" in line)
+            stored = await ua.request("notes.put", b"k=v", timeout=20 * T)
+            assert stored.body == b"stored"
+            assert (await ua.request("notes.get", b"k", timeout=20 * T)).body == b"v"
+            with pytest.raises(FaultError) as absent:
+                await ua.request("notes.get", b"other", timeout=20 * T)
+            assert (absent.value.code, absent.value.message) == (2101, "no such note")
