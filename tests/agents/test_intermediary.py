@@ -275,3 +275,17 @@ async def test_a_downstream_over_http_long_polling(tmp_path: Path) -> None:
             ):
                 reply = await ua.request("echo", b"over http", timeout=10 * T)
                 assert reply.body == b"over http"
+
+
+async def test_a_loop_of_intermediaries_ends_in_2106_not_for_ever() -> None:
+    # A name passed on to the very Broker-Agent that serves it: each hop holds one
+    # more request in flight, until the Downstream's limit refuses the next.
+    broker = BrokerAgent("loop")
+    async with broker.serving():
+        downstream = Downstream(broker.url(), max_in_flight=5, backoff=FAST)
+        broker.add_respondent("loop", forward_to(downstream))
+        async with downstream, UserAgent.websocket(broker.url()) as ua:
+            await downstream.wait_connected(5 * T)
+            with pytest.raises(FaultError) as fault:
+                await ua.request("loop", timeout=10 * T)
+            assert fault.value.code == 2106
