@@ -45,7 +45,8 @@ a fault (2101, 2102, 2103, 2106, 2107, …)   the same code and message
 no answer within ``timeout``                2103
 the Channel closed with the Command in      2102
 flight
-not connected (dialling again)              2101 (nothing serves the name right now)
+not connected (dialling again)              2101 (and the names are withdrawn upstream,
+                                            see :class:`IntermediaryAgent`)
 more than ``max_in_flight`` awaiting        2106
 ==========================================  ==========================================
 
@@ -346,6 +347,10 @@ class RespondentHost(Protocol):
         """Serve ``name`` with ``handler``."""
         ...
 
+    async def remove_respondent(self, name: str) -> None:
+        """Stop serving ``name``; requests already on their way are still served."""
+        ...
+
     async def start(self) -> None:
         """Start serving."""
         ...
@@ -358,26 +363,51 @@ class RespondentHost(Protocol):
 class IntermediaryAgent:
     """An Application-Agent of one bus that is a User-Agent of the next (§3.4).
 
+    While the Channel to the next bus is down, the names are withdrawn
+    upstream (``remove_respondent``: an Application-Agent unregisters them at
+    its brokers) and served again once it is back. §3.1: "The Subjects SHOULD
+    only see errors if a Broker receives Commands which are not know by any
+    attached Application-Agents": with several Intermediaries for the same
+    names, the broker sends every Command to one that can pass it on, and
+    only when none can does the sender get 2101, from the broker. Commands
+    already on their way to a withdrawn one still get their fault (2101 or
+    2102) from it.
+
     Args:
         upstream: where the names are served (its Respondents are added here).
         downstream: the Channel to the next bus.
         names: the Command-Names to pass through.
+        withdraw: withdraw the names while the next bus is unreachable (see
+            above); False keeps them served and answers 2101 meanwhile.
+        logger: where to log; ``logging.getLogger("asbp.intermediary")``.
 
     Raises:
         ValueError: no names, or a name ``upstream`` refuses.
     """
 
     def __init__(
-        self, *, upstream: RespondentHost, downstream: Downstream, names: Iterable[str]
+        self,
+        *,
+        upstream: RespondentHost,
+        downstream: Downstream,
+        names: Iterable[str],
+        withdraw: bool = True,
+        logger: logging.Logger | None = None,
     ) -> None:
         self.names = tuple(dict.fromkeys(names))
         if isinstance(names, str) or not self.names:
             raise ValueError("names must be a non-empty collection of Command-Names")
         self.upstream = upstream
         self.downstream = downstream
-        handler = forward_to(downstream)
+        self._withdraw = withdraw
+        self._log = logger or logging.getLogger("asbp.intermediary")
+        self._handler = forward_to(downstream)
+        self._watcher: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
         for name in self.names:
-            upstream.add_respondent(name, handler)
+            upstream.add_respondent(name, self._handler)
+        #: Whether the names are served upstream right now.
+        self.serving = True
 
     async def start(self, timeout: float | None = None) -> None:
         """Open the downstream Channel, then start serving upstream.
@@ -391,9 +421,49 @@ class IntermediaryAgent:
         await self.downstream.start()
         await self.downstream.wait_connected(timeout)
         await self.upstream.start()
+        if self._withdraw and self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="asbp-intermediary")
+
+    async def wait_serving(self, serving: bool = True, timeout: float | None = None) -> None:
+        """Wait until the names are served upstream (or, ``serving=False``, withdrawn).
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            while self.serving is not serving:
+                changed = self._changed
+                await changed.wait()
+
+    async def _watch(self) -> None:
+        downstream = self.downstream
+        while True:
+            await downstream.wait_disconnected()
+            await asyncio.gather(*(self.upstream.remove_respondent(n) for n in self.names))
+            self._set_serving(False)
+            self._log.warning(
+                "intermediary: withdrew %s upstream until %s is back",
+                ", ".join(self.names),
+                downstream.target,
+            )
+            await downstream.wait_connected()
+            for name in self.names:
+                self.upstream.add_respondent(name, self._handler)
+            self._set_serving(True)
+            self._log.info("intermediary: serving %s upstream again", ", ".join(self.names))
+
+    def _set_serving(self, serving: bool) -> None:
+        self.serving = serving
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop serving upstream (answering what is in flight), then close downstream."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         await self.upstream.close(timeout)
         await self.downstream.stop()
 

@@ -77,7 +77,7 @@ class Inner:
 @contextlib.asynccontextmanager
 async def chain(
     inner: Inner, **downstream_options: object
-) -> AsyncIterator[tuple[UserAgent, Downstream, BrokerAgent]]:
+) -> AsyncIterator[tuple[UserAgent, Downstream, BrokerAgent, IntermediaryAgent]]:
     """User-Agent → outer Broker-Agent forwarding NAMES → ``inner``."""
     async with inner.broker.serving():
         downstream = Downstream(
@@ -90,14 +90,14 @@ async def chain(
         await intermediary.start(timeout=5 * T)
         try:
             async with UserAgent.websocket(outer.url()) as ua:
-                yield ua, downstream, outer
+                yield ua, downstream, outer, intermediary
         finally:
             await intermediary.close()
 
 
 async def test_u_is_kept_end_to_end_with_many_in_flight() -> None:
     inner = Inner()
-    async with chain(inner) as (ua, downstream, _):
+    async with chain(inner) as (ua, downstream, _, _):
         bodies = [f"request {n}".encode() for n in range(50)]
         replies = await asyncio.gather(*(ua.request("echo", b, timeout=5 * T) for b in bodies))
         # ua.request matched each answer by the u it sent: a mix-up shows as a wrong body.
@@ -109,7 +109,7 @@ async def test_u_is_kept_end_to_end_with_many_in_flight() -> None:
 
 
 async def test_streams_cross_with_t_and_o() -> None:
-    async with chain(Inner()) as (ua, _, _):
+    async with chain(Inner()) as (ua, _, _, _):
         parts = [p async for p in ua.stream("clock", timeout=5 * T)]
         assert [p.body for p in parts] == [b"1", b"2", b"3"]
         assert parts[0].total == 3 and [p.of_total for p in parts] == [1, 2, 3]
@@ -122,7 +122,7 @@ async def test_streams_cross_with_t_and_o() -> None:
 async def test_downstream_faults_come_back_with_the_senders_u(
     name: str, code: int, text: str
 ) -> None:
-    async with chain(Inner()) as (ua, _, _):
+    async with chain(Inner()) as (ua, _, _, _):
         with pytest.raises(FaultError) as fault:
             await ua.request(name, timeout=5 * T)
         assert fault.value.code == code and text in fault.value.message
@@ -132,7 +132,7 @@ async def test_downstream_faults_come_back_with_the_senders_u(
 
 async def test_a_timeout_downstream_is_2103() -> None:
     inner = Inner()
-    async with chain(inner, timeout=0.3 * T) as (ua, downstream, _):
+    async with chain(inner, timeout=0.3 * T) as (ua, downstream, _, _):
         with pytest.raises(FaultError) as fault:
             await ua.request("hold", timeout=5 * T)
         assert fault.value.code == 2103 and "from the next bus" in fault.value.message
@@ -143,7 +143,7 @@ async def test_a_timeout_downstream_is_2103() -> None:
 
 async def test_the_intermediarys_in_flight_limit_is_2106() -> None:
     inner = Inner()
-    async with chain(inner, max_in_flight=1) as (ua, _, _):
+    async with chain(inner, max_in_flight=1) as (ua, _, _, _):
         held = asyncio.create_task(ua.request("hold", timeout=5 * T))
         async with asyncio.timeout(5 * T):
             await inner.entered.wait()
@@ -156,7 +156,7 @@ async def test_the_intermediarys_in_flight_limit_is_2106() -> None:
 
 async def test_the_channel_closing_in_flight_is_2102_then_it_reconnects() -> None:
     inner = Inner()
-    async with chain(inner) as (ua, downstream, _):
+    async with chain(inner) as (ua, downstream, _, intermediary):
         port = inner.broker.port
         held = asyncio.create_task(ua.request("hold", timeout=5 * T))
         async with asyncio.timeout(5 * T):
@@ -167,21 +167,26 @@ async def test_the_channel_closing_in_flight_is_2102_then_it_reconnects() -> Non
         # The inner Broker-Agent faults its own Channel first (2102, shutting down);
         # either way the sender hears 2102 with its u.
         assert fault.value.code == 2102
-        await downstream.wait_disconnected(5 * T)
+        # While the next bus is unreachable, the names are withdrawn upstream.
+        await intermediary.wait_serving(False, 5 * T)
+        assert "echo" not in intermediary.upstream.respondent_names  # type: ignore[attr-defined]
         with pytest.raises(FaultError) as down:
             await ua.request("echo", timeout=5 * T)
-        assert down.value.code == 2101 and "not open" in down.value.message
-        # Back on the same port: the Intermediary dials again.
+        assert (down.value.code, down.value.message) == (
+            2101,
+            "no Command-Respondent serves 'echo'",
+        )
+        # Back on the same port: the Intermediary dials again and serves again.
         again = Inner()
         async with again.broker.serving(port=port):
-            await downstream.wait_connected(10 * T)
+            await intermediary.wait_serving(True, 10 * T)
             assert downstream.channels_opened == 2
             assert (await ua.request("echo", b"back", timeout=5 * T)).body == b"back"
 
 
 async def test_which_keys_cross() -> None:
     inner = Inner()
-    async with chain(inner) as (ua, _, _):
+    async with chain(inner) as (ua, _, _, _):
         await ua.request("keys", b"x", timeout=5 * T, m="text/plain", custom="kept", r="bob*b.test")
         (seen,) = inner.seen
         assert seen.get("m") == "text/plain" and seen.get("custom") == "kept"
@@ -192,7 +197,7 @@ async def test_which_keys_cross() -> None:
 async def test_commands_without_u_go_down_and_pushes_come_to_on_push() -> None:
     inner = Inner()
     pushed: asyncio.Queue[Command] = asyncio.Queue()
-    async with chain(inner, on_push=pushed.put_nowait) as (ua, downstream, _):
+    async with chain(inner, on_push=pushed.put_nowait) as (ua, downstream, _, _):
         await ua.send(Command(c="keys"))
         channel = downstream.user_agent.channel_id  # type: ignore[union-attr]
         inner.broker.send(Command(c="news", d=channel))
@@ -289,3 +294,37 @@ async def test_a_loop_of_intermediaries_ends_in_2106_not_for_ever() -> None:
             with pytest.raises(FaultError) as fault:
                 await ua.request("loop", timeout=10 * T)
             assert fault.value.code == 2106
+
+
+async def test_with_two_intermediaries_a_broken_one_withdraws_and_the_other_serves(
+    tmp_path: Path,
+) -> None:
+    # §3.1: Subjects should see errors only when no agent knows the Command. One
+    # Intermediary loses its next bus; the broker then sends everything to the other.
+    gate = make_credentials(tmp_path, "gate")
+    first, second = Inner(), Inner()
+    async with (
+        running_broker(tmp_path, "broker-a", identities=("gate",)) as broker_a,
+        first.broker.serving(),
+        second.broker.serving(),
+    ):
+        intermediaries = [
+            IntermediaryAgent(
+                upstream=make_agent(gate, [broker_a.ws_url + "/tube"]),
+                downstream=Downstream(inner.broker.url(), backoff=FAST),
+                names=["echo"],
+            )
+            for inner in (first, second)
+        ]
+        async with intermediaries[0], intermediaries[1]:
+            for intermediary in intermediaries:
+                await intermediary.upstream.wait_registered(10 * T)  # type: ignore[attr-defined]
+            async with UserAgent.websocket(broker_a.ws_url + "/asbp") as ua:
+                await first.broker.close(timeout=0)
+                await intermediaries[0].wait_serving(False, 10 * T)
+                bodies = [f"{n}".encode() for n in range(20)]
+                replies = await asyncio.gather(
+                    *(ua.request("echo", b, timeout=10 * T) for b in bodies)
+                )
+                assert [r.body for r in replies] == bodies  # no fault: all went to the second
+                assert len(second.seen) == 20

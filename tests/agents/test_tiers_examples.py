@@ -10,7 +10,8 @@
 * 4 tiers with a Broker-Agent as the second broker: the SDK's UserAgent →
   broker A → examples/intermediary.py → examples/broker_agent.py, where a
   timeout (2103), an application's fault (2101) and the far process killed
-  mid-stream (2102) each reach the sender with its own ``u``.
+  mid-stream (2102) each reach the sender with its own ``u``, and then the
+  Intermediary withdraws its names so broker A answers 2101 itself.
 
 Every process is stopped by its PID (tests/support/tiers.py).
 """
@@ -118,7 +119,7 @@ async def test_four_tiers_with_a_broker_agent_and_faults_from_every_tier(tmp_pat
         ws_a = url_a.replace("http", "ws", 1)
         names = ["--name", "notes.put", "--name", "notes.get", "--name", "clock"]
         async with (
-            intermediary(ws_a, url_ba, gate, "--timeout", str(3 * T), *names),
+            intermediary(ws_a, url_ba, gate, "--timeout", str(3 * T), *names) as gateway,
             UserAgent.websocket(ws_a + "/asbp") as ua,
         ):
             stored = await ua.request("notes.put", b"k=v", timeout=20 * T)
@@ -143,9 +144,13 @@ async def test_four_tiers_with_a_broker_agent_and_faults_from_every_tier(tmp_pat
                 await anext(parts)
             assert left.value.code == 2102 and left.value.cause == "clock"
             await parts.aclose()
+            # With the next bus gone, the Intermediary withdraws its names at broker A,
+            # so broker A itself answers that nobody serves them.
+            await gateway.wait_line(lambda line: "intermediary: withdrew" in line)
             with pytest.raises(FaultError) as down:
                 await ua.request("notes.get", b"k", timeout=20 * T)
-            assert down.value.code == 2101 and "not open" in down.value.message
+            assert (down.value.code, down.value.cause) == (2101, "notes.get")
+            assert down.value.message == "no Command-Respondent serves 'notes.get'"
 
 
 async def test_a_broker_agent_that_passes_names_on_to_another() -> None:
