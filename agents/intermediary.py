@@ -306,23 +306,33 @@ class Downstream:
     ) -> None:
         name = request.name
         code: FaultCode | int
-        try:
-            async with contextlib.aclosing(
-                user_agent.stream(name, request.body, timeout=self.timeout, **keys)
-            ) as parts:
-                async for part in parts:
+        # Only what the downstream side raises becomes a fault for the sender; an
+        # error sending upstream (the Tube gone) propagates: there is no way back.
+        async with contextlib.aclosing(
+            user_agent.stream(name, request.body, timeout=self.timeout, **keys)
+        ) as parts:
+            while True:
+                try:
+                    part = await anext(parts)
+                except StopAsyncIteration:
+                    return
+                except FaultError as exc:
+                    code, message = exc.code, exc.message
+                except TimeoutError:
+                    code = FaultCode.RESPONDENT_TIMEOUT
+                    message = (
+                        f"no answer to {name!r} from the next bus within {self.timeout:g} seconds"
+                    )
+                except ConnectionLost:
+                    code = FaultCode.RESPONDENT_LEFT
+                    message = f"the Channel to the next bus closed with {name!r} in flight"
+                except AgentError as exc:  # parts that do not form one answer
+                    code = FaultCode.RESPONDENT_FAILED
+                    message = f"the next bus's answer to {name!r}: {exc}"
+                else:
                     await request.send(part.without_keys(*UP_DROPPED))
-            return
-        except FaultError as exc:
-            code, message = exc.code, exc.message
-        except TimeoutError:
-            code = FaultCode.RESPONDENT_TIMEOUT
-            message = f"no answer to {name!r} from the next bus within {self.timeout:g} seconds"
-        except ConnectionLost:
-            code = FaultCode.RESPONDENT_LEFT
-            message = f"the Channel to the next bus closed with {name!r} in flight"
-        except AgentError as exc:  # a stream whose parts do not form one answer
-            code, message = FaultCode.RESPONDENT_FAILED, f"the next bus's answer to {name!r}: {exc}"
+                    continue
+                break
         await request.fault(code, message)
 
 
