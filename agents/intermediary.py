@@ -20,10 +20,10 @@ SDK pieces joined by one handler:
 * **upstream**, whatever serves Respondents: an
   :class:`~agents.agent.ApplicationAgent` on a Tube to a broker, or a
   :class:`~agents.broker_agent.BrokerAgent` that User-Agents reach directly;
-* **downstream**, a :class:`Downstream`: one User-Agent Channel
+* **downstream**, a :class:`Downstream`: one User-Agent Channel or more
   (:class:`~agents.user_agent.UserAgent`) to a broker of the next bus (or to
   the same bus's other broker, or to a Broker-Agent), kept open and dialled
-  again with backoff when it drops;
+  again with backoff when they drop;
 * :func:`forward_to`: the handler that sends each request down the Channel
   and each answer back up.
 
@@ -76,6 +76,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from agents.backoff import Backoff
@@ -92,8 +93,22 @@ DOWN_DROPPED: Final = frozenset({"a", "b", "i", "s", "u", "p", "r"})
 UP_DROPPED: Final = frozenset({"a", "b", "d", "i", "s", "u"})
 
 
+@dataclass(eq=False)
+class _Link:
+    """One Channel of a :class:`Downstream`: its User-Agent while open, its requests."""
+
+    index: int
+    user_agent: UserAgent | None = None
+    in_flight: int = 0
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.user_agent is not None and not self.user_agent.closed
+
+
 class Downstream:
-    """One User-Agent Channel to the next bus, kept open, that forwards requests down it.
+    """User-Agent Channels to the next bus, kept open, that forward requests down them.
 
     Args:
         target: the next broker's Channel URL (``ws(s)://host/asbp``), or a
@@ -101,15 +116,18 @@ class Downstream:
             (to choose HTTP, TLS or timeouts).
         timeout: seconds to wait for an answer (and for each next part of a
             stream) before the sender gets fault 2103.
-        max_in_flight: requests awaiting answers at once; more get fault 2106.
-            The default is a broker's per-Channel limit, which a larger value
-            would only meet one tier down.
-        backoff: delays between dialling attempts.
+        max_in_flight: requests awaiting answers at once *per Channel*; more
+            get fault 2106. The default is a broker's per-Channel limit, which a
+            larger value would only meet one tier down.
+        channels: Channels to open; each request goes down the open one with
+            the fewest in flight, so ``channels * max_in_flight`` requests
+            may await answers at once, and one Channel lost costs only its own.
+        backoff: delays between dialling attempts (each Channel dials alone).
         on_push: called with each Command the next bus sends unasked.
         logger: where to log; ``logging.getLogger("asbp.intermediary")``.
 
     Raises:
-        ValueError: a ``timeout`` or ``max_in_flight`` below the minimum.
+        ValueError: a ``timeout``, ``max_in_flight`` or ``channels`` below the minimum.
     """
 
     def __init__(
@@ -118,12 +136,13 @@ class Downstream:
         *,
         timeout: float = 50.0,
         max_in_flight: int = 256,
+        channels: int = 1,
         backoff: Backoff | None = None,
         on_push: Callable[[Command], None] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
-        if timeout <= 0 or max_in_flight < 1:
-            raise ValueError("timeout must be positive and max_in_flight at least 1")
+        if timeout <= 0 or max_in_flight < 1 or channels < 1:
+            raise ValueError("timeout must be positive, and max_in_flight and channels at least 1")
         if isinstance(target, str):
             url = target
             self._make: Callable[[], UserAgent] = lambda: UserAgent.websocket(url, logger=logger)
@@ -136,53 +155,66 @@ class Downstream:
         self._backoff = backoff or Backoff()
         self._on_push = on_push
         self._log = logger or logging.getLogger("asbp.intermediary")
-        self._user_agent: UserAgent | None = None
+        self._links = [_Link(n) for n in range(channels)]
         self._connected = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._disconnected.set()
+        #: Set (and replaced) whenever a Channel opens or closes.
+        self._state = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._in_flight = 0
-        #: How many Channels have been opened so far (reconnects + 1).
+        self._started = False
+        #: How many Channels have been opened so far (reconnects included).
         self.channels_opened = 0
 
     def __repr__(self) -> str:
-        state = "connected" if self.connected else "not connected"
-        return f"<Downstream {self.target} {state} in flight={self._in_flight}>"
+        open_links = sum(link.open for link in self._links)
+        return (
+            f"<Downstream {self.target} {open_links}/{len(self._links)} connected "
+            f"in flight={self.in_flight}>"
+        )
 
     @property
     def connected(self) -> bool:
-        """Whether the Channel to the next bus is open right now."""
-        user_agent = self._user_agent
-        return user_agent is not None and not user_agent.closed
+        """Whether a Channel to the next bus is open right now."""
+        return any(link.open for link in self._links)
 
     @property
     def in_flight(self) -> int:
-        """Requests awaiting their answers from the next bus."""
-        return self._in_flight
+        """Requests awaiting their answers from the next bus, on every Channel."""
+        return sum(link.in_flight for link in self._links)
 
     @property
     def user_agent(self) -> UserAgent | None:
-        """The open Channel's User-Agent, if any."""
-        return self._user_agent if self.connected else None
+        """The first open Channel's User-Agent, if any."""
+        for link in self._links:
+            if link.open:
+                return link.user_agent
+        return None
 
     async def start(self) -> None:
         """Start dialling in the background; returns at once."""
-        if self._task is None:
-            self._stopping.clear()
-            self._task = asyncio.create_task(self._run(), name=f"asbp-downstream {self.target}")
+        if self._started:
+            return
+        self._started = True
+        self._stopping.clear()
+        for link in self._links:
+            link.task = asyncio.create_task(
+                self._run(link), name=f"asbp-downstream {self.target} #{link.index}"
+            )
 
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the Channel is open.
+    async def wait_connected(self, timeout: float | None = None, *, channels: int = 1) -> None:
+        """Wait until ``channels`` Channels (one, by default) are open.
 
         Raises:
             TimeoutError: not within ``timeout`` seconds.
         """
         async with asyncio.timeout(timeout):
-            await self._connected.wait()
+            while sum(link.open for link in self._links) < channels:
+                changed = self._state
+                await changed.wait()
 
     async def wait_disconnected(self, timeout: float | None = None) -> None:
-        """Wait until the Channel is not open (it closed; dialling again, or stopped).
+        """Wait until no Channel is open (they closed; dialling again, or stopped).
 
         Raises:
             TimeoutError: not within ``timeout`` seconds.
@@ -191,13 +223,17 @@ class Downstream:
             await self._disconnected.wait()
 
     async def stop(self) -> None:
-        """Close the Channel and stop dialling; requests still awaiting get fault 2102."""
+        """Close the Channels and stop dialling; requests still awaiting get fault 2102."""
         self._stopping.set()
-        user_agent = self._user_agent
+        self._started = False
+        await asyncio.gather(*(self._stop_link(link) for link in self._links))
+
+    async def _stop_link(self, link: _Link) -> None:
+        user_agent = link.user_agent
         if user_agent is not None:
             with contextlib.suppress(Exception):  # best effort: we leave anyway
                 await user_agent.close()
-        task, self._task = self._task, None
+        task, link.task = link.task, None
         if task is None:
             return
         if user_agent is None:
@@ -214,7 +250,17 @@ class Downstream:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    async def _run(self) -> None:
+    def _changed(self) -> None:
+        self._state.set()
+        self._state = asyncio.Event()
+        if self.connected:
+            self._disconnected.clear()
+            self._connected.set()
+        else:
+            self._connected.clear()
+            self._disconnected.set()
+
+    async def _run(self, link: _Link) -> None:
         attempt = 0
         while not self._stopping.is_set():
             user_agent = self._make()
@@ -228,10 +274,9 @@ class Downstream:
                     await user_agent.close()
             else:
                 attempt = 0
-                self._user_agent = user_agent
+                link.user_agent = user_agent
                 self.channels_opened += 1
-                self._disconnected.clear()
-                self._connected.set()
+                self._changed()
                 self._log.info(
                     "downstream %s: channel %s open at broker %s",
                     self.target,
@@ -242,9 +287,8 @@ class Downstream:
                     async for command in user_agent:
                         self._push(command)
                 finally:
-                    self._connected.clear()
-                    self._user_agent = None
-                    self._disconnected.set()
+                    link.user_agent = None
+                    self._changed()
                 self._log.warning("downstream %s: the Channel closed", self.target)
             if self._stopping.is_set():
                 break
@@ -260,6 +304,14 @@ class Downstream:
         else:
             self._log.debug("downstream %s: unsolicited %r", self.target, command)
 
+    def _pick(self) -> _Link | None:
+        """The open Channel with the fewest requests in flight."""
+        best: _Link | None = None
+        for link in self._links:
+            if link.open and (best is None or link.in_flight < best.in_flight):
+                best = link
+        return best
+
     async def forward(self, request: Request) -> None:
         """Send ``request`` down the Channel and its answer (or a fault) back up.
 
@@ -268,8 +320,9 @@ class Downstream:
         """
         name = request.name
         command_id = request.command_id
-        user_agent = self.user_agent
-        if user_agent is None:
+        link = self._pick()
+        user_agent = link.user_agent if link is not None else None
+        if link is None or user_agent is None:
             if command_id is None:
                 self._log.info("downstream %s: not open; dropped %r", self.target, request)
             else:
@@ -288,18 +341,18 @@ class Downstream:
             except AgentError as exc:
                 self._log.info("downstream %s: could not send %r: %s", self.target, request, exc)
             return
-        if self._in_flight >= self._max_in_flight:
+        if link.in_flight >= self._max_in_flight:
             await request.fault(
                 FaultCode.TOO_MANY_IN_FLIGHT,
-                f"{self._in_flight} Commands already await an answer from the next bus",
+                f"{self.in_flight} Commands already await an answer from the next bus",
             )
             return
         del keys["c"]
-        self._in_flight += 1
+        link.in_flight += 1
         try:
             await self._relay(request, user_agent, keys)
         finally:
-            self._in_flight -= 1
+            link.in_flight -= 1
 
     async def _relay(
         self, request: Request, user_agent: UserAgent, keys: dict[str, HeaderInput]

@@ -61,6 +61,7 @@ async def main(
     parser.add_argument("--downstream", default=env.get("ASBP_DOWNSTREAM_URL"))
     parser.add_argument("--name", action="append", dest="names", help="a Command-Name to pass on")
     parser.add_argument("--timeout", type=float, default=50.0, help="seconds to wait downstream")
+    parser.add_argument("--channels", type=int, default=1, help="Channels to open downstream")
     args = parser.parse_args(argv)
     urls = args.urls or _split(env.get("ASBP_TUBE_URLS", "ws://127.0.0.1:8080/tube"))
     names = args.names or _split(env.get("ASBP_FORWARD", "echo,clock"))
@@ -73,7 +74,7 @@ async def main(
         args.identity, args.key_file, audience=args.audience
     )
     upstream = ApplicationAgent(args.identity, credentials, urls)
-    downstream = Downstream(args.downstream, timeout=args.timeout)
+    downstream = Downstream(args.downstream, timeout=args.timeout, channels=args.channels)
     intermediary = IntermediaryAgent(upstream=upstream, downstream=downstream, names=names)
     if stop is None:
         stop = asyncio.Event()

@@ -43,6 +43,7 @@ class Inner:
         self.entered = asyncio.Event()
         self.released = asyncio.Event()
         self.keyed = asyncio.Event()
+        self.held: asyncio.Queue[Command] = asyncio.Queue()
         broker = self.broker
 
         @broker.respondent("echo")
@@ -64,6 +65,7 @@ class Inner:
         @broker.respondent("hold")
         async def hold(request: Request) -> bytes:
             self.entered.set()
+            self.held.put_nowait(request.command)
             await self.released.wait()
             return b"released"
 
@@ -243,7 +245,9 @@ def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="timeout"):
         Downstream("ws://127.0.0.1:1/asbp", timeout=0)
     downstream = Downstream(lambda: UserAgent.websocket("ws://127.0.0.1:1/asbp"))
-    assert "not connected" in repr(downstream)
+    assert "0/1 connected" in repr(downstream)
+    with pytest.raises(ValueError, match="channels"):
+        Downstream("ws://127.0.0.1:1/asbp", channels=0)
     with pytest.raises(ValueError, match="names"):
         IntermediaryAgent(upstream=BrokerAgent(), downstream=downstream, names=[])
 
@@ -328,3 +332,21 @@ async def test_with_two_intermediaries_a_broken_one_withdraws_and_the_other_serv
                 )
                 assert [r.body for r in replies] == bodies  # no fault: all went to the second
                 assert len(second.seen) == 20
+
+
+async def test_several_channels_share_the_requests() -> None:
+    inner = Inner()
+    async with chain(inner, channels=2, max_in_flight=1) as (ua, downstream, _, _):
+        await downstream.wait_connected(5 * T, channels=2)
+        # One held request per Channel (each takes one); a third is 2106.
+        first = asyncio.create_task(ua.request("hold", timeout=5 * T))
+        second = asyncio.create_task(ua.request("hold", timeout=5 * T))
+        async with asyncio.timeout(5 * T):
+            held = [await inner.held.get(), await inner.held.get()]
+        assert len({c.channel_id for c in held}) == 2  # one down each Channel
+        with pytest.raises(FaultError) as fault:
+            await ua.request("echo", timeout=5 * T)
+        assert fault.value.code == 2106
+        inner.released.set()
+        assert [(await first).body, (await second).body] == [b"released", b"released"]
+        assert "2/2 connected" in repr(downstream)

@@ -100,7 +100,7 @@ async def test_four_tiers_through_two_brokers(tmp_path: Path) -> None:
         agent_args = ["--url", ws_b + "/tube", "--key-file", str(echo), "--clock-interval", "0"]
         async with running_process([*example("echo_agent"), *agent_args], "echo") as agent:
             await agent.wait_line(lambda line: line.startswith("serving echo and clock"))
-            names = ["--name", "echo", "--name", "clock", "--name", "missing"]
+            names = ["--name", "echo", "--name", "clock", "--name", "missing", "--channels", "2"]
             async with intermediary(ws_a, ws_b + "/asbp", gate, *names) as gateway:
                 code, lines = await run_user_agent(ws_a + "/asbp", "missing")
                 assert code == 1
