@@ -1,9 +1,10 @@
 """The management API's operations: what each reads or changes in the Broker.
 
-Scope today is the broker that answers: ``GET /broker`` says so
-(``scope: "broker"``). Every Channel and queue carries the broker holding it,
-so a bus-wide routing plane can later fan a list out to every broker and merge
-the pages without changing a client.
+``GET /broker`` lists every live broker of the bus when the routing plane is on
+Redis (``scope: "bus"``, from the plane's directory: gateway.plane.census), the
+broker answering alone otherwise (``scope: "broker"``). The other lists are the
+answering broker's (queues are the engine's, so shared on Redis); every
+Channel and queue carries the broker holding it.
 
 Writes (closing a Channel, ending a Subject, purging a queue, moving dead
 letters back) are logged at
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from importlib import metadata
 from typing import Any, Final
 
 from asbp import FaultCode
@@ -47,11 +47,13 @@ from gateway.api.schemas import (
     TopicSubscription,
     TubeInfo,
 )
-from gateway.broker import Broker
+from gateway.broker import Broker, gateway_version
 from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
 from gateway.engines.base import MAX_DEAD_LETTERS, QueuedMessage
 from gateway.errors import LocalError
+from gateway.plane.base import PlaneUnavailable
+from gateway.plane.census import BrokerCard
 
 __all__ = ["OPERATIONS", "version"]
 
@@ -82,10 +84,7 @@ _SUBJECT_ID = Param("subject_id", "path", "string", "The Subject-Identifier.", m
 
 def version() -> str:
     """The gateway's version."""
-    try:
-        return metadata.version("asbp-gateway")
-    except metadata.PackageNotFoundError:  # run from a checkout without installing
-        return "0.0.0+checkout"
+    return gateway_version()
 
 
 def _broker(call: Call) -> Broker:
@@ -100,24 +99,31 @@ def _audit(call: Call, action: str, **fields: Any) -> None:
     )
 
 
-def _broker_info(broker: Broker) -> BrokerInfo:
-    auth = broker.router.auth
+def _broker_info(card: BrokerCard) -> BrokerInfo:
     return BrokerInfo(
-        broker=broker.broker_id,
-        version=version(),
-        engine=broker.config.engine,
-        server=broker.config.server,
-        started_at=broker.started_at,
-        uptime_seconds=max(0.0, time.time() - broker.started_at),
-        channels=len(broker.channels),
-        tubes=len(broker.respondents.tubes()),
-        subjects=len(auth.subjects) if auth is not None else 0,
-        in_flight=broker.router.in_flight,
+        broker=card.broker,
+        version=card.version,
+        engine="redis" if card.engine == "redis" else "memory",
+        server="uvicorn" if card.server == "uvicorn" else "hypercorn",
+        started_at=card.started_at,
+        uptime_seconds=max(0.0, time.time() - card.started_at),
+        channels=card.channels,
+        tubes=card.tubes,
+        subjects=card.subjects,
+        in_flight=card.in_flight,
     )
 
 
 async def get_broker(call: Call) -> BusInfo:
-    return BusInfo(scope="broker", brokers=[_broker_info(_broker(call))])
+    census = _broker(call).census
+    try:
+        cards = await census.brokers()
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    return BusInfo(
+        scope="bus" if census.spans_brokers else "broker",
+        brokers=[_broker_info(card) for card in cards],
+    )
 
 
 def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
@@ -354,7 +360,7 @@ async def get_config(call: Call) -> ConfigDocument:
 
 OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
-              "broker", "read", BusInfo, get_broker, errors=()),
+              "broker", "read", BusInfo, get_broker, errors=(503,)),
     Operation("GET", "/channels", "listChannels", "Open Channels, a page at a time",
               "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT)),
     Operation("GET", "/channels/{channel_id}", "getChannel", "One open Channel",

@@ -73,8 +73,9 @@ class BrokerInfo(Struct, kw_only=True):
 
 
 class BusInfo(Struct, kw_only=True):
-    """The brokers this API can see. Today only the one answering (``scope`` says
-    so); a bus-wide routing plane will list every broker here."""
+    """The brokers this API can see: every live broker of the bus when the
+    routing plane is on Redis (``scope`` ``bus``; the one answering first), else
+    the one answering (``broker``)."""
 
     scope: Literal["broker", "bus"]
     brokers: list[BrokerInfo]
