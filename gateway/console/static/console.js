@@ -219,6 +219,20 @@ async function refresh() {
   }
 }
 
+// Back from the identity provider (gateway/console/oidc.py): the access token
+// comes in the fragment, which no server sees; keep it for this tab only and
+// take it out of the address bar and the history.
+if (location.hash.startsWith("#access_token=")) {
+  sessionStorage.setItem("asbp-token",
+    decodeURIComponent(location.hash.slice("#access_token=".length)));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+// Offer the identity provider's sign-in when the broker has one configured.
+fetch("auth.json").then((response) => (response.ok ? response.json() : { oidc: false }))
+  .then((auth) => { document.getElementById("oidc-sign-in").hidden = !auth.oidc; })
+  .catch(() => {});
+
 document.getElementById("sign-in").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem("asbp-token", document.getElementById("token").value);
