@@ -150,3 +150,20 @@ async def test_a_broker_without_a_readable_card_is_left_out(
         await a.events.wait("census.bad_card", peer="garbled")
     finally:
         await client.aclose()
+
+
+async def test_a_bus_out_of_reach_is_a_503_and_the_broker_keeps_serving(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, _ = bus
+    redis_server.stop()
+    try:
+        refused = await a.http_client()
+        response = await refused.get(f"{a.server.http_url}/api/v1/broker")
+        assert response.status_code == 503
+        assert "unreachable" in response.json()["detail"]
+        # The card keeper says so in the log rather than dying.
+        await a.events.wait("census.write_failed")
+        assert (await refused.get(f"{a.server.http_url}/healthz")).status_code == 200
+    finally:
+        redis_server.start()
