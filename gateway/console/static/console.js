@@ -88,6 +88,26 @@ function showSummary(broker) {
   }
 }
 
+// Every broker of the bus when the plane is on Redis, this one first.
+function showBrokers(bus) {
+  document.getElementById("scope").textContent =
+    bus.scope === "bus" ? "(the whole bus)" : "(this broker)";
+  const body = document.querySelector("#brokers tbody");
+  body.replaceChildren();
+  for (const broker of bus.brokers) {
+    const row = body.insertRow();
+    row.dataset.broker = broker.broker;
+    cell(row, broker.broker);
+    cell(row, broker.version);
+    cell(row, broker.engine);
+    cell(row, Math.round(broker.uptime_seconds) + " s", true);
+    cell(row, broker.channels, true).className = "number channels";
+    cell(row, broker.tubes, true).className = "number tubes";
+    cell(row, broker.subjects, true);
+    cell(row, broker.in_flight, true);
+  }
+}
+
 function showAgents(agents) {
   const body = document.querySelector("#agents tbody");
   body.replaceChildren();
@@ -198,6 +218,7 @@ async function refresh() {
     ]);
     const broker = bus.brokers[0];
     showSummary(broker);
+    showBrokers(bus);
     showAgents(agents);
     showQueues(queues);
     push("channels", broker.channels);

@@ -59,7 +59,9 @@ try {
     queue, { timeout: TIMEOUT });
   if (problems.length) throw new Error("page errors: " + problems.join("; "));
   const agents = await page.locator("#agents tbody tr").count();
-  console.log(JSON.stringify({ before, agents, screenshot, peeked, deadBefore, deadDepth }));
+  const brokers = await page.locator("#brokers tbody tr").count();
+  console.log(JSON.stringify({ before, agents, brokers, screenshot, peeked, deadBefore,
+                               deadDepth }));
 } catch (error) {
   console.error(String(error && error.stack || error));
   process.exitCode = 1;
