@@ -21,9 +21,10 @@ and then one answer in ``latency_sample`` is timed, and each timed answer counts
 for the ``latency_sample`` answers since the previous one. Timing every answer
 (a clock read and a bucket search) was half of what metrics cost the router;
 a countdown costs an int subtraction. Quantiles and the mean (``_sum`` over
-``_count``) are the answers' own, ``_count`` trails the answers by less than
-``latency_sample`` and never exceeds them; ``asbp_commands_total`` counts every
-Command exactly.
+``_count``) are estimated from that systematic sample (every eighth answer of a
+name), which is unbiased unless latencies follow the sample's own period;
+``_count`` trails the answers by less than ``latency_sample`` and never exceeds
+them; ``asbp_commands_total`` counts every Command exactly.
 """
 
 from __future__ import annotations
