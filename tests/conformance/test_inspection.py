@@ -146,3 +146,20 @@ async def test_moving_back_stops_at_the_queue_limit_and_drops_expired_ones(
     assert await engine.requeue_dead_letters(QUEUE, 10) == 0  # full
     assert await engine.requeue_dead_letters(QUEUE, 0) == 0
     assert await engine.requeue_dead_letters("/queue/unknown", 5) == 0
+
+
+async def test_a_message_moved_back_comes_after_delayed_ones_already_due(
+    engines: Engines,
+) -> None:
+    clock = FakeClock()
+    engine = await engines.one(limits=EngineLimits(max_deliveries=1), clock=clock)
+    poison = make_message(QUEUE, clock)
+    await engine.enqueue(poison)
+    [lease] = await engine.fetch(QUEUE, "consumer")
+    assert await engine.release(QUEUE, [lease.receipt]) == 1  # dead
+    delayed = make_message(QUEUE, clock, not_before=clock() + 10)
+    await engine.enqueue(delayed)
+    clock.advance(20)  # due: "received" at its time, before the move back
+
+    assert await engine.requeue_dead_letters(QUEUE, 1) == 1
+    assert ids(await engine.fetch(QUEUE, "consumer", count=5)) == [delayed.id, poison.id]

@@ -52,8 +52,10 @@ end
 REQUEUE: Final = """
 local queue, now_s = ARGV[1], ARGV[4]
 local now = tonumber(now_s)
-local wanted, room = tonumber(ARGV[2]), tonumber(ARGV[3]) - depth(1)
 local made, moved, soonest = {}, 0, nil
+-- Due delayed messages were "received" before these come back (as ENQUEUE does).
+promote(1, queue, now_s, made, 1000)
+local wanted, room = tonumber(ARGV[2]), tonumber(ARGV[3]) - depth(1)
 while moved < wanted and room > 0 do
   local packed = redis.call('LPOP', KEYS[13])
   if not packed then break end
