@@ -176,6 +176,8 @@ class Broker:
         self.log = log or logging.getLogger("asbp.gateway")
         #: When the broker was made (Unix time): the uptime's origin.
         self.started_at = time.time()
+        #: The gateway's version, read once (importlib.metadata searches sys.path).
+        self.version = gateway_version()
         self.channels = ChannelRegistry()
         #: Open Channels and HTTP Channel opens per client address.
         self.address_limits = AddressLimits(
@@ -238,7 +240,7 @@ class Broker:
         auth = self.router.auth
         return BrokerCard(
             broker=self.broker_id,
-            version=gateway_version(),
+            version=self.version,
             engine=self.config.engine,
             server=self.config.server,
             started_at=self.started_at,
