@@ -20,7 +20,8 @@ Each message is one mutable ``_Entry`` that moves through states::
 
 A dead letter is GONE for every index below and kept, with its deliveries, in
 ``_dead``: a deque bounded at ``max_dead_letters`` that drops its oldest when
-a newer one comes (gateway.engines.base, "Dead letters").
+a newer one comes (gateway.engines.base, "Dead letters"), made with the first
+dead letter (an empty deque weighs 600 bytes: 60 MB over 100,000 queues).
 
 It is indexed by the structures below, each O(1) or O(log n) per operation;
 nothing scans the queue:
@@ -58,7 +59,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter
 from typing import Final
 
@@ -155,6 +156,7 @@ class MemoryQueue:
         "_expiry",
         "_leases",
         "_limits",
+        "_max_dead",
         "_ready",
         "_ready_dead",
         "_ready_live",
@@ -169,8 +171,9 @@ class MemoryQueue:
     ) -> None:
         self.name = name
         self._limits = limits
-        #: Dead letters, oldest first: (message, deliveries).
-        self._dead: deque[tuple[Message, int]] = deque(maxlen=max_dead_letters)
+        #: Dead letters, oldest first: (message, deliveries); None until the first.
+        self._dead: deque[tuple[Message, int]] | None = None
+        self._max_dead = max_dead_letters
         #: Messages held: ready, delayed and leased.
         self.depth = 0
         #: Outbox: notices wanted by their publishers, oldest first.
@@ -332,7 +335,7 @@ class MemoryQueue:
     @property
     def dead_count(self) -> int:
         """Dead letters kept."""
-        return len(self._dead)
+        return 0 if self._dead is None else len(self._dead)
 
     def peek(self, count: int, now: float) -> list[QueuedMessage]:
         """Up to ``count`` ready or leased messages, highest priority first, then
@@ -376,7 +379,8 @@ class MemoryQueue:
     def dead_letters(self, count: int) -> list[QueuedMessage]:
         """Up to ``count`` dead letters, oldest first."""
         return [
-            QueuedMessage(message, deliveries) for message, deliveries in list(self._dead)[:count]
+            QueuedMessage(message, deliveries)
+            for message, deliveries in islice(self._dead or (), count)
         ]
 
     def requeue_dead(self, count: int, seq: Callable[[], int], now: float) -> int:
@@ -438,7 +442,10 @@ class MemoryQueue:
                 self._ready_live += 1
                 self.woken += 1
         # Dead letters in the order the messages joined the queue (entries ran newest first).
-        self._dead.extend((entry.message, entry.deliveries) for entry in reversed(buried))
+        if buried:
+            if self._dead is None:
+                self._dead = deque(maxlen=self._max_dead)
+            self._dead.extend((entry.message, entry.deliveries) for entry in reversed(buried))
 
     def _promote(self, now: float) -> None:
         """Delayed messages whose ``not_before`` has come join their priority's tail."""
