@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
 
+from joserfc.errors import JoseError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -197,7 +198,9 @@ class ConsoleSignIn:
 
         try:
             token = await client.authorize_access_token(request)
-        except OAuthError as exc:
+        except (OAuthError, JoseError) as exc:
+            # A refused code, a forged state, or an ID token that fails authlib's
+            # checks (issuer, audience, nonce, signature: JoseError from joserfc).
             return PlainTextResponse(f"the sign-in failed: {exc}", status_code=400)
         except Exception as exc:  # the token endpoint: unreachable, or not JSON
             return PlainTextResponse(

@@ -10,7 +10,9 @@ resource server use of a real provider:
   test plays an operator who already has a session at the provider);
 * ``/token``: the code exchanged for a JWT access token (RS256, ``kid``,
   ``iss``, ``aud``, ``sub``, ``scope``, ``exp``), signed with joserfc (authlib's
-  own JOSE is deprecated in favour of it);
+  own JOSE is deprecated in favour of it), and, for the ``openid`` scope, an ID
+  token with the authorisation request's ``nonce`` (authlib's ``OpenIDCode``),
+  which the broker's authlib client checks;
 * ``/jwks``: the public keys, which :meth:`Provider.rotate` replaces.
 
 Public clients only (``token_endpoint_auth_method`` ``none``) unless a secret is
@@ -30,6 +32,8 @@ from authlib.oauth2 import AuthorizationServer, OAuth2Error, OAuth2Request
 from authlib.oauth2.rfc6749 import ClientMixin, grants
 from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from authlib.oauth2.rfc7636 import CodeChallenge
+from authlib.oidc.core import UserInfo
+from authlib.oidc.core.grants import OpenIDCode
 from joserfc import jwt
 from joserfc.jwk import KeySet, RSAKey
 from starlette.applications import Starlette
@@ -86,6 +90,7 @@ class _Code:
     user: str
     code_challenge: str | None
     code_challenge_method: str | None
+    nonce: str | None = None
     issued_at: float = field(default_factory=time.time)
 
     def get_redirect_uri(self) -> str:
@@ -93,6 +98,18 @@ class _Code:
 
     def get_scope(self) -> str:
         return self.scope
+
+    def get_nonce(self) -> str | None:
+        return self.nonce
+
+    def get_auth_time(self) -> int:
+        return int(self.issued_at)
+
+    def get_acr(self) -> str | None:
+        return None
+
+    def get_amr(self) -> list[str] | None:
+        return None
 
 
 class _Request(OAuth2Request):  # type: ignore[misc]  # authlib is untyped
@@ -148,6 +165,7 @@ class _CodeGrant(grants.AuthorizationCodeGrant):  # type: ignore[misc]  # authli
             user=request.user,
             code_challenge=data.get("code_challenge"),
             code_challenge_method=data.get("code_challenge_method"),
+            nonce=data.get("nonce"),
         )
 
     def query_authorization_code(self, code: str, client: Client) -> _Code | None:
@@ -163,6 +181,33 @@ class _CodeGrant(grants.AuthorizationCodeGrant):  # type: ignore[misc]  # authli
 
     def authenticate_user(self, authorization_code: _Code) -> str:
         return authorization_code.user
+
+
+class _IdToken(OpenIDCode):  # type: ignore[misc]  # authlib is untyped
+    """OpenID Connect on the code grant: an ID token beside the access token."""
+
+    def __init__(self, provider: Provider) -> None:
+        super().__init__(require_nonce=True)
+        self.provider = provider
+
+    def resolve_client_private_key(self, client: Client) -> Any:
+        return self.provider.signing_key()
+
+    def get_client_algorithm(self, client: Client) -> str:
+        return "RS256"
+
+    def get_encode_header(self, client: Client) -> dict[str, Any]:
+        return {"alg": "RS256", "kid": self.provider.signing_key().kid}
+
+    def get_client_claims(self, client: Client) -> dict[str, Any]:
+        issuer = self.provider.id_token_issuer or self.provider.base
+        return {"iss": issuer, "aud": [client.get_client_id()]}
+
+    def exists_nonce(self, nonce: str, request: OAuth2Request) -> bool:
+        return any(code.nonce == nonce for code in self.provider.codes.values())
+
+    def generate_user_info(self, user: str, scope: str) -> UserInfo:
+        return UserInfo(sub=user)
 
 
 class Provider:
@@ -181,9 +226,11 @@ class Provider:
         self.codes: dict[str, _Code] = {}
         self.issued: list[dict[str, Any]] = []
         self.jwks_fetches = 0
+        #: The ``iss`` of its ID tokens when not its own (a test of the client's checks).
+        self.id_token_issuer: str | None = None
         self._keys = KeySet([self._new_key("k1")])
         self._server = _Server(self)
-        self._server.register_grant(_CodeGrant, [CodeChallenge(required=True)])
+        self._server.register_grant(_CodeGrant, [CodeChallenge(required=True), _IdToken(self)])
         self._server.register_token_generator("default", self._generate_token)
         self.app = Starlette(
             routes=[
@@ -204,6 +251,12 @@ class Provider:
 
     def register(self, client: Client) -> None:
         self.clients[client.client_id] = client
+
+    def signing_key(self) -> RSAKey:
+        """The key tokens are signed with now."""
+        key = self._keys.keys[0]
+        assert isinstance(key, RSAKey)
+        return key
 
     def rotate(self, kid: str) -> None:
         """Replace every signing key by a new one named ``kid``."""

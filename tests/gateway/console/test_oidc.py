@@ -101,8 +101,10 @@ async def test_the_console_signs_in_with_pkce_and_the_token_works_on_the_api(
     location = landed.headers["location"]
     assert location.startswith("/console/#access_token=")
     token = unquote(location.split("=", 1)[1])
-    # The token was the provider's, made by the code and its PKCE verifier.
+    # The token was the provider's, made by the code and its PKCE verifier; an ID
+    # token came with it, which authlib checked (issuer, audience, nonce).
     assert [issued["access_token"] for issued in provider.issued] == [token]
+    assert "id_token" in provider.issued[0]
 
     assert (await api(gateway, "GET", "/broker", token)).status_code == 200
     purged = await api(gateway, "POST", "/queues/jobs/purge", token)
@@ -136,6 +138,18 @@ async def test_a_forged_state_or_a_refused_sign_in_gets_no_token(
     refused = await browser.get(started.headers["location"])
     assert refused.status_code >= 400
     assert provider.issued == []
+
+
+async def test_an_id_token_from_another_issuer_fails_the_sign_in(
+    make_gateway: GatewayFactory, provider: Provider
+) -> None:
+    gateway = await signed_in_broker(make_gateway, provider)
+    provider.id_token_issuer = "https://evil.test"
+    browser = await gateway.http_client(follow_redirects=False)
+    started = await browser.get(f"{gateway.server.http_url}/console/login")
+    back = await browser.get(started.headers["location"])
+    landed = await browser.get(back.headers["location"])
+    assert (landed.status_code, landed.text[:20]) == (400, "the sign-in failed: "), landed.text
 
 
 async def test_without_oidc_the_console_has_no_sign_in_routes(gateway: Gateway) -> None:
@@ -217,7 +231,11 @@ async def test_the_console_signs_in_through_the_provider_in_chromium(
 
 def test_a_sign_in_needs_a_client_and_the_jwt_checks(tmp_path: Path) -> None:
     discovery = "https://idp.test/.well-known/openid-configuration"
-    checks = {"jwks_url": "https://idp.test/jwks", "issuer": "https://idp.test", "audience": "a"}
+    checks: dict[str, Any] = {
+        "jwks_url": "https://idp.test/jwks",
+        "issuer": "https://idp.test",
+        "audience": "a",
+    }
     with pytest.raises(ConfigError, match="oidc_client_id"):
         ConsoleSignIn(ManagementConfig(oidc_discovery_url=discovery, **checks))
     with pytest.raises(ConfigError, match="jwks_url"):
