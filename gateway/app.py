@@ -45,6 +45,7 @@ from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
 from gateway.console import STATIC
+from gateway.console.oidc import ConsoleSignIn, auth_route
 from gateway.ops import demo_page
 from gateway.transports import cors, http, websocket
 
@@ -156,6 +157,10 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
     management: list[BaseRoute] = []
     if config.management.enabled:
         management += api_routes(config)
+        # How the console signs in, and the OIDC sign-in's routes when configured.
+        management.append(auth_route(config.management))
+        if config.management.oidc_discovery_url is not None:
+            management += ConsoleSignIn(config.management).routes()
         # The console is only files: what it may see and do is the API's to decide.
         management.append(Mount("/console", StaticFiles(directory=STATIC, html=True)))
     return Starlette(

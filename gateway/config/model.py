@@ -199,6 +199,23 @@ class ManagementConfig:
     read_scope: str = "asbp:read"
     #: The scope a JWT needs to change anything.
     write_scope: str = "asbp:write"
+    #: Seconds between two fetches of ``jwks_url`` for tokens naming a ``kid`` the
+    #: cached keys lack (the issuer rotated its keys), at least: a flood of tokens
+    #: with made-up ``kid`` values cannot make the broker hammer the issuer.
+    jwks_refetch_interval: float = 60.0
+    #: The console's sign-in: the OpenID Connect provider's discovery document
+    #: (``https://sso.example.com/realms/ops/.well-known/openid-configuration``).
+    #: With ``oidc_client_id``, ``/console/`` offers "Sign in" through the provider
+    #: (authorisation code with PKCE); its access tokens must pass the JWT checks
+    #: above (``jwks_url``, ``issuer``, ``audience``, scopes).
+    oidc_discovery_url: str | None = None
+    #: The console's client identifier at the OpenID Connect provider.
+    oidc_client_id: str | None = None
+    #: A file holding the console's client secret (one line), for a confidential
+    #: client; none for a public client, which PKCE alone protects.
+    oidc_client_secret_file: str | None = None
+    #: The scopes the console asks the provider for.
+    oidc_scope: str = "openid asbp:read asbp:write"
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,8 @@ METRICS: Final = (
         "histogram",
         ("command",),
         "Seconds from a User-Agent Command reaching the broker to its Respondent's"
-        " answer, by Command-Name (bounded as for asbp_commands_total).",
+        " answer, by Command-Name (bounded as for asbp_commands_total); a sample: the"
+        " first answer and one in 8 after it timed, each counting for the 8 since.",
     ),
     Metric(
         "asbp_engine_call_seconds",

@@ -118,7 +118,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
@@ -132,6 +132,8 @@ from gateway.engines.base import (
     EngineUnavailable,
     Message,
     NoticeListener,
+    QueuedMessage,
+    QueueStats,
     TopicListener,
 )
 from gateway.engines.redis.batch import Batcher, Call
@@ -161,6 +163,7 @@ from gateway.engines.redis.codec import (
     unpack_topic,
 )
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
+from gateway.engines.redis.inspection import Inspector
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
 from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
 from gateway.engines.topic_patterns import (
@@ -238,6 +241,7 @@ class RedisEngine:
         self._vq_loading: asyncio.Future[None] | None = None
         self._sweep_interval = sweep_interval
         self._sweeper = Sweeper(self._submit, self._keys, clock)
+        self._inspector = Inspector(self._submit, self._keys, limits, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- life cycle --------------------------------------------------------
@@ -475,6 +479,24 @@ class RedisEngine:
         values = await asyncio.gather(*(self.depth(name) for name in names))
         return dict(zip(names, values, strict=True))
 
+    # -- inspection (gateway.engines.redis.inspection) -----------------------
+
+    async def peek(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` ready or leased messages of ``queue``, leasing none."""
+        return await self._inspector.peek(queue, count)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s depth, oldest message's age and dead letters."""
+        return await self._inspector.stats(queue)
+
+    async def dead_letters(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` of ``queue``'s dead letters, oldest first."""
+        return await self._inspector.dead_letters(queue, count)
+
+    async def requeue_dead_letters(self, queue: str, count: int) -> int:
+        """Move up to ``count`` dead letters back into ``queue``; how many moved."""
+        return await self._inspector.requeue(queue, count)
+
     async def ping(self) -> None:
         """One ``PING`` through the batcher, as every other command goes."""
         await self._command(("PING",))
@@ -599,3 +621,9 @@ class RedisEngine:
         self._vq_version = None  # a declaration may have happened meanwhile: cheap to reload
         if self._wakeups is not None:
             self._wakeups.wake_all()
+
+
+if TYPE_CHECKING:  # mypy checks that RedisEngine implements the Engine protocol
+    from gateway.engines.base import Engine
+
+    _conforms: Engine = RedisEngine("redis://", broker_id="")

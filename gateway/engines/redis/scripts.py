@@ -37,6 +37,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Final
 
+from gateway.engines.redis.dead_letters import BURY, REQUEUE
+
 __all__ = [
     "ACK",
     "DECLARE",
@@ -47,6 +49,7 @@ __all__ = [
     "LOAD_VIRTUAL_QUEUES",
     "PUBLISH",
     "RELEASE",
+    "REQUEUE_DEAD",
     "SCRIPTS",
     "SWEEP",
     "Script",
@@ -169,7 +172,8 @@ end
 
 
 def _script(name: str, body: str) -> Script:
-    return Script(name, _PRELUDE + body)
+    # BURY: the dead letters' helper (gateway.engines.redis.dead_letters).
+    return Script(name, _PRELUDE + BURY + body)
 
 
 #: Store messages in one queue.
@@ -277,7 +281,7 @@ local function reclaim(p)
         local f = entry[2]
         local count = redis.call('XPENDING', stream, GROUP, id, id, 1)[1][4]
         if count > max_deliveries then
-          drop(stream, {id})
+          bury(stream, id, count - 1)
           notice(f[8], 'X', 'discarded', queue, now_s)
         elseif tonumber(f[6]) <= now then
           drop(stream, {id})
@@ -450,7 +454,7 @@ for p, leases in pairs(live) do
   for _, lease in ipairs(leases) do
     if lease[2] >= max_deliveries then
       if lease[3] then notice_for(stream, lease[1], 'discarded') end
-      drop(stream, {lease[1]})
+      bury(stream, lease[1], lease[2])
     else
       -- Score 0: past every deadline, so the next fetch reclaims it first.
       redis.call('ZADD', KEYS[13 + p], 0, lease[4])
@@ -586,6 +590,9 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
 #: Messages in one queue. KEYS: the queue's block.
 DEPTH: Final = _script("depth", "return depth(1)\n")
 
+#: Move dead letters back (gateway.engines.redis.dead_letters).
+REQUEUE_DEAD: Final = _script("requeue_dead", REQUEUE)
+
 #: Every script, for SCRIPT LOAD.
 SCRIPTS: Final = (
     ENQUEUE,
@@ -597,4 +604,5 @@ SCRIPTS: Final = (
     DECLARE,
     LOAD_VIRTUAL_QUEUES,
     DEPTH,
+    REQUEUE_DEAD,
 )
