@@ -42,6 +42,7 @@ from gateway.api.schemas import (
     TubeInfo,
 )
 from gateway.broker import Broker
+from gateway.config.model import chosen_server
 from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
 from gateway.errors import LocalError
@@ -94,7 +95,7 @@ def _broker_info(broker: Broker) -> BrokerInfo:
         broker=broker.broker_id,
         version=version(),
         engine=broker.config.engine,
-        server=broker.config.server,
+        server=chosen_server(broker.config),
         started_at=broker.started_at,
         uptime_seconds=max(0.0, time.time() - broker.started_at),
         channels=len(broker.channels),
