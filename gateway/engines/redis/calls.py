@@ -334,18 +334,21 @@ class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):
             return
         queue, deadline, tag = self._queue, self._deadline, self._tag
         deliveries: list[Delivery] = []
-        entries = iter(reply)
-        next(entries)
-        next(entries)
-        for priority, stream_id, count, header, payload in zip(
-            entries, entries, entries, entries, entries, strict=True
-        ):
-            message = unpack_message(header, payload)
-            if message.notify is not None and not message.notices.isdisjoint(_DEQUEUED):
-                lease = receipt(priority, stream_id.decode(), count, tag, True)
-            else:  # receipt() without the flag, in one step: one per message
-                lease = f"{priority}:{stream_id.decode()}:{count}:{tag}"
-            deliveries.append(new_delivery(message, queue, count, deadline, lease))
+        # Groups: priority, delivery count, n, then n times (stream id, header, payload).
+        start, end = 2, len(reply)
+        while start < end:
+            priority, count, size = reply[start : start + 3]
+            start += 3
+            entries = iter(reply[start : start + 3 * size])
+            start += 3 * size
+            tail = f":{count}:{tag}"
+            for stream_id, header, payload in zip(entries, entries, entries, strict=True):
+                message = unpack_message(header, payload)
+                if message.notify is not None and not message.notices.isdisjoint(_DEQUEUED):
+                    lease = receipt(priority, stream_id.decode(), count, tag, True)
+                else:  # receipt() without the flag, in one step: one per message
+                    lease = f"{priority}:{stream_id.decode()}{tail}"
+                deliveries.append(new_delivery(message, queue, count, deadline, lease))
         next_due = float(reply[1]) if reply[1] else None
         settle_future(self.future, (deliveries, bool(reply[0]), next_due))
 

@@ -104,6 +104,19 @@ local function token_id(token)
   return token
 end
 
+-- The tokens of lease batch ``batch`` of priority p, space-separated. A member
+-- with no list is a lease from before batches ('<stream id>:<count>:<tag>', one
+-- message each), which a Redis may still hold after an upgrade: its one token,
+-- so that it comes back when it ends rather than stay pending for ever.
+local function batch_tokens(lists, p, batch)
+  local listed = redis.call('HGET', lists, p .. ':' .. batch)
+  if listed then return listed end
+  local id, count = string.match(batch, '^(%d+%-%d+):(%d+):')
+  if not id then return '' end
+  if count == '1' then return id end
+  return id .. ':' .. count
+end
+
 local function ensure_group(stream, made)
   if made[stream] then return end
   if redis.call('EXISTS', stream) == 0 then
@@ -262,9 +275,11 @@ return 1
 #: ARGV: queue, consumer, count, now, deadline (whole milliseconds), max_deliveries, arm ('1': set
 #: the waiting flag if nothing is deliverable), budget (entries examined at
 #: most), lease tag.
-#: Returns {more, next, p, id, count, header, payload, ...}: ``more`` is 1 when
-#: the budget ran out (call again), ``next`` the earliest time something may
-#: become deliverable ('' if none) when nothing was leased.
+#: Returns {more, next, then groups: p, delivery count, n, then n times id,
+#: header, payload}: ``more`` is 1 when the budget ran out (call again), ``next``
+#: the earliest time something may become deliverable ('' if none) when nothing
+#: was leased. Groups, not five values per message: what the script returns, it
+#: converts per value, and the engine parses per value.
 FETCH: Final = _script(
     "fetch",
     """
@@ -308,7 +323,7 @@ local function reclaim(p, pieces)
     if #tokens >= budget then break end  -- the later batches wait for the next call
     local batch, score = ended[k], tonumber(ended[k + 1])
     local field = p .. ':' .. batch
-    for token in string.gmatch(redis.call('HGET', lists, field) or '', '[^ ]+') do
+    for token in string.gmatch(batch_tokens(lists, p, batch), '[^ ]+') do
       tokens[#tokens + 1] = {score, token}
     end
     redis.call('ZREM', leases, batch)
@@ -342,7 +357,8 @@ local function reclaim(p, pieces)
         else
           pieces[#pieces + 1] = id .. ':' .. count  -- count >= 2 here
           local n = #out
-          out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = p, id, count, f[2], f[4]
+          out[n + 1], out[n + 2], out[n + 3] = p, count, 1  -- a group of one
+          out[n + 4], out[n + 5], out[n + 6] = id, f[2], f[4]
           remaining = remaining - 1
         end
       end
@@ -368,7 +384,10 @@ local function take(p, pieces)
     if #entries == 0 then return end
     budget = budget - #entries
     local expired = {}
-    local n, k = #out, #pieces
+    -- One group for the read: priority, delivery count 1, how many, then each.
+    local size = #out + 3
+    out[size - 2], out[size - 1], out[size] = p, 1, 0
+    local n, k = size, #pieces
     for _, entry in ipairs(entries) do
       local id, f = entry[1], entry[2]
       if tonumber(f[6]) <= now then
@@ -377,11 +396,12 @@ local function take(p, pieces)
       else
         k = k + 1
         pieces[k] = id
-        out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = p, id, 1, f[2], f[4]
-        n = n + 5
-        remaining = remaining - 1
+        out[n + 1], out[n + 2], out[n + 3] = id, f[2], f[4]
+        n = n + 3
       end
     end
+    out[size] = (n - size) / 3
+    remaining = remaining - out[size]
     if #expired > 0 then drop(stream, expired) end
   end
 end
@@ -400,7 +420,7 @@ for p = 9, 0, -1 do
 end
 if budget <= 0 and remaining > 0 then out[1] = 1 end
 
-if #out == 2 and out[1] == 0 then
+if remaining == tonumber(ARGV[3]) and out[1] == 0 then
   local next_s, next_n = nil, nil
   local function consider(key, scale)
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -604,7 +624,7 @@ for p = 0, 9 do
     budget = budget - 1
     local field = p .. ':' .. batch
     local left = {}
-    for token in string.gmatch(redis.call('HGET', KEYS[24], field) or '', '[^ ]+') do
+    for token in string.gmatch(batch_tokens(KEYS[24], p, batch), '[^ ]+') do
       budget = budget - 1
       local id = token_id(token)
       local entry = redis.call('XRANGE', stream, id, id)[1]
