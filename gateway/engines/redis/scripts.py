@@ -117,6 +117,57 @@ local function batch_tokens(lists, p, batch)
   return id .. ':' .. count
 end
 
+-- Stream ids in stream order ('<ms>-<seq>', compared as numbers).
+local function id_less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)')
+  if am ~= bm then
+    if #am ~= #bm then return #am < #bm end
+    return am < bm
+  end
+  return tonumber(as) < tonumber(bs)
+end
+
+-- id_less, in one string comparison when both have 13-digit milliseconds (every
+-- id until the year 2286) and as long a sequence number.
+local function id_before(a, b)
+  if #a == #b and string.byte(a, 14) == 45 and string.byte(b, 14) == 45 then return a < b end
+  return id_less(a, b)
+end
+
+-- Acknowledged entries leave: XACK, then the entries below the oldest one the
+-- group still needs go by one XTRIM MINID, which frees whole listpack nodes at
+-- once (an XDEL per entry cost Redis seven times as much: bench/queues.py); the
+-- others by XDEL. Every entry below the oldest pending one was delivered and is
+-- no longer pending, so it was acknowledged or dropped already; with nothing
+-- pending, every entry up to the newest acknowledged one is.
+local function remove(stream, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('XACK', stream, GROUP, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+  local floor = redis.call('XPENDING', stream, GROUP)[2]
+  local rest, top = {}, nil
+  for _, id in ipairs(ids) do
+    if floor then
+      if not id_before(id, floor) then rest[#rest + 1] = id end
+    elseif not top or id_before(top, id) then
+      top = id
+    end
+  end
+  if not floor and top then
+    local ms, seq = string.match(top, '^(%d+)-(%d+)$')
+    if #seq <= 14 then
+      floor = ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+    else
+      rest = ids  -- too large to add one to exactly: XDEL them all
+    end
+  end
+  if floor then redis.call('XTRIM', stream, 'MINID', floor) end
+  for i = 1, #rest, 1000 do
+    redis.call('XDEL', stream, unpack(rest, i, math.min(i + 999, #rest)))
+  end
+end
+
 local function ensure_group(stream, made)
   if made[stream] then return end
   if redis.call('EXISTS', stream) == 0 then
@@ -298,17 +349,6 @@ local made = {}
 -- Delayed messages that are due join their streams first.
 budget = budget - promote(1, queue, now_s, made, budget)
 
--- Stream ids in stream order ('<ms>-<seq>', compared as numbers).
-local function id_less(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)')
-  if am ~= bm then
-    if #am ~= #bm then return #am < #bm end
-    return am < bm
-  end
-  return tonumber(as) < tonumber(bs)
-end
-
 -- Leases past their deadline come back before new messages of their priority,
 -- by deadline, then in stream order, whichever batches they were leased in.
 -- ``pieces`` collects this call's lease list for priority p: its tokens.
@@ -466,8 +506,24 @@ while i <= #ARGV do
   local field = p .. ':' .. batch
   local score = redis.call('ZSCORE', KEYS[13 + p], batch)
   local listed = score and tonumber(score) > now_ms and redis.call('HGET', lists, field)
+  local given = listed and {unpack(ARGV, first, i - 1)}
+  local joined = given and table.concat(given, ' ')
   if not listed then
     for _ = first, i - 1 do out[#out + 1] = 0 end
+  elseif string.sub(listed, 1, #joined) == joined
+      and (#joined == #listed or string.byte(listed, #joined + 1) == 32) then
+    -- The receipts are the batch's first tokens, in its order (a consumer
+    -- acknowledging as it was served): all live, and what is left is the rest
+    -- of the list, with no token looked at one by one.
+    for _ = first, i - 1 do out[#out + 1] = 1 end
+    if #joined == #listed then
+      redis.call('ZREM', KEYS[13 + p], batch)
+      redis.call('HDEL', lists, field)
+    else
+      redis.call('HSET', lists, field, string.sub(listed, #joined + 2))
+    end
+    live[p] = live[p] or {}
+    table.insert(live[p], {given, #head > 1, batch})
   else
     local held, size = {}, 0
     for token in string.gmatch(listed, '[^ ]+') do
@@ -530,7 +586,7 @@ for p, groups in pairs(live) do
       ids[#ids + 1] = id
     end
   end
-  drop(stream, ids)
+  remove(stream, ids)
 end
 return out
 """,

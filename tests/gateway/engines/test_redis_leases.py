@@ -152,3 +152,24 @@ async def test_the_sweep_removes_an_expired_message_under_a_lease_from_before_ba
     assert (notice.event, notice.message_id) == (NoticeEvent.EXPIRED, message.id)
     assert await engine.depth(QUEUE) == 0
     assert await client.zcard(LEASES) == 0
+
+
+async def test_acknowledged_entries_leave_redis_in_any_order(make: Make, client: Redis) -> None:
+    # Entries below the oldest pending one go by XTRIM, the others by XDEL: the
+    # stream holds exactly what is not acknowledged, whatever the order of acks.
+    engine = await make()
+    for _ in range(5):
+        await engine.enqueue(make_message(QUEUE))
+    leased = await engine.fetch(QUEUE, "consumer", count=5)
+    waiting = [make_message(QUEUE) for _ in range(3)]
+    for message in waiting:  # stored after the fetch: not delivered yet
+        await engine.enqueue(message)
+
+    for picked, left in [((1, 3), 6), ((4,), 5), ((0,), 4), ((2,), 3)]:
+        assert await engine.ack(QUEUE, [leased[n].receipt for n in picked]) == len(picked)
+        assert await client.xlen(STREAM) == left
+        assert await engine.depth(QUEUE) == left
+    rest = await engine.fetch(QUEUE, "consumer", count=10)
+    assert ids(rest) == ids(waiting)
+    assert await engine.ack(QUEUE, [d.receipt for d in rest]) == 3
+    assert await client.xlen(STREAM) == 0
