@@ -358,21 +358,29 @@ local function reclaim(p, pieces)
   local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'WITHSCORES',
                            'LIMIT', 0, budget)
   if #ended == 0 then return end
-  local tokens = {}  -- {deadline, token}
+  -- The batches ended first, as many as this call may take, and with them any
+  -- that ended in the same millisecond as the last one (their order is by stream
+  -- id). Each batch's list is in stream order already (take and reclaim append in
+  -- order, release sorts): only tokens from several batches need sorting.
+  local tokens = {}  -- {deadline, token, stream id}
+  local batches = 0
   for k = 1, #ended, 2 do
-    if #tokens >= budget then break end  -- the later batches wait for the next call
     local batch, score = ended[k], tonumber(ended[k + 1])
-    local field = p .. ':' .. batch
+    if #tokens >= budget then break end  -- the later batches wait for the next call
+    if #tokens >= remaining and tokens[#tokens][1] ~= score then break end
+    batches = batches + 1
     for token in string.gmatch(batch_tokens(lists, p, batch), '[^ ]+') do
-      tokens[#tokens + 1] = {score, token}
+      tokens[#tokens + 1] = {score, token, token_id(token)}
     end
     redis.call('ZREM', leases, batch)
-    redis.call('HDEL', lists, field)
+    redis.call('HDEL', lists, p .. ':' .. batch)
   end
-  table.sort(tokens, function(a, b)
-    if a[1] ~= b[1] then return a[1] < b[1] end
-    return id_less(a[2], b[2])
-  end)
+  if batches > 1 then
+    table.sort(tokens, function(a, b)
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      return id_before(a[3], b[3])
+    end)
+  end
   local left, left_score = {}, nil
   for _, item in ipairs(tokens) do
     local token = item[2]
@@ -381,7 +389,7 @@ local function reclaim(p, pieces)
       left_score = left_score or item[1]
     else
       budget = budget - 1
-      local id = token_id(token)
+      local id = item[3]
       -- XCLAIM returns the entry and adds one to the pending list's delivery
       -- counter, which is the authority for delivery_count.
       local entry = redis.call('XCLAIM', stream, GROUP, consumer, 0, id)[1]
@@ -625,9 +633,14 @@ for p, groups in pairs(live) do
     end
   end
   for batch, tokens in pairs(released) do
+    -- In stream order, as every list is (reclaim relies on it).
     local field = p .. ':' .. batch
-    local before = redis.call('HGET', lists, field)
-    if before then table.insert(tokens, 1, before) end
+    for token in string.gmatch(redis.call('HGET', lists, field) or '', '[^ ]+') do
+      tokens[#tokens + 1] = token
+    end
+    local ids = {}
+    for _, token in ipairs(tokens) do ids[token] = token_id(token) end
+    table.sort(tokens, function(a, b) return id_before(ids[a], ids[b]) end)
     redis.call('HSET', lists, field, table.concat(tokens, ' '))
     redis.call('ZADD', KEYS[13 + p], 0, batch)
   end

@@ -173,3 +173,20 @@ async def test_acknowledged_entries_leave_redis_in_any_order(make: Make, client:
     assert ids(rest) == ids(waiting)
     assert await engine.ack(QUEUE, [d.receipt for d in rest]) == 3
     assert await client.xlen(STREAM) == 0
+
+
+async def test_batches_that_end_together_come_back_in_stream_order(make: Make) -> None:
+    clock = FakeClock()
+    engine = await make(clock=clock, limits=EngineLimits(ack_timeout=10))
+    messages = [make_message(QUEUE, clock) for _ in range(6)]
+    for message in messages:
+        await engine.enqueue(message)
+    # Three batches, one deadline: which batch Redis lists first depends on the
+    # fetch calls' random tags, never on what they hold.
+    for _ in range(3):
+        assert len(await engine.fetch(QUEUE, "consumer", count=2)) == 2
+    clock.advance(10)
+
+    again = [d for _ in range(6) for d in await engine.fetch(QUEUE, "consumer", count=1)]
+    assert ids(again) == ids(messages)
+    assert [d.delivery_count for d in again] == [2] * 6
