@@ -374,7 +374,7 @@ class LeasesCall(Call):
         self,
         queue: str,
         keys: QueueKeys,
-        receipts: list[tuple[str, str]],
+        receipts: list[tuple[str, str, str]],
         future: asyncio.Future[int],
         *,
         release: bool,
@@ -404,14 +404,10 @@ class LeasesCall(Call):
             head += (self._limits.max_deliveries, keys.wake)
         # The scripts take the receipts grouped by batch (the fetch call that
         # leased them) and priority: one lookup of the batch's lease per group.
-        # A receipt's lease is '<stream id>:<count>:<tag>'; the batch lists its
-        # first deliveries by stream id alone (gateway.engines.redis.scripts).
+        # Each receipt comes as (head, token, batch): codec.receipt_token.
         groups: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
         for owner, (receipts, _) in enumerate(self._waiters):
-            for receipt_head, lease in receipts:
-                token, _, batch = lease.rpartition(":")
-                if token.endswith(":1"):
-                    token = token[:-2]
+            for receipt_head, token, batch in receipts:
                 group = groups.get((receipt_head, batch))
                 if group is None:
                     group = groups[receipt_head, batch] = ([], [])
@@ -444,8 +440,11 @@ class LeasesCall(Call):
                 self.fail(error)
                 return
             flags += reply
-        for owner, flag in zip(self._owners, flags, strict=True):
-            live[owner] += flag
+        if len(live) == 1:  # one waiter (no merge): no per-receipt bookkeeping
+            live[0] = sum(flags)
+        else:
+            for owner, flag in zip(self._owners, flags, strict=True):
+                live[owner] += flag
         for (_, future), count in zip(self._waiters, live, strict=True):
             settle_future(future, count)
 

@@ -174,7 +174,7 @@ from gateway.engines.redis.codec import (
     notice_spec,
     pack_header,
     parse_notice,
-    split_receipt,
+    receipt_token,
     unpack_topic,
 )
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
@@ -546,7 +546,7 @@ class RedisEngine:
         self, queue: str, receipts: Sequence[str], *, release: bool
     ) -> asyncio.Future[int]:
         future: asyncio.Future[int] = self._running_loop().create_future()
-        parsed = [found for text in receipts if (found := split_receipt(text)) is not None]
+        parsed = [found for text in receipts if (found := receipt_token(text)) is not None]
         if not parsed:
             future.set_result(0)
             return future

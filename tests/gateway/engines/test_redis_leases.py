@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.engines.base import DeliveryNotice, EngineLimits, NoticeEvent
+from gateway.engines.redis.codec import receipt, receipt_token
 from gateway.engines.redis.engine import RedisEngine
 from gateway.engines.redis.scripts import GROUP
 from tests.support import RedisServer
@@ -190,3 +191,18 @@ async def test_batches_that_end_together_come_back_in_stream_order(make: Make) -
     again = [d for _ in range(6) for d in await engine.fetch(QUEUE, "consumer", count=1)]
     assert ids(again) == ids(messages)
     assert [d.delivery_count for d in again] == [2] * 6
+
+
+@pytest.mark.parametrize(
+    ("count", "noticed", "expected"),
+    [
+        (1, False, ("4", "1712345678901-12", "a1b2c3")),
+        (3, True, ("4n", "1712345678901-12:3", "a1b2c3")),
+    ],
+)
+def test_a_receipt_names_its_batch_and_its_token_in_the_list(
+    count: int, noticed: bool, expected: tuple[str, str, str]
+) -> None:
+    text = receipt(4, "1712345678901-12", count, "a1b2c3", noticed)
+    assert receipt_token(text) == expected
+    assert receipt_token(text + ":x") is None  # a tag has no ':': not one of ours
