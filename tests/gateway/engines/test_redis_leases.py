@@ -206,3 +206,17 @@ def test_a_receipt_names_its_batch_and_its_token_in_the_list(
     text = receipt(4, "1712345678901-12", count, "a1b2c3", noticed)
     assert receipt_token(text) == expected
     assert receipt_token(text + ":x") is None  # a tag has no ':': not one of ours
+
+
+async def test_an_ack_of_several_batches_past_one_script_call(make: Make, client: Redis) -> None:
+    engine = await make()
+    for _ in range(3 * 200):
+        await engine.enqueue(make_message(QUEUE))
+    batches = [await engine.fetch(QUEUE, "consumer", count=200) for _ in range(3)]
+    receipts = [d.receipt for batch in batches for d in batch]
+    # 600 receipts in three groups: more than one script call takes (MAX_PER_SCRIPT).
+    assert await engine.ack(QUEUE, receipts) == 600
+    assert await engine.ack(QUEUE, receipts) == 0
+    assert await engine.depth(QUEUE) == 0
+    assert await client.zcard(LEASES) == 0
+    assert await client.exists(LISTS) == 0
