@@ -24,7 +24,7 @@ from asbp import ApplicationAgentId, FaultCode
 from gateway.acl import AccessContext, Acl, channel_properties, load_acl
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
-from gateway.config.model import GatewayConfig
+from gateway.config.model import GatewayConfig, chosen_server
 from gateway.connections.addresses import AddressLimits
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import Mailbox, StreamOutbox
@@ -242,7 +242,7 @@ class Broker:
             broker=self.broker_id,
             version=self.version,
             engine=self.config.engine,
-            server=self.config.server,
+            server=chosen_server(self.config),
             started_at=self.started_at,
             channels=len(self.channels),
             tubes=len(self.respondents.tubes()),

@@ -28,14 +28,18 @@ __all__ = [
     "ManagementConfig",
     "MessagingLimits",
     "MetricsConfig",
+    "RunningServer",
     "ServerName",
     "TlsConfig",
     "TubeLimits",
+    "chosen_server",
 ]
 
 MiB = 1024 * 1024
 
-ServerName = Literal["hypercorn", "uvicorn"]
+ServerName = Literal["auto", "hypercorn", "uvicorn"]
+#: The server that actually runs: what ``server = "auto"`` resolves to (``chosen_server``).
+RunningServer = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
 EventLogMode = Literal["on", "off"]
 
@@ -226,9 +230,11 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     #: Port to listen on; 0 picks a free one.
     port: int = 8080
-    #: The ASGI server: Hypercorn (HTTP/1, HTTP/2, TLS, WebSocket) or Uvicorn
-    #: (HTTP/1.1 and WebSocket, faster WebSocket path).
-    server: ServerName = "hypercorn"
+    #: The ASGI server: ``auto`` runs Hypercorn when ``tls`` is set (HTTP/2 by
+    #: ALPN) and Uvicorn otherwise (HTTP/1.1 and WebSocket, the faster WebSocket
+    #: path); ``hypercorn`` (HTTP/1, HTTP/2 also in cleartext, TLS, WebSocket) or
+    #: ``uvicorn`` pins one.
+    server: ServerName = "auto"
     #: TLS for the listening port; None serves plain HTTP.
     tls: TlsConfig | None = None
     #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
@@ -291,3 +297,17 @@ class GatewayConfig:
     log_format: Literal["json", "text"] = "json"
     #: Logging level name.
     log_level: str = "info"
+
+
+def chosen_server(config: GatewayConfig) -> RunningServer:
+    """The server ``config`` runs on: ``server`` itself, or what ``auto`` resolves to.
+
+    ``auto`` takes Hypercorn only where its extra features serve a client: with TLS,
+    browsers and HTTP clients negotiate HTTP/2 by ALPN. Without TLS no browser speaks
+    HTTP/2 (h2c is for other servers and pinned clients), so a broker with neither runs
+    on Uvicorn, whose WebSocket path costs about half of Hypercorn's per message
+    (bench/roundtrip.py; docs/operations.md, "Which server runs").
+    """
+    if config.server != "auto":
+        return config.server
+    return "hypercorn" if config.tls is not None else "uvicorn"
