@@ -38,6 +38,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
+
+# The composition root is the one place gateway/ reaches into courses/ (docs/architecture.md).
+from courses.endpoint import course_endpoint
+from courses.service import Courses
+from courses.settings import CourseSettings
 from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.throttle import HandshakeThrottle
@@ -114,6 +119,28 @@ async def _metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
+async def _start_courses(
+    config: GatewayConfig, settings: CourseSettings | None, broker: Broker
+) -> Courses | None:
+    """This bus's Courses (docs/courses.md), started; None without a ``[courses]`` table."""
+    if settings is None:
+        return None
+    router = broker.router
+    auth = router.auth
+    courses = Courses(
+        settings,
+        engine=broker.engine,
+        replies=router.replies,
+        subjects=(lambda: auth.subjects) if auth is not None else tuple,
+        allow_plain=config.insecure_dev_tubes,
+        redis_url=config.redis_url if config.engine == "redis" else None,
+        log=broker.log,
+    )
+    await courses.start()
+    router.courses = courses
+    return courses
+
+
 def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> Starlette:
     """Build the broker's ASGI application for ``config``.
 
@@ -121,6 +148,12 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         CredentialConfigError: an agent key in ``config.agents`` cannot be loaded.
     """
     credentials = _credentials(config)
+    # Checked here, before the lifespan: a wrong [courses] table stops the start-up.
+    course_settings = (
+        CourseSettings.from_table(config.courses, base_dir=config.agents_base_dir)
+        if config.courses
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -139,6 +172,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
                 "broker.start_failed", extra={"code": int(exc.code), "error": exc.message}
             )
             raise
+        courses = await _start_courses(config, course_settings, broker)
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.ops.server).
         app.state.broker = broker
@@ -146,8 +180,11 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             yield {
                 "broker": broker,
                 "throttle": HandshakeThrottle(config.failed_handshakes_per_minute),
+                "courses": courses,
             }
         finally:
+            if courses is not None:
+                await courses.stop()
             await broker.stop()
 
     # The demo's page, only when asked for (asbp demo): a broker serves no files otherwise.
@@ -170,6 +207,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             Route("/asbp", cors.preflight, methods=["OPTIONS"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),
             WebSocketRoute("/tube", _ASGIEndpoint(websocket.tube_endpoint)),
+            WebSocketRoute("/course", _ASGIEndpoint(course_endpoint)),
         ],
         lifespan=lifespan,
     )

@@ -27,9 +27,10 @@ from asbp import Command, FaultCode
 if TYPE_CHECKING:
     from gateway.acl import AccessContext
     from gateway.connections.channels import Channel
+    from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
 
-__all__ = ["Faults", "MessagingHooks", "Outlets", "Replies", "SubjectReplies"]
+__all__ = ["AddressRoutes", "Faults", "MessagingHooks", "Outlets", "Replies", "SubjectReplies"]
 
 
 class Faults(Protocol):
@@ -119,4 +120,13 @@ class MessagingHooks(Protocol):
         self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
     ) -> None:
         """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
+
+
+class AddressRoutes(Protocol):
+    """Where a User-Agent Command addressed by ``r`` goes (courses.service.Courses):
+    to the Subjects holding those Conversation-Addresses, here or on other buses."""
+
+    def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
+        """Deliver or queue ``command`` for each recipient; faults go to ``channel``."""
         ...
