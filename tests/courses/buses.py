@@ -230,6 +230,11 @@ class Relay:
         for writer in list(self._writers):
             writer.transport.abort()
 
+    async def drain(self) -> None:
+        """Cut, and wait until every connection it forwarded has ended on both sides."""
+        self.cut()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
     async def wait_connections(self, count: int) -> None:
         """Until ``count`` connections have been forwarded in all."""
         async with asyncio.timeout(20 * T):

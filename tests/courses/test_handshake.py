@@ -1,0 +1,128 @@
+"""Each refusal of a Course handshake, against a real broker (docs/courses.md, "Handshake").
+
+The dialling side is played by hand here (a WebSocket client with a credential
+minted by :class:`courses.credential.SigningKey`), so each test can forge exactly
+one thing: an unlisted domain, a replay, a key of another bus, plain text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from asbp import decode
+from asbp.fault_commands import read_fault
+from courses.credential import SigningKey, answer_jti
+from gateway.app import create_app
+from gateway.auth.credentials import AgentCredentials
+from gateway.auth.keys import load_pem_file
+from tests.courses.buses import Bus, bus_config, make_bus
+from tests.support import RunningServer, T, TlsFiles, serve_app_async
+from tests.support.tls import client_ssl_context
+
+pytestmark = pytest.mark.anyio
+
+
+def key_of(bus: Bus) -> SigningKey:
+    return SigningKey((bus.directory / "bus.pem").read_bytes(), domain=bus.domain)
+
+
+@contextlib.asynccontextmanager
+async def bus_b(
+    tmp_path: Path, tls: TlsFiles | None, **overrides: object
+) -> AsyncIterator[tuple[RunningServer, Bus, Bus]]:
+    """Bus b.test listing a.test (no URL: it only answers), and a.test's files."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    config = bus_config(b, {a: []}, tls=tls, **overrides)  # type: ignore[arg-type]
+    async with serve_app_async(create_app(config), tls=tls) as running:
+        yield running, a, b
+
+
+async def refusal(url: str, token: str | None, tls: TlsFiles | None) -> tuple[int, int]:
+    """The HTTP status and the fault code of a refused handshake."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    ssl = None if tls is None else client_ssl_context(tls)
+    with pytest.raises(InvalidStatus) as caught:
+        async with connect(url, additional_headers=headers, ssl=ssl, open_timeout=5 * T):
+            pass
+    response = caught.value.response
+    fault = read_fault(decode(response.body or b""))
+    return response.status_code, fault.code
+
+
+async def test_a_listed_peer_gets_a_signed_answer_bound_to_its_credential(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    async with bus_b(tmp_path, tls_files) as (server, a, b):
+        token, jti = key_of(a).sign("b.test", lifetime=60)
+        async with connect(
+            f"{server.ws_url}/course",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=client_ssl_context(tls_files),
+        ) as ws:
+            frame = await asyncio.wait_for(ws.recv(), 5 * T)
+            hello = decode(frame if isinstance(frame, bytes) else frame.encode())
+        assert (hello.name, hello.get("domain")) == ("asbp.course", "b.test")
+        verifier = AgentCredentials({"b.test": load_pem_file(b.public_key)}, audience="a.test")
+        assert verifier.verify(hello.body.decode()).jti == answer_jti(jti)
+
+
+async def test_an_unlisted_domain_is_refused_with_2203(tmp_path: Path, tls_files: TlsFiles) -> None:
+    async with bus_b(tmp_path, tls_files) as (server, _a, _b):
+        stranger = make_bus(tmp_path, "c.test")
+        token, _ = key_of(stranger).sign("b.test", lifetime=60)
+        url = f"{server.ws_url}/course"
+        assert await refusal(url, token, tls_files) == (401, 2203)
+        assert await refusal(url, None, tls_files) == (401, 2204)
+
+
+async def test_a_replayed_credential_is_refused_with_2205(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    async with bus_b(tmp_path, tls_files) as (server, a, _b):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        url = f"{server.ws_url}/course"
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=client_ssl_context(tls_files),
+        ) as ws:
+            await asyncio.wait_for(ws.recv(), 5 * T)
+        assert await refusal(url, token, tls_files) == (401, 2205)
+
+
+async def test_a_peer_claiming_another_domain_is_refused_with_2204(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    async with bus_b(tmp_path, tls_files) as (server, _a, _b):
+        # c.test's key, claiming to be a.test: the signature fails a.test's key.
+        impostor = SigningKey(
+            (make_bus(tmp_path, "c.test").directory / "bus.pem").read_bytes(), domain="a.test"
+        )
+        token, _ = impostor.sign("b.test", lifetime=60)
+        assert await refusal(f"{server.ws_url}/course", token, tls_files) == (401, 2204)
+        # a.test's own key, but for another audience: not for this bus.
+        token, _ = key_of(_a).sign("c.test", lifetime=60)
+        assert await refusal(f"{server.ws_url}/course", token, tls_files) == (401, 2204)
+
+
+async def test_plain_text_is_refused_with_2206_without_the_dev_flag(tmp_path: Path) -> None:
+    async with bus_b(tmp_path, None, insecure_dev_tubes=False) as (server, a, _b):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        assert await refusal(f"{server.ws_url}/course", token, None) == (403, 2206)
+
+
+async def test_plain_text_on_loopback_is_accepted_behind_the_dev_flag(tmp_path: Path) -> None:
+    async with bus_b(tmp_path, None, insecure_dev_tubes=True) as (server, a, _b):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        async with connect(
+            f"{server.ws_url}/course", additional_headers={"Authorization": f"Bearer {token}"}
+        ) as ws:
+            frame = await asyncio.wait_for(ws.recv(), 5 * T)
+        assert decode(frame if isinstance(frame, bytes) else frame.encode()).name == "asbp.course"
