@@ -28,12 +28,9 @@ PREFIX: Final = "asbp:course:seen:"
 class Seen(Protocol):
     """Which crossings a bus has accepted, per sending peer."""
 
-    async def has(self, peer: str, crossing_id: str) -> bool:
-        """Whether ``crossing_id`` from ``peer`` was accepted within the window."""
-        ...
-
-    async def remember(self, peer: str, crossing_id: str) -> None:
-        """Note ``crossing_id`` from ``peer`` as accepted."""
+    async def claim(self, peer: str, crossing_id: str) -> bool:
+        """Note ``crossing_id`` from ``peer`` as accepted; False if it already was
+        (within the window). One step, so two copies cannot both be claimed."""
         ...
 
     async def close(self) -> None:
@@ -59,15 +56,15 @@ class MemorySeen:
     def __len__(self) -> int:
         return len(self._ids)
 
-    async def has(self, peer: str, crossing_id: str) -> bool:
+    async def claim(self, peer: str, crossing_id: str) -> bool:
         self._purge()
-        return (peer, crossing_id) in self._ids
-
-    async def remember(self, peer: str, crossing_id: str) -> None:
-        self._ids[(peer, crossing_id)] = self._clock() + self._window
-        self._ids.move_to_end((peer, crossing_id))
+        key = (peer, crossing_id)
+        if key in self._ids:
+            return False
+        self._ids[key] = self._clock() + self._window
         while len(self._ids) > self._max_ids:
             self._ids.popitem(last=False)
+        return True
 
     def _purge(self) -> None:
         now = self._clock()
@@ -89,11 +86,9 @@ class RedisSeen:
         self._client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(url)
         self._window_ms = max(1, int(window * 1000))
 
-    async def has(self, peer: str, crossing_id: str) -> bool:
-        return bool(await self._client.exists(f"{PREFIX}{peer}:{crossing_id}"))
-
-    async def remember(self, peer: str, crossing_id: str) -> None:
-        await self._client.set(f"{PREFIX}{peer}:{crossing_id}", b"1", px=self._window_ms)
+    async def claim(self, peer: str, crossing_id: str) -> bool:
+        key = f"{PREFIX}{peer}:{crossing_id}"
+        return bool(await self._client.set(key, b"1", px=self._window_ms, nx=True))
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -127,6 +127,7 @@ class Courses:
         self.accepted = 0
         self.duplicates = 0
         self._pending: set[asyncio.Future[Any]] = set()
+        self._stopped = False
 
     async def start(self) -> None:
         """Start dialling the peers."""
@@ -134,7 +135,11 @@ class Courses:
             await link.start()
 
     async def stop(self) -> None:
-        """Stop dialling; queued Commands stay queued."""
+        """Stop dialling; queued Commands stay queued. Idempotent (the server and the
+        lifespan both call it)."""
+        if self._stopped:
+            return
+        self._stopped = True
         for link in self.links.values():
             await link.stop()
         if self._pending:
@@ -175,7 +180,11 @@ class Courses:
         crossing_id = command.get(ID_KEY)
         if not isinstance(crossing_id, str):
             return False
-        if await self.seen.has(peer, crossing_id):
+        # Claimed before delivery, with no await between the claim and handing the
+        # Command to the Channels' outboxes: a receiver killed after the claim has
+        # lost those Channels too, while one that delivered has always claimed, so a
+        # copy resent after a crash is never delivered twice (docs/courses.md).
+        if not await self.seen.claim(peer, crossing_id):
             self.duplicates += 1
             return False
         via = via_of(command)
@@ -215,7 +224,6 @@ class Courses:
         for wait in waits:
             # Stored for the next Course (or refused, and then faulted): accepted.
             await asyncio.gather(wait, return_exceptions=True)
-        await self.seen.remember(peer, crossing_id)
         self.accepted += 1
         return True
 

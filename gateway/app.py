@@ -176,6 +176,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.ops.server).
         app.state.broker = broker
+        app.state.courses = courses
         try:
             yield {
                 "broker": broker,

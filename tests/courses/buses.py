@@ -256,6 +256,9 @@ class Relay:
                 )
             except OSError:
                 return
+            if self.target is None:  # cut while connecting: this one must not survive it
+                upstream_writer.transport.abort()
+                return
             self._writers.update((writer, upstream_writer))
             self.connections += 1
             self._changed.set()
