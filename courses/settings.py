@@ -137,12 +137,14 @@ class CourseSettings:
     backoff_max: float = 30.0
 
     def course_for(self, domain: str) -> PeerSettings | None:
-        """The peer whose Course carries Commands for ``domain``."""
+        """The peer whose Course carries Commands for ``domain``: the peer itself if
+        we dial it, else the first we dial that routes it; None if no Course does
+        (a peer listed without URLs only dials us, and we send on the Courses we dial)."""
         peer = self.peers.get(domain)
-        if peer is not None:
+        if peer is not None and peer.urls:
             return peer
         for candidate in self.peers.values():
-            if domain in candidate.routes:
+            if domain in candidate.routes and candidate.urls:
                 return candidate
         return None
 
