@@ -187,7 +187,13 @@ class OutboundCourse:
                 try:
                     if await self._link(url):
                         delay = self._settings.backoff_min
-                except (OSError, WebSocketException, CourseRefusedError, TimeoutError) as exc:
+                except CourseRefusedError as exc:
+                    # Not a network failure: someone answered who is not our peer.
+                    self._log.error(
+                        "course.answer_refused",
+                        extra={"peer": self.peer.domain, "url": url, "error": str(exc)},
+                    )
+                except (OSError, WebSocketException, TimeoutError) as exc:
                     self._log.warning(
                         "course.link_failed",
                         extra={"peer": self.peer.domain, "url": url, "error": str(exc)},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,11 +180,12 @@ async def user(server_url: str, name: str, tls: TlsFiles | None) -> AsyncIterato
 
 @contextlib.asynccontextmanager
 async def serve_bus(
-    bus: Bus, config: GatewayConfig, tls: TlsFiles | None
+    bus: Bus, config: GatewayConfig, tls: TlsFiles | None, log: logging.Logger | None = None
 ) -> AsyncIterator[RunningServer]:
     """The bus's broker, in this process, with its signin agent registered."""
     async with contextlib.AsyncExitStack() as stack:
-        running = await stack.enter_async_context(serve_app_async(create_app(config), tls=tls))
+        app = create_app(config, log=log)
+        running = await stack.enter_async_context(serve_app_async(app, tls=tls))
         agent = signin_agent(bus, running.ws_url + "/tube", tls)
         await stack.enter_async_context(agent)
         await agent.wait_registered(10 * T)

@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
+import ssl as ssl_module
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import InvalidStatus
 
-from asbp import decode
+from asbp import Command, decode, encode
 from asbp.fault_commands import read_fault
 from courses.credential import SigningKey, answer_jti
 from gateway.app import create_app
 from gateway.auth.credentials import AgentCredentials
-from gateway.auth.keys import load_pem_file
-from tests.courses.buses import Bus, bus_config, make_bus
+from gateway.auth.keys import b64url_decode, load_pem_file
+from tests.courses.buses import Bus, bus_config, make_bus, serve_bus
 from tests.support import RunningServer, T, TlsFiles, serve_app_async
+from tests.support.gateway import LogEvents
 from tests.support.tls import client_ssl_context
 
 pytestmark = pytest.mark.anyio
@@ -126,3 +131,54 @@ async def test_plain_text_on_loopback_is_accepted_behind_the_dev_flag(tmp_path: 
         ) as ws:
             frame = await asyncio.wait_for(ws.recv(), 5 * T)
         assert decode(frame if isinstance(frame, bytes) else frame.encode()).name == "asbp.course"
+
+
+@pytest.mark.parametrize(
+    ("domain", "signer", "bound", "reason"),
+    [
+        # Another bus's signed answer: not the peer dialled.
+        ("c.test", "c.test", True, "the answer does not come from b.test"),
+        # Claims b.test, signed with another key: does not verify.
+        ("b.test", "c.test", True, "the answer does not verify"),
+        # b.test's real key, but an answer recorded from another handshake.
+        ("b.test", "b.test", False, "the answer belongs to another handshake"),
+    ],
+)
+async def test_the_dialling_bus_refuses_an_answer_from_anyone_but_its_peer(
+    tmp_path: Path, tls_files: TlsFiles, domain: str, signer: str, bound: bool, reason: str
+) -> None:
+    """A hostile answerer (a bare WebSocket server) plays each forgery at bus a.test."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    make_bus(tmp_path, "c.test")  # a key of another bus, for the forgeries
+
+    async def answer(ws: ServerConnection) -> None:
+        token = (ws.request.headers.get("Authorization") or "").removeprefix("Bearer ")
+        claims = json.loads(b64url_decode(token.split(".")[1]))
+        jti = answer_jti(claims["jti"]) if bound else "re.recorded-earlier"
+        signed, _ = SigningKey((tmp_path / signer / "bus.pem").read_bytes(), domain=domain).sign(
+            "a.test", lifetime=60, jti=jti
+        )
+        await ws.send(encode(Command({"c": "asbp.course", "domain": domain}, signed.encode())))
+        await ws.wait_closed()
+
+    ssl = tls_server_context(tls_files)
+    async with serve(answer, "127.0.0.1", 0, ssl=ssl) as hostile:
+        port = next(iter(hostile.sockets)).getsockname()[1]
+        events = LogEvents(asyncio.get_running_loop())
+        log = logging.getLogger(f"test-courses-a-{domain}-{signer}-{bound}")
+        log.addHandler(events)
+        try:
+            url = f"wss://127.0.0.1:{port}/course"
+            config_a = bus_config(a, {b: url}, tls=tls_files)
+            async with serve_bus(a, config_a, tls_files, log=log):
+                record = await events.wait("course.answer_refused")
+                assert reason in record.error
+                assert not events.find("course.up")
+        finally:
+            log.removeHandler(events)
+
+
+def tls_server_context(tls: TlsFiles) -> ssl_module.SSLContext:
+    context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert, tls.key)
+    return context
