@@ -26,7 +26,7 @@ import random
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -64,6 +64,8 @@ class Crossing:
     frame: bytes
     #: Whether it was acknowledged (True) or expired (False).
     delivered: bool
+    #: What the sender stored beside it (``notice`` when a notice was asked for).
+    headers: Mapping[str, str]
 
 
 class CourseRefusedError(Exception):
@@ -307,7 +309,7 @@ class OutboundCourse:
         message = delivery.message
         self.depth -= 1
         self.bytes -= len(message.payload)
-        self._on_done(Crossing(message.id, message.payload, delivered))
+        self._on_done(Crossing(message.id, message.payload, delivered, message.headers))
 
 
 def _bytes(data: str | bytes) -> bytes:
