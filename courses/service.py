@@ -41,6 +41,7 @@ from courses.link import Crossing, OutboundCourse
 from courses.seen import MemorySeen, RedisSeen, Seen
 from courses.settings import CourseSettings
 from courses.wire import BROKER_KEYS, DELIVERED, ID_KEY, VIA_KEY, split_by_domain, via_of
+from gateway.acl import AccessContext
 from gateway.auth.credentials import AgentCredentials
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject, SubjectState
@@ -76,6 +77,8 @@ class Courses:
         engine: where the per-domain queues live.
         replies: the router's outboxes and faults.
         subjects: the live Subjects of this broker, when asked.
+        may_cross: whether a Subject (its access context) may send to a domain (the
+            ACL's ``COURSE`` rows); None: every Subject may.
         allow_plain: the Tubes' dev flag: ``ws://`` between loopback addresses.
         redis_url: the engine's Redis (the seen ids survive a restart); None: memory.
         log: the broker's logger.
@@ -88,6 +91,7 @@ class Courses:
         engine: Engine,
         replies: LocalReplies,
         subjects: Callable[[], Iterable[Subject]],
+        may_cross: Callable[[AccessContext, str], bool] | None = None,
         allow_plain: bool,
         redis_url: str | None,
         log: logging.Logger,
@@ -109,6 +113,7 @@ class Courses:
         )
         self._replies = replies
         self._subjects = subjects
+        self._may_cross = may_cross
         #: The broker's logger.
         self.log = self._log = log
         self.links = {
@@ -167,6 +172,14 @@ class Courses:
         def refuse(code: FaultCode, message: str) -> None:
             self._replies.fault(channel, code, message, command_id=command_id, cause=name)
 
+        may_cross = self._may_cross
+        if may_cross is not None:
+            access = subject.access
+            for domain in split_by_domain(outbound.recipients):
+                if domain != self.domain and not may_cross(access, domain):
+                    # Checked before anything is sent, so a refusal sends nothing at all.
+                    refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
+                    return
         self._send(outbound, via=(), came_from=None, refuse=refuse)
 
     # -- from peer buses ---------------------------------------------------------------

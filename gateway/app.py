@@ -43,6 +43,7 @@ from asbp import AsbpError
 from courses.endpoint import course_endpoint
 from courses.service import Courses
 from courses.settings import CourseSettings
+from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.throttle import HandshakeThrottle
@@ -119,6 +120,14 @@ async def _metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
+def _may_cross(broker: Broker, access: AccessContext, domain: str) -> bool:
+    """The ACL's ``COURSE`` rows (docs/acl.md), read at each call: it may be reloaded."""
+    acl = broker.router.acl
+    if acl is None:
+        return True
+    return acl.check(access, DestinationType.COURSE, domain, Privilege.WRITE).allowed
+
+
 async def _start_courses(
     config: GatewayConfig, settings: CourseSettings | None, broker: Broker
 ) -> Courses | None:
@@ -132,6 +141,7 @@ async def _start_courses(
         engine=broker.engine,
         replies=router.replies,
         subjects=(lambda: auth.subjects) if auth is not None else tuple,
+        may_cross=lambda access, domain: _may_cross(broker, access, domain),
         allow_plain=config.insecure_dev_tubes,
         redis_url=config.redis_url if config.engine == "redis" else None,
         log=broker.log,

@@ -16,6 +16,7 @@ import pytest
 
 from asbp import Command, FaultCode, encode
 from asbp.fault_commands import read_fault
+from gateway.acl import load_acl
 from tests.courses.buses import Relay, bus_config, make_bus, serve_bus, user
 from tests.support import RunningServer, TlsFiles
 
@@ -200,3 +201,36 @@ async def test_a_three_bus_loop_is_refused_not_amplified(
             assert (await alice.recv()).command_id == 10
             for relay in (to_a, to_b, to_c):
                 await relay.drain()
+
+
+COURSE_POLICY = """
+[security.policies.default]
+default_action = "PERMIT"
+
+[[security.policies.default.entries]]
+action = "DENY"
+types = ["COURSE"]
+destination = 'b\\.test'
+privileges = ["WRITE"]
+condition = { role = "user" }
+"""
+
+
+async def test_the_acl_course_rows_decide_who_may_send_to_a_domain(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    async with Relay() as to_b:
+        config_a = bus_config(
+            bus_a, {bus_b: to_b.url()}, tls=tls_files, acl=load_acl(COURSE_POLICY)
+        )
+        async with (
+            serve_bus(bus_a, config_a, tls_files) as a,
+            user(a.ws_url, "alice", tls_files) as alice,
+        ):
+            # alice has the role "user": nothing goes to b.test, not even to bob*a.test.
+            await alice.send(Command({"c": "chat", "r": ["bob*b.test", "alice*a.test"], "u": 6}))
+            fault = await alice.recv()
+            assert (read_fault(fault).code, fault.command_id) == (FaultCode.ACCESS_DENIED, 6)
+            await alice.send(Command({"c": "chat", "r": "alice*a.test", "u": 7}, b"me"))
+            assert (await alice.recv()).body == b"me"
