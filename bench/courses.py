@@ -16,6 +16,10 @@ two-buses      alice*a.test sends ``r=bob*b.test``; bob (on bus B) answers by
                acknowledged by B; the answer crosses back the same way
 =============  ================================================================
 
+With ``--outage 60 --rate 100`` (issue 13's figure), the Course is also held for 60
+s while alice sends 100 Commands/s, then let through: every Command must arrive once,
+in order, and the counts are printed.
+
 Per layout and repeat: pipelined round trips per second with ``--window``
 outstanding; the ratio two-buses / one-bus within each repeat, and its median
 (goal >= 0.5). Then the drain: ``--backlog`` Commands queued at A while the
@@ -280,6 +284,46 @@ async def drain(
     return backlog / (time.perf_counter() - began)
 
 
+async def outage(
+    relay: Relay,
+    port: int,
+    alice: ClientConnection,
+    subject: bytes,
+    bob: ClientConnection,
+    seconds: float,
+    rate: float,
+) -> tuple[int, int, float]:
+    """The Course held for ``seconds`` while alice sends ``rate`` Commands/s to bob, then
+    let through: (sent, delivered once and in order, seconds to drain)."""
+    relay.cut()
+    head = b"c=chat,r=bob*b.test,s=" + subject + b";"
+    sent = 0
+    began = time.perf_counter()
+    while (elapsed := time.perf_counter() - began) < seconds:
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            await alice.send(head + str(sent).encode())
+            sent += 1
+        await asyncio.sleep(1 / rate)  # pacing the sender, not waiting for the broker
+    await alice.send(b"c=chat,r=nobody*a.test,s=" + subject + b",u=2;")
+    reply = await alice.recv()
+    assert isinstance(reply, bytes) and b"code=2201" in reply, reply
+    back = time.perf_counter()
+    relay.target = port
+    in_order = 0
+    async with asyncio.timeout(300):
+        for n in range(sent):
+            frame = await bob.recv()
+            assert isinstance(frame, bytes)
+            in_order += frame.endswith(b";" + str(n).encode())
+    drained = time.perf_counter() - back
+    # One more, through: had anything arrived twice, it would come before this one.
+    await alice.send(head + b"last")
+    frame = await bob.recv()
+    assert isinstance(frame, bytes) and frame.endswith(b";last"), frame[:200]
+    return sent, in_order, drained
+
+
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="asbp-courses-") as tmp:
         a, b = Bus(Path(tmp), "a.test"), Bus(Path(tmp), "b.test")
@@ -294,6 +338,8 @@ async def run(args: argparse.Namespace) -> None:
         rows: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
         cpu: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
         drains: list[float] = []
+        sent = in_order = 0
+        drained = 0.0
         try:
             async with signin_agent(a), signin_agent(b):
                 alice, alice_s = await sign_in(a, "alice")
@@ -319,6 +365,10 @@ async def run(args: argparse.Namespace) -> None:
                     drains.append(
                         await drain(to_b, b.port, alice, alice_s, bob_there, args.backlog)
                     )
+                if args.outage:
+                    sent, in_order, drained = await outage(
+                        to_b, b.port, alice, alice_s, bob_there, args.outage, args.rate
+                    )
         finally:
             await a.stop()
             await b.stop()
@@ -339,6 +389,11 @@ async def run(args: argparse.Namespace) -> None:
     rate = statistics.median(drains)
     print(f"drain of a {args.backlog}-Command backlog: {rate:.0f} Commands/s (median)")
     print(f"  goal >= 10000: {rate:.0f}, {'met' if rate >= 10_000 else 'missed'}")
+    if args.outage:
+        print(
+            f"Course down {args.outage:g} s while alice sent {args.rate:g}/s: {sent} sent, "
+            f"{in_order} delivered once and in order, drained in {drained:.2f} s"
+        )
 
 
 def main() -> None:
@@ -347,6 +402,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument(
+        "--outage", type=float, default=0, help="also hold the Course this many seconds"
+    )
+    parser.add_argument("--rate", type=float, default=100, help="Commands/s during --outage")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
     args = parser.parse_args()
     if args.quick:

@@ -40,7 +40,15 @@ from courses.credential import SigningKey
 from courses.link import Crossing, OutboundCourse
 from courses.seen import MemorySeen, RedisSeen, Seen
 from courses.settings import CourseSettings
-from courses.wire import BROKER_KEYS, DELIVERED, ID_KEY, VIA_KEY, split_by_domain, via_of
+from courses.wire import (
+    BROKER_KEYS,
+    DELIVERED,
+    ID_KEY,
+    VIA_KEY,
+    domain_of,
+    split_by_domain,
+    via_of,
+)
 from gateway.acl import AccessContext
 from gateway.auth.credentials import AgentCredentials
 from gateway.connections.channels import Channel
@@ -131,6 +139,7 @@ class Courses:
         #: Crossings accepted from peers, and repeats dropped, for the metrics.
         self.accepted = 0
         self.duplicates = 0
+        self.spoofed = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._stopped = False
 
@@ -203,6 +212,19 @@ class Courses:
         via = via_of(command)
         name = command.name or ""
         publisher = command.publisher
+        looped = self.domain in via
+        if (not looped and publisher is not None and domain_of(publisher) == self.domain) or (
+            not via or via[-1] != peer
+        ):
+            # A peer speaking for this bus's own users, or hiding where it came from:
+            # dropped (and acknowledged, so it is not sent again), never answered,
+            # since an answer would go to the user it spoofed.
+            self._log.warning(
+                "course.spoofed",
+                extra={"peer": peer, "publisher": publisher, "via": ",".join(via)},
+            )
+            self.spoofed += 1
+            return True
         bare = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
         waits: list[asyncio.Future[Any]] = []
 
@@ -222,7 +244,8 @@ class Courses:
                 waits=waits,
             )
 
-        if self.domain in via:
+        if looped:
+            # Back where it started: the fault goes to its sender, a user of this bus.
             refuse(
                 FaultCode.COURSE_LOOP,
                 f"the Command came back to {self.domain} (via {', '.join(via)})",

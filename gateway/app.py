@@ -28,7 +28,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -39,10 +39,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
 
-# The composition root is the one place gateway/ reaches into courses/ (docs/architecture.md).
-from courses.endpoint import course_endpoint
-from courses.service import Courses
-from courses.settings import CourseSettings
+# The composition root is the one place gateway/ reaches into courses/
+# (docs/architecture.md); at run time only when [courses] is set, so a broker
+# without Courses does not pay for importing them (Redis, the JWT signer).
+if TYPE_CHECKING:
+    from courses.service import Courses
+    from courses.settings import CourseSettings
 from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
@@ -134,6 +136,8 @@ async def _start_courses(
     """This bus's Courses (docs/courses.md), started; None without a ``[courses]`` table."""
     if settings is None:
         return None
+    from courses.service import Courses
+
     router = broker.router
     auth = router.auth
     courses = Courses(
@@ -159,11 +163,14 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
     """
     credentials = _credentials(config)
     # Checked here, before the lifespan: a wrong [courses] table stops the start-up.
-    course_settings = (
-        CourseSettings.from_table(config.courses, base_dir=config.agents_base_dir)
-        if config.courses
-        else None
-    )
+    course_settings: CourseSettings | None = None
+    course_routes: list[BaseRoute] = []
+    if config.courses:
+        from courses.endpoint import course_endpoint
+        from courses.settings import CourseSettings
+
+        course_settings = CourseSettings.from_table(config.courses, base_dir=config.agents_base_dir)
+        course_routes.append(WebSocketRoute("/course", _ASGIEndpoint(course_endpoint)))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -218,7 +225,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             Route("/asbp", cors.preflight, methods=["OPTIONS"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),
             WebSocketRoute("/tube", _ASGIEndpoint(websocket.tube_endpoint)),
-            WebSocketRoute("/course", _ASGIEndpoint(course_endpoint)),
+            *course_routes,
         ],
         lifespan=lifespan,
     )

@@ -26,7 +26,7 @@ from courses.credential import SigningKey, answer_jti
 from gateway.app import create_app
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.keys import b64url_decode, load_pem_file
-from tests.courses.buses import Bus, bus_config, make_bus, serve_bus
+from tests.courses.buses import Bus, bus_config, make_bus, serve_bus, user
 from tests.support import RunningServer, T, TlsFiles, serve_app_async
 from tests.support.gateway import LogEvents
 from tests.support.tls import client_ssl_context
@@ -182,3 +182,49 @@ def tls_server_context(tls: TlsFiles) -> ssl_module.SSLContext:
     context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tls.cert, tls.key)
     return context
+
+
+@pytest.mark.parametrize(
+    ("publisher", "via"),
+    [
+        ("bob*b.test", ["a.test"]),  # speaking for the receiving bus's own user
+        ("alice*a.test", ["c.test"]),  # hiding that it comes from a.test
+    ],
+)
+async def test_a_peer_cannot_speak_for_the_receiving_bus_or_hide_its_origin(
+    tmp_path: Path, tls_files: TlsFiles, publisher: str, via: list[str]
+) -> None:
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    config_b = bus_config(b, {a: []}, tls=tls_files)
+    async with (
+        serve_bus(b, config_b, tls_files) as server,
+        user(server.ws_url, "bob", tls_files) as bob,
+    ):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        async with connect(
+            f"{server.ws_url}/course",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=client_ssl_context(tls_files),
+        ) as course:
+            await asyncio.wait_for(course.recv(), 5 * T)  # asbp.course
+            for n, (p, v) in enumerate(((publisher, via), ("alice*a.test", ["a.test"]))):
+                crossing = Command(
+                    {
+                        "c": "chat",
+                        "r": "bob*b.test",
+                        "p": p,
+                        "course.id": f"{n:032x}",
+                        "course.via": v,
+                    },
+                    str(n).encode(),
+                )
+                await course.send(encode(crossing))
+            # Both acknowledged; only the honest one reaches bob.
+            acked: list[str] = []
+            while len(acked) < 2:
+                frame = await asyncio.wait_for(course.recv(), 5 * T)
+                ack = decode(frame if isinstance(frame, bytes) else frame.encode())
+                ids = ack.get("course.id")
+                acked += [ids] if isinstance(ids, str) else list(ids or ())
+        got = await bob.recv()
+        assert (got.body, got.publisher) == (b"1", "alice*a.test")
