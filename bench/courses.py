@@ -104,8 +104,9 @@ class Relay:
 class Bus:
     """One bus: its files and its broker process."""
 
-    def __init__(self, root: Path, domain: str) -> None:
+    def __init__(self, root: Path, domain: str, server: str) -> None:
         self.domain = domain
+        self.server = server
         self.directory = root / domain
         self.directory.mkdir()
         private, public = generate_agent_key()
@@ -136,6 +137,7 @@ class Bus:
             sys.executable, "-m", "gateway",
             "--config", str(self.directory / "broker.toml"),
             "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
+            "--server", self.server,
             "--data-dir", str(self.directory),
             cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -326,7 +328,8 @@ async def outage(
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="asbp-courses-") as tmp:
-        a, b = Bus(Path(tmp), "a.test"), Bus(Path(tmp), "b.test")
+        a = Bus(Path(tmp), "a.test", args.server)
+        b = Bus(Path(tmp), "b.test", args.server)
         to_a, to_b = Relay(), Relay()
         await to_a.start()
         await to_b.start()
@@ -374,7 +377,10 @@ async def run(args: argparse.Namespace) -> None:
             await b.stop()
             await to_a.stop()
             await to_b.stop()
-    print(f"round trips, window {args.window}, {args.requests} per repeat, {args.repeats} repeats")
+    print(
+        f"{args.server}, round trips, window {args.window}, {args.requests} per repeat, "
+        f"{args.repeats} repeats"
+    )
     print(f"{'layout':<10} {'round trips/s':>14} {'CPU us/trip':>12}")
     for layout in rows:
         print(
@@ -406,6 +412,7 @@ def main() -> None:
         "--outage", type=float, default=0, help="also hold the Course this many seconds"
     )
     parser.add_argument("--rate", type=float, default=100, help="Commands/s during --outage")
+    parser.add_argument("--server", choices=("hypercorn", "uvicorn"), default="hypercorn")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
     args = parser.parse_args()
     if args.quick:
