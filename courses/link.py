@@ -41,6 +41,7 @@ from courses.settings import CourseSettings, PeerSettings
 from courses.wire import ACK, HELLO, ID_KEY
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
 from gateway.engines.base import Delivery, Engine, QueueFull, new_message
+from gateway.errors import LocalError
 
 __all__ = ["CourseRefusedError", "Crossing", "OutboundCourse", "queue_name"]
 
@@ -68,8 +69,9 @@ class Crossing:
     headers: Mapping[str, str]
 
 
-class CourseRefusedError(Exception):
-    """The peer's answer did not verify (a wrong domain, key or handshake)."""
+class CourseRefusedError(LocalError):
+    """The peer's answer did not verify (a wrong domain, key or handshake): logged
+    (``course.answer_refused``) and retried with backoff, never sent anywhere."""
 
 
 class OutboundCourse:

@@ -24,12 +24,14 @@ from asbp import Command
 
 __all__ = [
     "ACK",
+    "BROKER_KEYS",
     "DELIVERED",
     "HELLO",
     "ID_KEY",
     "VIA_KEY",
     "domain_of",
     "split_by_domain",
+    "via_of",
 ]
 
 #: The answering bus's signed answer, the first frame on a Course.
