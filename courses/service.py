@@ -143,6 +143,14 @@ class Courses:
         self._pending: set[asyncio.Future[Any]] = set()
         self._stopped = False
 
+    def peers(self) -> list[tuple[str, bool, int, int, int]]:
+        """Per peer dialled: (domain, up, queued, sent, acknowledged), for the metrics."""
+        return [
+            (domain, link.connected.is_set(), link.depth, link.sent, link.acknowledged)
+            for domain, link in self.links.items()
+            if link.peer.urls
+        ]
+
     async def start(self) -> None:
         """Start dialling the peers."""
         for link in self.links.values():

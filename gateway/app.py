@@ -152,6 +152,7 @@ async def _start_courses(
     )
     await courses.start()
     router.courses = courses
+    broker.courses = courses
     return courses
 
 

@@ -38,7 +38,7 @@ from gateway.metrics.counts import RouterCounts
 from gateway.plane.base import Plane
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
-from gateway.types import Outlets
+from gateway.types import CourseStats, Outlets
 
 __all__ = ["Broker", "create_engine", "create_event_log", "create_plane"]
 
@@ -178,6 +178,8 @@ class Broker:
             plane=self.plane,
         )
         self._acl = config.acl
+        #: The Courses' counters for the metrics (set by gateway/app.py); None: none.
+        self.courses: CourseStats | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False

@@ -20,6 +20,7 @@ of its own that has just these methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from asbp import Command, FaultCode
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
     from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
 
-__all__ = ["AddressRoutes", "Faults", "MessagingHooks", "Outlets", "Replies", "SubjectReplies"]
+__all__ = [
+    "AddressRoutes",
+    "CourseStats",
+    "Faults",
+    "MessagingHooks",
+    "Outlets",
+    "Replies",
+    "SubjectReplies",
+]
 
 
 class Faults(Protocol):
@@ -120,6 +129,19 @@ class MessagingHooks(Protocol):
         self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
     ) -> None:
         """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
+
+
+class CourseStats(Protocol):
+    """What the metrics read of the Courses (courses.service.Courses)."""
+
+    #: Crossings from peers accepted, dropped as repeats, dropped as spoofed.
+    accepted: int
+    duplicates: int
+    spoofed: int
+
+    def peers(self) -> Iterable[tuple[str, bool, int, int, int]]:
+        """Per peer dialled: (domain, up, queued, sent, acknowledged)."""
         ...
 
 

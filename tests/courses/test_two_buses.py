@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from asbp import Command, FaultCode, encode
@@ -19,6 +20,7 @@ from asbp.fault_commands import read_fault
 from gateway.acl import load_acl
 from tests.courses.buses import Relay, bus_config, make_bus, serve_bus, user
 from tests.support import RunningServer, TlsFiles
+from tests.support.tls import client_ssl_context
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +236,24 @@ async def test_the_acl_course_rows_decide_who_may_send_to_a_domain(
             assert (read_fault(fault).code, fault.command_id) == (FaultCode.ACCESS_DENIED, 6)
             await alice.send(Command({"c": "chat", "r": "alice*a.test", "u": 7}, b"me"))
             assert (await alice.recv()).body == b"me"
+
+
+async def test_the_metrics_count_each_course(tmp_path: Path, tls_files: TlsFiles) -> None:
+    async with (
+        two_buses(tmp_path, tls_files) as buses,
+        user(buses.a.ws_url, "alice", tls_files) as alice,
+        user(buses.b.ws_url, "bob", tls_files) as bob,
+    ):
+        header = {"c": "chat", "r": "bob*b.test", "notice": "delivered", "u": 1}
+        await alice.send(Command(header, b"counted"))
+        assert (await bob.recv()).body == b"counted"
+        assert (await alice.recv()).get("event") == "delivered"  # acknowledged by now
+        async with httpx.AsyncClient(verify=client_ssl_context(tls_files)) as http:
+            a = (await http.get(f"{buses.a.http_url}/metrics")).text
+            b = (await http.get(f"{buses.b.http_url}/metrics")).text
+        assert 'asbp_course_up{peer="b.test"} 1.0' in a
+        assert 'asbp_course_queued{peer="b.test"} 0.0' in a
+        assert 'asbp_course_crossings_total{event="sent",peer="b.test"} 1.0' in a
+        assert 'asbp_course_crossings_total{event="acknowledged",peer="b.test"} 1.0' in a
+        assert 'asbp_course_received_total{outcome="accepted"} 1.0' in b
+        assert 'asbp_course_received_total{outcome="duplicate"} 0.0' in b
