@@ -33,7 +33,7 @@ from asbp import Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
 from courses.credential import answer_jti
 from courses.service import Courses
-from courses.wire import ACK, HELLO, ID_KEY
+from courses.wire import ACK, BATCH, HELLO, ID_KEY, unpack
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.transports.asgi import is_loopback, remote_address
 
@@ -101,17 +101,15 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             if data is None:
                 data = (message.get("text") or "").encode("utf-8")
             try:
-                command = asbp.decode(data)
-            except ProtocolError as exc:
-                # A peer that sends what is not ASBP is broken or hostile: end its Course.
-                log.warning("course.bad_frame", extra={"peer": peer, "error": exc.message})
+                crossings = _crossings(data)
+            except (ProtocolError, ValueError) as exc:
+                # A peer that sends what is not a crossing is broken or hostile: end
+                # its Course (what it sent before this stays accepted).
+                log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
                 break
-            crossing_id = command.get(ID_KEY)
-            if not isinstance(crossing_id, str):
-                log.warning("course.bad_frame", extra={"peer": peer, "error": "no course.id"})
-                break
-            await courses.accept(peer, command)
-            acks.append(crossing_id)
+            for crossing_id, command in crossings:
+                await courses.accept(peer, command)
+                acks.append(crossing_id)
             ready.set()
     finally:
         writer.cancel()
@@ -121,6 +119,28 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             with contextlib.suppress(OSError, RuntimeError):
                 await send({"type": "websocket.close", "code": 1008})
         log.info("course.closed", extra={"peer": peer})
+
+
+def _crossings(data: bytes) -> list[tuple[str, Command]]:
+    """The crossings of one WebSocket message (one, or a batch), each with its id.
+
+    Raises:
+        ProtocolError: one does not decode.
+        ValueError: a batch that does not parse, or a crossing without ``course.id``.
+    """
+    command = asbp.decode(data)
+    commands = (
+        [asbp.decode(frame) for frame in unpack(command.body)]
+        if command.name == BATCH
+        else [command]
+    )
+    crossings = []
+    for crossing in commands:
+        crossing_id = crossing.get(ID_KEY)
+        if not isinstance(crossing_id, str):
+            raise ValueError("a crossing without course.id")
+        crossings.append((crossing_id, crossing))
+    return crossings
 
 
 async def _acknowledge(send: Send, acks: list[str], ready: asyncio.Event) -> None:

@@ -38,7 +38,7 @@ import asbp
 from asbp import Command, ProtocolError
 from courses.credential import SigningKey, answer_jti
 from courses.settings import CourseSettings, PeerSettings
-from courses.wire import ACK, HELLO, ID_KEY
+from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
 from gateway.engines.base import Delivery, Engine, QueueFull, new_message
 from gateway.errors import LocalError
@@ -275,10 +275,10 @@ class OutboundCourse:
                     await self._engine.ack(self.queue, [d.receipt for d in expired])
                     for delivery in expired:
                         self._finish(delivery, delivered=False)
-                # One Command per WebSocket message: an iterable would send one
-                # fragmented message, which the peer reads as one frame.
-                for frame in frames:
-                    await ws.send(frame)
+                # A lone crossing as itself, a backlog in batches (courses.wire.pack);
+                # never an iterable, which websockets sends as one fragmented message.
+                for message in pack(frames):
+                    await ws.send(message)
                 self.sent += len(frames)
             await reader
         finally:

@@ -24,13 +24,17 @@ from asbp import Command
 
 __all__ = [
     "ACK",
+    "BATCH",
     "BROKER_KEYS",
     "DELIVERED",
     "HELLO",
     "ID_KEY",
+    "MAX_BATCH_BYTES",
     "VIA_KEY",
     "domain_of",
+    "pack",
     "split_by_domain",
+    "unpack",
     "via_of",
 ]
 
@@ -38,6 +42,11 @@ __all__ = [
 HELLO: Final = "asbp.course"
 #: The acknowledgement of one crossing.
 ACK: Final = "asbp.course.ack"
+#: Several crossings in one WebSocket message: the body holds each encoded crossing
+#: as ``<length in decimal>:<frame>``, one after the other (see :func:`pack`).
+BATCH: Final = "asbp.course.batch"
+#: A batch's body stays under this, well inside the receiver's frame limit (256 KiB).
+MAX_BATCH_BYTES: Final = 192 * 1024
 #: The notice a sender who asked (``notice=delivered``) gets once the peer accepted it.
 DELIVERED: Final = "delivered"
 #: The crossing's id.
@@ -46,6 +55,57 @@ ID_KEY: Final = "course.id"
 VIA_KEY: Final = "course.via"
 #: Keys a User-Agent may not write: the broker's alone.
 BROKER_KEYS: Final = (ID_KEY, VIA_KEY)
+
+
+def pack(frames: list[bytes], *, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
+    """The WebSocket messages that carry ``frames``, in order: a lone frame as itself,
+    several as ``asbp.course.batch`` Commands of at most ``max_bytes`` of body each.
+
+    One message per crossing costs a message's framing, a system call and the
+    receiving server's per-message work each; a backlog drains in batches.
+    """
+    messages: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+
+    def flush() -> None:
+        if len(group) == 1:
+            messages.append(group[0][group[0].index(b":") + 1 :])
+        elif group:
+            messages.append(b"c=" + BATCH.encode() + b";" + b"".join(group))
+        group.clear()
+
+    for frame in frames:
+        item = b"%d:%b" % (len(frame), frame)
+        if group and size + len(item) > max_bytes:
+            flush()
+            size = 0
+        group.append(item)
+        size += len(item)
+    flush()
+    return messages
+
+
+def unpack(body: bytes) -> list[bytes]:
+    """The frames of an ``asbp.course.batch`` body.
+
+    Raises:
+        ValueError: the body is not a sequence of ``<length>:<frame>``.
+    """
+    frames: list[bytes] = []
+    position = 0
+    while position < len(body):
+        colon = body.find(b":", position, position + 8)
+        digits = body[position:colon]
+        if colon < 0 or not digits.isdigit():
+            raise ValueError(f"no length at byte {position}")
+        length = int(digits)
+        start = colon + 1
+        if start + length > len(body):
+            raise ValueError(f"a frame of {length} bytes runs past the body at byte {start}")
+        frames.append(body[start : start + length])
+        position = start + length
+    return frames
 
 
 def domain_of(address: str) -> str:

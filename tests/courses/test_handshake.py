@@ -230,7 +230,15 @@ async def test_a_peer_cannot_speak_for_the_receiving_bus_or_hide_its_origin(
         assert (got.body, got.publisher) == (b"1", "alice*a.test")
 
 
-@pytest.mark.parametrize("frame", [b"not asbp", b"c=chat,r=bob*b.test;no course.id"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"not asbp",
+        b"c=chat,r=bob*b.test;no course.id",
+        b"c=asbp.course.batch;9:truncated",
+        b"c=asbp.course.batch;5:c=x;y",
+    ],
+)
 async def test_a_peer_sending_what_is_not_a_crossing_loses_its_course(
     tmp_path: Path, frame: bytes
 ) -> None:
