@@ -147,6 +147,10 @@ async def _acknowledge(send: Send, acks: list[str], ready: asyncio.Event) -> Non
     """Send what was accepted, as few Commands as the pace allows."""
     while True:
         await ready.wait()
+        # One loop turn more: crossings that arrived meanwhile share this
+        # acknowledgement, which is off every Command's path (a sender needs it
+        # only to free its window and its queue).
+        await asyncio.sleep(0)
         ready.clear()
         while acks:
             batch = acks[:_MAX_ACKS]
