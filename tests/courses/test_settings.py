@@ -10,6 +10,9 @@ import pytest
 
 from agents import generate_agent_key
 from courses.settings import CourseConfigError, CourseSettings
+from gateway.config import ConfigError
+from gateway.config.loading import load_config
+from gateway.config.rendering import config_to_toml
 
 
 @pytest.fixture
@@ -100,3 +103,26 @@ def test_each_mistake_names_its_key(
     with pytest.raises(CourseConfigError, match=re.escape(text)) as caught:
         CourseSettings.from_table(table(**changes), base_dir=keys)
     assert key in caught.value.key
+
+
+def test_the_courses_table_loads_from_the_file_and_renders_back(keys: Path) -> None:
+    (keys / "broker.toml").write_text(
+        '[courses]\ndomain = "a.test"\nsigning_key = "bus.pem"\nmax_hops = 2\n'
+        '[courses."b.test"]\nurls = ["wss://b.example/course"]\npublic_key = "peer.pub.pem"\n'
+        'names = ["chat"]\n'
+    )
+    config = load_config({"config": str(keys / "broker.toml")}, environ={})
+    assert config.courses["domain"] == "a.test"
+    assert config.courses["b.test"]["names"] == ["chat"]
+    rendered = config_to_toml(config)
+    assert '[courses]\ndomain = "a.test"' in rendered and 'max_hops = 2' in rendered
+    assert '[courses."b.test"]' in rendered
+    # What was rendered loads again to the same table.
+    (keys / "again.toml").write_text(rendered)
+    again = load_config({"config": str(keys / "again.toml")}, environ={})
+    assert again.courses == config.courses
+
+
+def test_the_courses_table_is_only_for_the_file() -> None:
+    with pytest.raises(ConfigError, match=r"\[courses\] table can only be set in the TOML file"):
+        load_config({}, environ={"ASBP_COURSES": "x"})
