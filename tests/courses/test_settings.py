@@ -115,7 +115,7 @@ def test_the_courses_table_loads_from_the_file_and_renders_back(keys: Path) -> N
     assert config.courses["domain"] == "a.test"
     assert config.courses["b.test"]["names"] == ["chat"]
     rendered = config_to_toml(config)
-    assert '[courses]\ndomain = "a.test"' in rendered and 'max_hops = 2' in rendered
+    assert '[courses]\ndomain = "a.test"' in rendered and "max_hops = 2" in rendered
     assert '[courses."b.test"]' in rendered
     # What was rendered loads again to the same table.
     (keys / "again.toml").write_text(rendered)
