@@ -104,3 +104,22 @@ async def test_the_redis_queue_outlives_a_restart_of_the_sending_broker(
                     bodies = [(await bob.recv()).body for _ in range(5)]
                     await to_b.drain()
     assert bodies == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_command_with_no_room_for_the_course_keys_gets_a_fault(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """A header the Channel took, but too long once ``p`` and ``course.*`` are added:
+    the sender gets 1104 and the Course never carries what its peer would refuse."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    async with Relay() as to_b:
+        config_a = bus_config(a, {b: to_b.url()}, tls=tls_files)
+        async with (
+            serve_bus(a, config_a, tls_files) as server_a,
+            user(server_a.ws_url, "alice", tls_files) as alice,
+        ):
+            head = f"c=chat,r=bob*b.test,s={alice.subject},u=4,pad="
+            pad = "x" * (8 * 1024 - len(head) - 10)
+            await alice.ws.send(f"{head}{pad};".encode())
+            fault = await alice.recv()
+            assert (read_fault(fault).code, fault.command_id) == (FaultCode.HEADER_TOO_LARGE, 4)
