@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
@@ -41,6 +42,10 @@ __all__ = ["course_endpoint"]
 
 #: Acknowledgements sent in one Command at most: 200 ids of 33 bytes fit the 8 KiB header.
 _MAX_ACKS: Final = 200
+
+_BATCH_PREFIX: Final = f"c={BATCH};".encode()
+#: A crossing id in a header that does not decode (ids are 32 hex digits, courses.link).
+_SNIFF_ID: Final = re.compile(rb"(?:^|,)course\.id=([0-9a-f]{32})(?=[,;]|$)")
 
 _REFUSALS: Final = {
     RefusalReason.UNKNOWN_IDENTITY: FaultCode.COURSE_UNLISTED,
@@ -108,7 +113,15 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                 log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
                 break
             for crossing_id, command in crossings:
-                await courses.accept(peer, command)
+                if command is None:
+                    # Its id is legible but it does not decode here (a peer with larger
+                    # limits than ours): acknowledged and dropped, or it would come back
+                    # after every reconnection and hold the whole Course.
+                    log.warning(
+                        "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
+                    )
+                else:
+                    await courses.accept(peer, command)
                 acks.append(crossing_id)
             ready.set()
     finally:
@@ -121,24 +134,30 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         log.info("course.closed", extra={"peer": peer})
 
 
-def _crossings(data: bytes) -> list[tuple[str, Command]]:
-    """The crossings of one WebSocket message (one, or a batch), each with its id.
+def _crossings(data: bytes) -> list[tuple[str, Command | None]]:
+    """The crossings of one WebSocket message (one, or a batch), each with its id;
+    None for one whose id is legible but which does not decode.
 
     Raises:
-        ProtocolError: one does not decode.
-        ValueError: a batch that does not parse, or a crossing without ``course.id``.
+        ProtocolError: a batch frame that does not decode.
+        ValueError: a batch that does not parse, or a crossing without a legible
+            ``course.id``.
     """
-    command = asbp.decode(data)
-    commands = (
-        [asbp.decode(frame) for frame in unpack(command.body)]
-        if command.name == BATCH
-        else [command]
-    )
-    crossings = []
-    for crossing in commands:
-        crossing_id = crossing.get(ID_KEY)
-        if not isinstance(crossing_id, str):
-            raise ValueError("a crossing without course.id")
+    frames = unpack(asbp.decode(data).body) if data.startswith(_BATCH_PREFIX) else [data]
+    crossings: list[tuple[str, Command | None]] = []
+    for frame in frames:
+        crossing: Command | None
+        try:
+            crossing = asbp.decode(frame)
+        except ProtocolError:
+            crossing = None
+            found = _SNIFF_ID.search(frame, 0, frame.find(b";") if b";" in frame else len(frame))
+            crossing_id = found[1].decode("ascii") if found else None
+        else:
+            value = crossing.get(ID_KEY)
+            crossing_id = value if isinstance(value, str) else None
+        if crossing_id is None:
+            raise ValueError("a crossing without a legible course.id")
         crossings.append((crossing_id, crossing))
     return crossings
 

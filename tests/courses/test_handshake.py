@@ -23,6 +23,7 @@ from websockets.exceptions import InvalidStatus
 from asbp import Command, decode, encode
 from asbp.fault_commands import read_fault
 from courses.credential import SigningKey, answer_jti
+from courses.wire import pack
 from gateway.app import create_app
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.keys import b64url_decode, load_pem_file
@@ -255,3 +256,45 @@ async def test_a_peer_sending_what_is_not_a_crossing_loses_its_course(
             await course.send(frame)
             await asyncio.wait_for(course.wait_closed(), 5 * T)
         assert course.close_code == 1008
+
+
+async def test_a_crossing_that_does_not_decode_is_acknowledged_and_dropped(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """Not a reason to end the Course: it would come back after every reconnection."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    config_b = bus_config(b, {a: []}, tls=tls_files)
+    async with (
+        serve_bus(b, config_b, tls_files) as server,
+        user(server.ws_url, "bob", tls_files) as bob,
+    ):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        bad = [f"c=chat,u=99999999,course.id={n:032x};bad".encode() for n in (1, 2)]
+        good = encode(
+            Command(
+                {
+                    "c": "chat",
+                    "r": "bob*b.test",
+                    "p": "alice*a.test",
+                    "course.id": f"{3:032x}",
+                    "course.via": ["a.test"],
+                },
+                b"good",
+            )
+        )
+        async with connect(
+            f"{server.ws_url}/course",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=client_ssl_context(tls_files),
+        ) as course:
+            await asyncio.wait_for(course.recv(), 5 * T)  # asbp.course
+            await course.send(bad[0])
+            await course.send(pack([bad[1], good])[0])
+            acked: list[str] = []
+            while len(acked) < 3:
+                frame = await asyncio.wait_for(course.recv(), 5 * T)
+                ack = decode(frame if isinstance(frame, bytes) else frame.encode())
+                ids = ack.get("course.id")
+                acked += [ids] if isinstance(ids, str) else list(ids or ())
+        assert sorted(acked) == [f"{n:032x}" for n in (1, 2, 3)]
+        assert (await bob.recv()).body == b"good"
