@@ -40,7 +40,7 @@ from gateway.plane.base import Plane
 from gateway.plane.census import BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
-from gateway.types import Outlets
+from gateway.types import CourseStats, Outlets
 
 __all__ = [
     "Broker",
@@ -218,6 +218,8 @@ class Broker:
             plane=self.plane,
         )
         self._acl = config.acl
+        #: The Courses' counters for the metrics (set by gateway/app.py); None: none.
+        self.courses: CourseStats | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False

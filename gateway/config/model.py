@@ -271,8 +271,13 @@ class GatewayConfig:
     agents: Mapping[str, Any] = field(default_factory=dict)
     #: Directory that relative key paths in ``agents`` are resolved against.
     agents_base_dir: Path = Path(".")
-    #: Development only: accept Tubes without TLS when listening on loopback.
+    #: Development only: accept Tubes without TLS when listening on loopback (and
+    #: Courses without TLS between loopback addresses, docs/courses.md).
     insecure_dev_tubes: bool = False
+    #: This bus's domain, signing key and its Courses to other buses, as the
+    #: ``[courses]`` table of the TOML file (see docs/courses.md); empty: no Courses.
+    #: Relative paths resolve against ``agents_base_dir`` (the file's directory).
+    courses: Mapping[str, Any] = field(default_factory=dict)
     #: Serve the demo page (the TypeScript client talking to the example agent) at
     #: ``/``; ``asbp demo`` turns it on.
     demo_page: bool = False

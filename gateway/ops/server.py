@@ -330,6 +330,11 @@ async def _run_hypercorn(
 
 
 async def _stop_broker(app: Starlette) -> None:
+    # Courses first, while their connections are still up: each link ends with a
+    # closing handshake, and what is queued for a peer stays queued.
+    courses = getattr(app.state, "courses", None)
+    if courses is not None:
+        await courses.stop()
     broker = getattr(app.state, "broker", None)
     if broker is not None:
         await broker.stop()
