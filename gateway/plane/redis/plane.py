@@ -60,7 +60,7 @@ from gateway.plane.redis.scripts import (
     SWEEP,
 )
 
-__all__ = ["PREFIX", "RedisPlane"]
+__all__ = ["PREFIX", "SWEEP_BATCH", "RedisPlane"]
 
 _log = logging.getLogger("asbp.plane")
 
@@ -74,6 +74,10 @@ _BLOCK_MS: Final = 200
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
+#: Directory entries one sweep or leave script forgets at most: a broker that held
+#: very many Channels is forgotten over several calls, each short enough that other
+#: brokers' forwards are not held up behind it for long.
+SWEEP_BATCH: Final = 1000
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
 
@@ -141,11 +145,19 @@ class RedisPlane:
         broker_id: this broker's Broker-Identifier.
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
+        sweep_batch: directory entries one script call forgets at most.
     """
 
     def __init__(
-        self, url: str, *, broker_id: str, lease: float = DEFAULT_LEASE, prefix: str = PREFIX
+        self,
+        url: str,
+        *,
+        broker_id: str,
+        lease: float = DEFAULT_LEASE,
+        prefix: str = PREFIX,
+        sweep_batch: int = SWEEP_BATCH,
     ) -> None:
+        self._sweep_batch = sweep_batch
         self._url = url
         self._broker_id = broker_id
         self._lease = lease
@@ -185,7 +197,7 @@ class RedisPlane:
             await self._batcher.load_scripts()
             # A broker restarted with the same identifier starts clean: whatever
             # its previous life announced or was sent is gone with it.
-            await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+            await self._leave()
             await self._renew()
         except (EngineUnavailable, PlaneUnavailable) as exc:
             await self.close()
@@ -199,7 +211,7 @@ class RedisPlane:
         await self._halt()
         if self._batcher is not None and self._client is not None:
             with contextlib.suppress(PlaneUnavailable, EngineUnavailable):
-                await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+                await self._leave()
         await self._disconnect()
 
     async def abandon(self) -> None:
@@ -245,7 +257,7 @@ class RedisPlane:
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
-        await self._call(script_command(SWEEP, (), (prefix,)))
+        await self.sweep()
         peers = sorted(self._peers)
         if peers:
             alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
@@ -254,6 +266,26 @@ class RedisPlane:
                     self._peers.discard(peer)
                     if self._lost is not None:
                         self._lost(peer)
+
+    async def _leave(self) -> None:
+        """Drop this broker's entries, a batch per script call."""
+        leave = script_command(LEAVE, (), (self._prefix, self._broker_id, self._sweep_batch))
+        while not await self._call(leave):
+            pass
+
+    async def sweep(self) -> int:
+        """Forget every broker whose lease ran out, a batch per script call.
+
+        Returns:
+            How many brokers were forgotten whole.
+        """
+        sweep = script_command(SWEEP, (), (self._prefix, self._sweep_batch))
+        swept = 0
+        while True:
+            done, more = await self._call(sweep)
+            swept += int(done)
+            if not more:
+                return swept
 
     def _announce_all(self) -> None:
         commands: list[tuple[Any, ...]] = []

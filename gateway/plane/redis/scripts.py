@@ -24,17 +24,28 @@ from gateway.engines.redis.scripts import Script
 __all__ = ["FORWARD_CHANNEL", "FORWARD_REQUEST", "LEAVE", "SCRIPTS", "SEND_TO", "SWEEP"]
 
 _FORGET: Final = """
-local function forget(prefix, b)
+-- Forgets at most ``budget`` entries of broker ``b``; returns what is left of the
+-- budget, and whether ``b`` is gone whole. A broker that held a million Channels
+-- is swept over many calls, so no single call holds Redis for long.
+local function forget(prefix, b, budget)
   local chs = prefix .. 'chs:' .. b
   local names = prefix .. 'names:' .. b
-  for _, c in ipairs(redis.call('SMEMBERS', chs)) do
+  local popped = redis.call('SPOP', chs, budget)
+  for _, c in ipairs(popped) do
     if redis.call('HGET', prefix .. 'ch', c) == b then redis.call('HDEL', prefix .. 'ch', c) end
   end
-  for _, n in ipairs(redis.call('SMEMBERS', names)) do
-    redis.call('HDEL', prefix .. 'name:' .. n, b)
+  budget = budget - #popped
+  if budget > 0 then
+    local served = redis.call('SPOP', names, budget)
+    for _, n in ipairs(served) do
+      redis.call('HDEL', prefix .. 'name:' .. n, b)
+    end
+    budget = budget - #served
   end
-  redis.call('DEL', chs, names, prefix .. 'in:' .. b, prefix .. 'alive:' .. b)
+  if redis.call('EXISTS', chs, names) > 0 then return budget, false end
+  redis.call('DEL', prefix .. 'in:' .. b, prefix .. 'alive:' .. b)
   redis.call('SREM', prefix .. 'brokers', b)
+  return budget, true
 end
 """
 
@@ -82,29 +93,37 @@ return 1
 """,
 )
 
-#: ARGV: prefix, broker: that broker's entries dropped (it leaves, or joins afresh).
+#: ARGV: prefix, broker, batch: at most ``batch`` of that broker's entries dropped
+#: (it leaves, or joins afresh); returns 1 once all are gone, 0 if some are left.
 LEAVE: Final = Script(
     "plane_leave",
     _FORGET
     + """
-forget(ARGV[1], ARGV[2])
-return 1
+local _, gone = forget(ARGV[1], ARGV[2], tonumber(ARGV[3]))
+if gone then return 1 end
+return 0
 """,
 )
 
-#: ARGV: prefix: every broker whose lease ran out forgotten; returns how many.
+#: ARGV: prefix, batch: at most ``batch`` entries of brokers whose lease ran out
+#: forgotten; returns how many such brokers are gone whole and whether entries
+#: are left over for another call ``{swept, more}``.
 SWEEP: Final = Script(
     "plane_sweep",
     _FORGET
     + """
+local budget = tonumber(ARGV[2])
 local swept = 0
 for _, b in ipairs(redis.call('SMEMBERS', ARGV[1] .. 'brokers')) do
   if redis.call('EXISTS', ARGV[1] .. 'alive:' .. b) == 0 then
-    forget(ARGV[1], b)
+    if budget <= 0 then return {swept, 1} end
+    local gone
+    budget, gone = forget(ARGV[1], b, budget)
+    if not gone then return {swept, 1} end
     swept = swept + 1
   end
 end
-return swept
+return {swept, 0}
 """,
 )
 
