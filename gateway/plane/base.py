@@ -139,6 +139,16 @@ class Plane(Protocol):
         """No Tube at this broker serves ``name`` any more."""
         ...
 
+    def written(self) -> asyncio.Future[None]:
+        """A future that is done once every announcement made so far is in the
+        directory, where every broker's lookups find it.
+
+        ``asbp.register`` is accepted only then, so a User-Agent Command sent on
+        any broker once the agent knows it serves a name cannot get 2101. It
+        fails with PlaneUnavailable when the bus cannot be reached.
+        """
+        ...
+
     async def locate_channel(self, channel_id: str) -> str | None:
         """The live broker holding the Channel, or None."""
         ...

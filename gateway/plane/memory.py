@@ -158,6 +158,10 @@ class MemoryPlane:
             if not brokers:
                 del self._bus.names[name]
 
+    def written(self) -> asyncio.Future[None]:
+        # Announcements go straight into the shared dicts.
+        return _done(None)
+
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = self._bus.channels.get(channel_id)
         return broker_id if broker_id is not None and self._bus.alive(broker_id) else None

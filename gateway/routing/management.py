@@ -15,6 +15,7 @@ one answered to a Tube differ only in how the reply and faults are sent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -88,6 +89,10 @@ class Management:
         permitted: asks the ACL; None while it is off.
         may_serve: whether an agent identity may register a Command-Name.
         log: where registrations and refusals are logged.
+        directory_written: on a bus of several brokers, the plane's ``written``
+            (gateway.plane.base): ``asbp.register`` is accepted once the bus-wide
+            directory holds the names, so no Command sent after the acceptance,
+            at any broker, can find the name unserved. None: accepted at once.
     """
 
     def __init__(
@@ -101,7 +106,9 @@ class Management:
         permitted: Permitted | None,
         may_serve: Callable[[str, str], bool],
         log: logging.Logger,
+        directory_written: Callable[[], asyncio.Future[None]] | None = None,
     ) -> None:
+        self._directory_written = directory_written
         self._replies = replies
         self._channels = channels
         self._respondents = respondents
@@ -169,9 +176,35 @@ class Management:
         if command_id is not None:
             reply = reply.with_keys(u=command_id)
         if isinstance(peer, Tube):
+            if name == REGISTER and self._directory_written is not None:
+                self._accept_when_written(peer, reply)
+                return
             self._replies.send_tube(peer, reply)
         else:
             self._replies.send(peer, reply)
+
+    def _accept_when_written(self, tube: Tube, acceptance: Command) -> None:
+        """Send ``acceptance`` of ``asbp.register`` once the directory holds the names.
+
+        The names serve Commands from this broker's Channels at once; only the
+        acceptance waits (one Redis round trip, shared with other writes), so an
+        agent that sends or advertises after it is never ahead of the bus.
+        """
+
+        def accept(future: asyncio.Future[None]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:
+                # Served here already; the plane announces again once Redis is back.
+                self._log.warning(
+                    "tube.register_unannounced", extra={"tube": tube.id, "error": str(error)}
+                )
+            if not tube.closed:
+                self._replies.send_tube(tube, acceptance)
+
+        assert self._directory_written is not None
+        self._directory_written().add_done_callback(accept)
 
     def _subject_access(
         self, channel: Channel, command: Command, name: str

@@ -170,6 +170,7 @@ class Router:
             # must be granted explicitly: credentials go only to trusted agents.
             may_serve=may_serve or (lambda agent, name: name != authenticate_command),
             log=log,
+            directory_written=plane.written if plane is not None and plane.spans_brokers else None,
         )
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (

@@ -337,6 +337,11 @@ class RedisPlane:
         with contextlib.suppress(EngineUnavailable):  # closing: leaving drops it all anyway
             batcher.submit(_Announcements(commands))
 
+    def written(self) -> asyncio.Future[None]:
+        # The batcher sends calls in the order submitted, announcements included,
+        # so a PING answered means every announcement before it was written.
+        return self._submit(("PING",), lambda reply: None)
+
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = _text(await self._call(("HGET", f"{self._prefix}ch", channel_id)))
         if broker_id is None or not await self._alive(broker_id):

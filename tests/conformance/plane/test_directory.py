@@ -126,3 +126,15 @@ async def test_a_broker_that_leaves_takes_its_entries_along(bus: Bus) -> None:
 def bus_lease(broker: object) -> float:
     lease: float = broker.plane.lease  # type: ignore[attr-defined]
     return lease
+
+
+async def test_once_written_every_broker_finds_the_announcements(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    for n in range(20):
+        b.plane.serving(f"name-{n}")
+        b.plane.channel_opened(f"{n:032x}")
+        # No lookup of B's own in between: only ``written`` orders the writes.
+        await b.plane.written()
+        assert await a.plane.respondents(f"name-{n}") == {"broker-b"}
+        assert await a.plane.locate_channel(f"{n:032x}") == "broker-b"

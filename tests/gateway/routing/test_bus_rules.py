@@ -1,0 +1,185 @@
+"""The routing rules of docs/protocol.md §Routing across three brokers on one real redis-server.
+
+Three Hypercorn brokers share a private redis-server; the User-Agents are real
+WebSockets and the Application-Agents the SDK's, each holding one Tube to one
+broker only: an agent needs one Tube to reach the whole bus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+from websockets.asyncio.client import ClientConnection
+
+from agents import AgentCredentialSource, ApplicationAgent, Request
+from asbp import Command, FaultCode
+from asbp.fault_commands import read_fault
+from gateway.acl import load_acl
+from gateway.app import create_app
+from gateway.config.model import GatewayConfig
+from gateway.plane.redis.plane import PREFIX
+from tests.gateway.routing.test_bus import frame, open_with_id, until_in_directory
+from tests.support import RedisServer, RunningServer, T, serve_app_async
+from tests.support.agents import make_agent, make_credentials
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 1.5
+BROKERS = ("broker-a", "broker-b", "broker-c")
+#: No User-Agent may send admin.* Commands (agents may still serve them).
+POLICY = """
+[[security.policies.default.entries]]
+action = "DENY"
+types = ["COMMAND"]
+destination = 'admin\\..*'
+privileges = ["WRITE"]
+condition = { always = true }
+"""
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("bus-rules-redis")) as server:
+        yield server
+
+
+@dataclass
+class Bus:
+    """Three brokers on one Redis, and the credentials of the agent ``echo``."""
+
+    brokers: tuple[RunningServer, ...]
+    redis_url: str
+    credentials: AgentCredentialSource
+
+    def agent(self, at: int) -> ApplicationAgent:
+        """The agent ``echo`` with one Tube, to the broker ``at``."""
+        return make_agent(self.credentials, [self.brokers[at].ws_url + "/tube"])
+
+    async def channel(self, at: int) -> tuple[ClientConnection, str]:
+        """A User-Agent's WebSocket on the broker ``at``, once the bus knows where it is."""
+        connection, identifier = await open_with_id(self.brokers[at].ws_url + "/asbp")
+        await until_in_directory(self.redis_url, "ch", identifier)
+        return connection, identifier
+
+
+def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    policy = tmp_path / "acl.toml"
+    policy.write_text(POLICY)
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        engine="redis",
+        redis_url=redis_url,
+        bus_lease=LEASE,
+        insecure_dev_tubes=True,
+        agents={"echo": {"public_key": "echo.pem"}},
+        agents_base_dir=tmp_path,
+        acl=load_acl(policy),
+    )
+
+
+@pytest.fixture
+async def bus(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Bus]:
+    redis_url = redis_server.url
+    client = redis.asyncio.Redis.from_url(redis_url)
+    await client.flushall()
+    await client.aclose()
+    credentials = make_credentials(tmp_path)
+    async with contextlib.AsyncExitStack() as stack:
+        brokers = [
+            await stack.enter_async_context(
+                serve_app_async(create_app(config(tmp_path, broker_id, redis_url)))
+            )
+            for broker_id in BROKERS
+        ]
+        yield Bus(tuple(brokers), redis_url, credentials)
+
+
+def echo_agent(bus: Bus, at: int) -> ApplicationAgent:
+    agent = bus.agent(at)
+
+    @agent.respondent("echo")
+    async def echo(request: Request) -> bytes:
+        return request.body
+
+    return agent
+
+
+async def test_register_is_accepted_only_once_every_broker_finds_the_name(bus: Bus) -> None:
+    agent = echo_agent(bus, 1)
+    client = redis.asyncio.Redis.from_url(bus.redis_url)
+    connection, _ = await bus.channel(0)
+    try:
+        async with agent:
+            for n in range(10):
+
+                async def answer(request: Request, n: int = n) -> bytes:
+                    return b"%d" % n
+
+                agent.add_respondent(f"late{n}", answer)
+                await agent.wait_registered(5 * T)
+                # The acceptance came after the directory write: no window for 2101.
+                assert await client.hexists(PREFIX + f"name:late{n}", "broker-b")
+                await connection.send(f"c=late{n},u={n};")
+                reply = await frame(connection)
+                assert (reply.name, reply.command_id, reply.body) == (
+                    f"late{n}.reply",
+                    n,
+                    b"%d" % n,
+                ), reply
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+async def test_an_agent_needs_one_tube_to_reach_the_whole_bus(bus: Bus) -> None:
+    agent = echo_agent(bus, 1)
+    async with agent:
+        await agent.wait_registered(5 * T)
+        await until_in_directory(bus.redis_url, "name:echo", "broker-b")
+        channels = [await bus.channel(at) for at in range(3)]
+        try:
+            for at, (connection, identifier) in enumerate(channels):
+                # Requests from every broker reach the agent and come back...
+                await connection.send(f"c=echo,u={at + 1};from {at}")
+                reply = await frame(connection)
+                assert (reply.name, reply.command_id, reply.body, reply.get("a")) == (
+                    "echo.reply",
+                    at + 1,
+                    b"from %d" % at,
+                    "echo",
+                )
+                # ... and the agent's own Commands reach a Channel on every broker.
+                await agent.send(Command({"c": "news", "d": identifier}, b"to %d" % at))
+                news = await frame(connection)
+                assert (news.name, news.body, news.get("a")) == ("news", b"to %d" % at, "echo")
+                assert "d" not in news
+        finally:
+            for connection, _ in channels:
+                await connection.close()
+
+
+async def test_the_acl_denies_at_the_user_agents_broker_with_the_u(bus: Bus) -> None:
+    agent = bus.agent(1)
+
+    @agent.respondent("admin.wipe")
+    async def wipe(request: Request) -> bytes:
+        raise AssertionError("a denied Command reached its Respondent")
+
+    async with agent:
+        await agent.wait_registered(5 * T)
+        connection, _ = await bus.channel(0)
+        try:
+            await connection.send("c=admin.wipe,u=4;")
+            fault = await frame(connection)
+            assert (fault.name, fault.command_id) == ("asbp.fault", 4)
+            assert read_fault(fault).code == FaultCode.ACCESS_DENIED
+        finally:
+            await connection.close()
