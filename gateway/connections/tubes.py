@@ -152,6 +152,10 @@ class RespondentTable:
         """Every Command-Name served right now."""
         return sorted(self._by_name)
 
+    def get(self, tube_id: str) -> Tube | None:
+        """The open Tube with this identifier, or None."""
+        return self._tubes.get(tube_id)
+
     def tubes(self) -> list[Tube]:
         """Every open Tube."""
         return list(self._tubes.values())

@@ -70,6 +70,19 @@ class EnvelopeKind(enum.Enum):
     REQUEST = "q"
     #: A frame for the Channel ``channel`` at the receiving broker, ready to deliver.
     CHANNEL = "c"
+    #: The Channel ``channel`` at the receiving broker joins the groups ``among``.
+    JOIN = "j"
+    #: The Channel ``channel`` at the receiving broker leaves the groups ``among``.
+    LEAVE = "l"
+    #: A frame for the members of the groups ``among`` at the receiving broker, but
+    #: not the Channels listed in ``channel`` (joined by ","): those got it by ``d``.
+    GROUP = "g"
+    #: An agent's Command for a Respondent at the receiving broker (agent to agent,
+    #: no ``d``), from the Tube ``channel`` at ``origin``: to the least busy Tube
+    #: serving its name, nothing kept in flight.
+    AGENT = "a"
+    #: A frame (a fault) for the Tube ``channel`` at the receiving broker.
+    TUBE = "t"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +96,8 @@ class Envelope:
     channel: str
     #: The encoded Command, exactly as a local outbox would have got it.
     frame: bytes
-    #: REQUEST only: the Application-Agents allowed to answer (a Subject's), or empty.
+    #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
+    #: JOIN, LEAVE and GROUP: the groups.
     among: tuple[str, ...] = ()
 
 
@@ -149,8 +163,20 @@ class Plane(Protocol):
         """
         ...
 
+    def group_joined(self, group: str) -> None:
+        """Channels at this broker are members of ``group`` from now on."""
+        ...
+
+    def group_left(self, group: str) -> None:
+        """No Channel at this broker is a member of ``group`` any more."""
+        ...
+
     async def locate_channel(self, channel_id: str) -> str | None:
         """The live broker holding the Channel, or None."""
+        ...
+
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        """The live brokers holding members of ``group``."""
         ...
 
     async def respondents(self, name: str) -> frozenset[str]:
@@ -169,8 +195,21 @@ class Plane(Protocol):
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         """Hand ``envelope`` to the live broker holding ``channel_id``.
 
+        A JOIN also writes that broker into the directory of each group it names,
+        before the envelope is read there: a GROUP forwarded once the join's future
+        is done finds the broker (and, on the same stream, arrives after the join).
+
         Returns:
             A future: that broker's identifier, or None when no live broker holds it.
+        """
+        ...
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        """Hand the GROUP ``envelope`` to every live broker other than this one
+        holding members of its groups (``envelope.among``), once each.
+
+        Returns:
+            A future: the brokers it went to.
         """
         ...
 

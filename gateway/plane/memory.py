@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.plane.base import DEFAULT_LEASE, Envelope, Inbound, Lost, PlaneUnavailable, pick_among
+from gateway.plane.base import (
+    DEFAULT_LEASE,
+    Envelope,
+    EnvelopeKind,
+    Inbound,
+    Lost,
+    PlaneUnavailable,
+    pick_among,
+)
 
 __all__ = ["MemoryBus", "MemoryPlane"]
 
@@ -44,6 +52,8 @@ class MemoryBus:
         self.channels: dict[str, str] = {}
         #: Command-Name → the brokers holding Tubes for it.
         self.names: dict[str, set[str]] = {}
+        #: Group → the brokers holding members of it.
+        self.groups: dict[str, set[str]] = {}
 
     def alive(self, broker_id: str) -> bool:
         """Whether ``broker_id`` holds a lease now."""
@@ -55,11 +65,12 @@ class MemoryBus:
         self.leases.pop(broker_id, None)
         for channel_id in [c for c, b in self.channels.items() if b == broker_id]:
             del self.channels[channel_id]
-        for name in list(self.names):
-            brokers = self.names[name]
-            brokers.discard(broker_id)
-            if not brokers:
-                del self.names[name]
+        for table in (self.names, self.groups):
+            for key in list(table):
+                brokers = table[key]
+                brokers.discard(broker_id)
+                if not brokers:
+                    del table[key]
 
 
 class MemoryPlane:
@@ -158,6 +169,16 @@ class MemoryPlane:
             if not brokers:
                 del self._bus.names[name]
 
+    def group_joined(self, group: str) -> None:
+        self._bus.groups.setdefault(group, set()).add(self._broker_id)
+
+    def group_left(self, group: str) -> None:
+        brokers = self._bus.groups.get(group)
+        if brokers is not None:
+            brokers.discard(self._broker_id)
+            if not brokers:
+                del self._bus.groups[group]
+
     def written(self) -> asyncio.Future[None]:
         # Announcements go straight into the shared dicts.
         return _done(None)
@@ -170,6 +191,10 @@ class MemoryPlane:
         bus = self._bus
         return frozenset(b for b in bus.names.get(name, ()) if bus.alive(b))
 
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        bus = self._bus
+        return frozenset(b for b in bus.groups.get(group, ()) if bus.alive(b))
+
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
@@ -181,10 +206,24 @@ class MemoryPlane:
         return _done(target)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        target = self._bus.channels.get(channel_id)
-        if target is not None and not (self._bus.alive(target) and self._hand(target, envelope)):
+        bus = self._bus
+        target = bus.channels.get(channel_id)
+        if target is not None and not (bus.alive(target) and self._hand(target, envelope)):
             target = None
+        if target is not None and envelope.kind is EnvelopeKind.JOIN:
+            for group in envelope.among:
+                bus.groups.setdefault(group, set()).add(target)
         return _done(target)
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        bus = self._bus
+        targets = {
+            b
+            for group in envelope.among
+            for b in bus.groups.get(group, ())
+            if b != self._broker_id and bus.alive(b)
+        }
+        return _done(tuple(b for b in sorted(targets) if self._hand(b, envelope)))
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))

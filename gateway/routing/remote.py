@@ -49,6 +49,8 @@ from typing import Final
 
 import asbp
 from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from asbp.names import JOIN
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
@@ -168,6 +170,8 @@ class Remote:
         self._placing: asyncio.Future[str | None] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
+        channels.on_group_first = plane.group_joined
+        channels.on_group_last = plane.group_left
 
     # -- this broker's User-Agents ---------------------------------------------
 
@@ -328,14 +332,166 @@ class Remote:
             cause=command.name,
         )
 
+    def to_groups(self, frame: bytes, command: Command) -> None:
+        """Forward ``frame`` to the members of ``command``'s groups at other brokers.
+
+        Each broker holding members gets it once and delivers it to each of them
+        once, skipping the Channels of ``d`` (they got it by ``d``).
+        """
+        envelope = Envelope(
+            EnvelopeKind.GROUP,
+            self.plane.broker_id,
+            ",".join(command.destinations),
+            frame,
+            command.groups,
+        )
+        self.plane.forward_to_groups(envelope).add_done_callback(self._grouped)
+
+    def _grouped(self, future: asyncio.Future[tuple[str, ...]]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            # Members elsewhere missed it; the agent was not promised delivery to
+            # a group (a group with no member is not an error either).
+            self._log.warning(
+                "plane.group_forward_failed", extra={"error": str(future.exception())}
+            )
+
+    def membership(
+        self,
+        tube: Tube,
+        name: str,
+        groups: list[str],
+        channel_ids: list[str],
+        acceptance: Command,
+    ) -> None:
+        """``asbp.join`` or ``asbp.leave`` for Channels at other brokers, then
+        ``acceptance`` (or fault 2104 naming those that exist nowhere: the others
+        joined) to ``tube`` once every broker concerned has it in its stream."""
+        kind = EnvelopeKind.JOIN if name == JOIN else EnvelopeKind.LEAVE
+        origin = self.plane.broker_id
+        placing = [
+            self.plane.forward_to_channel(
+                channel_id, Envelope(kind, origin, channel_id, b"", tuple(groups))
+            )
+            for channel_id in channel_ids
+        ]
+
+        def placed(future: asyncio.Future[list[str | BaseException | None]]) -> None:
+            if future.cancelled() or tube.closed:
+                return
+            results = future.result()
+            missing = [
+                channel_id
+                for channel_id, result in zip(channel_ids, results, strict=True)
+                if not isinstance(result, str)
+            ]
+            if kind is EnvelopeKind.JOIN and missing:
+                self._replies.fault_tube(
+                    tube,
+                    FaultCode.UNKNOWN_CHANNEL,
+                    f"no Channel {', '.join(missing)} on the bus; the others joined",
+                    command_id=acceptance.command_id,
+                    cause=name,
+                )
+                return
+            self._replies.send_tube(tube, acceptance)
+
+        asyncio.gather(*placing, return_exceptions=True).add_done_callback(placed)
+
+    def to_agent(self, tube: Tube, frame: bytes, command: Command) -> None:
+        """An agent's Command without ``d`` or ``g`` that no other Tube here serves:
+        to a broker that serves it (fault 2101 to ``tube`` when none does)."""
+        name = command.name
+        assert name is not None
+        envelope = Envelope(EnvelopeKind.AGENT, self.plane.broker_id, tube.id, frame)
+        self.plane.forward_request(name, envelope).add_done_callback(
+            lambda future: self._agent_placed(future, tube, name, command.command_id)
+        )
+
+    def _agent_placed(
+        self,
+        future: asyncio.Future[str | None],
+        tube: Tube,
+        name: str,
+        command_id: int | None,
+    ) -> None:
+        if future.cancelled() or tube.closed:
+            return
+        error = future.exception()
+        if error is None and future.result() is not None:
+            return
+        message = (
+            f"no other Command-Respondent serves {name!r}"
+            if error is None
+            else f"the bus is unreachable, so nothing else serves {name!r}: {error}"
+        )
+        self._replies.fault_tube(
+            tube, FaultCode.NO_RESPONDENT, message, command_id=command_id, cause=name
+        )
+
     # -- envelopes from other brokers ------------------------------------------
 
     def inbound(self, envelope: Envelope) -> None:
         """An envelope another broker forwarded here."""
-        if envelope.kind is EnvelopeKind.CHANNEL:
+        kind = envelope.kind
+        if kind is EnvelopeKind.CHANNEL:
             self._for_channel(envelope)
-        else:
+        elif kind is EnvelopeKind.REQUEST:
             self._for_respondent(envelope)
+        elif kind is EnvelopeKind.GROUP:
+            self._for_groups(envelope)
+        elif kind is EnvelopeKind.AGENT:
+            self._for_agent(envelope)
+        elif kind is EnvelopeKind.TUBE:
+            tube = self._respondents.get(envelope.channel)
+            if tube is not None and not tube.closed:
+                self._replies.send_tube_frame(tube, envelope.frame)
+        else:
+            self._for_membership(envelope)
+
+    def _for_groups(self, envelope: Envelope) -> None:
+        skip = set(envelope.channel.split(",")) if envelope.channel else set()
+        for channel in self._channels.members(envelope.among):
+            if channel.id not in skip:
+                self._replies.deliver(channel, envelope.frame)
+
+    def _for_membership(self, envelope: Envelope) -> None:
+        channel = self._channels.get(envelope.channel)
+        joining = envelope.kind is EnvelopeKind.JOIN
+        for group in envelope.among:
+            if channel is None:
+                if joining and not self._channels.members((group,)):
+                    # The sender wrote this broker into the group's entry; with no
+                    # member here after all, it comes out again.
+                    self.plane.group_left(group)
+            elif joining:
+                self._channels.join(group, [channel])
+            else:
+                self._channels.leave(group, [channel])
+
+    def _for_agent(self, envelope: Envelope) -> None:
+        try:
+            command = asbp.decode(envelope.frame, limits=self._limits)
+        except ProtocolError as exc:
+            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+            return
+        name = command.name
+        if name is None:
+            return
+        tube = self._respondents.pick(name)
+        if tube is not None:
+            self._replies.send_tube_frame(tube, envelope.frame)
+            return
+        # This broker's last Tube for the name left after the sender's broker chose it.
+        fault = fault_command(
+            FaultCode.NO_RESPONDENT,
+            f"no other Command-Respondent serves {name!r}",
+            command_id=command.command_id,
+            cause=name,
+        )
+        reply = Envelope(
+            EnvelopeKind.TUBE, self.plane.broker_id, envelope.channel, asbp.encode(fault)
+        )
+        self.plane.send_to(envelope.origin, reply)
 
     def _for_channel(self, envelope: Envelope) -> None:
         channel = self._channels.get(envelope.channel)

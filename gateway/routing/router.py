@@ -171,6 +171,9 @@ class Router:
             may_serve=may_serve or (lambda agent, name: name != authenticate_command),
             log=log,
             directory_written=plane.written if plane is not None and plane.spans_brokers else None,
+            elsewhere=self._membership_elsewhere
+            if plane is not None and plane.spans_brokers
+            else None,
         )
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
@@ -421,6 +424,13 @@ class Router:
             },
         )
 
+    def _membership_elsewhere(
+        self, tube: Tube, name: str, groups: list[str], channel_ids: list[str], acceptance: Command
+    ) -> None:
+        """``asbp.join`` or ``asbp.leave`` for Channels at other brokers."""
+        assert self.remote is not None
+        self.remote.membership(tube, name, groups, channel_ids, acceptance)
+
     def channel_opened(self, channel: Channel) -> None:
         """A Channel opened here: the bus learns where it is."""
         if self.remote is not None:
@@ -552,7 +562,7 @@ class Router:
             )
             return
         target = self.respondents.pick(name, exclude=tube)
-        if target is None:
+        if target is None and self.remote is None:
             self.fault_tube(
                 tube,
                 FaultCode.NO_RESPONDENT,
@@ -575,6 +585,13 @@ class Router:
             )
             return
         intake = self._intake
+        if target is None:
+            assert self.remote is not None
+            # Another broker of the bus may serve it (gateway.routing.remote).
+            if intake.source is not None:
+                intake.routed = ("agent", None, None)
+            self.remote.to_agent(tube, outbound, command)
+            return
         if intake.source is not None:
             intake.routed = ("agent", target.agent_id, None)
         self.send_tube_frame(target, outbound)
@@ -632,6 +649,8 @@ class Router:
                 if channel.id not in delivered:
                     delivered.add(channel.id)
                     self.deliver(channel, frame)
+            if remote is not None:
+                remote.to_groups(frame, command)
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug(
                 "tube.command",

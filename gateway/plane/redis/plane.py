@@ -53,6 +53,7 @@ from gateway.plane.base import (
 )
 from gateway.plane.redis.scripts import (
     FORWARD_CHANNEL,
+    FORWARD_GROUPS,
     FORWARD_REQUEST,
     LEAVE,
     SCRIPTS,
@@ -78,6 +79,9 @@ _READER: Final = "asbp-plane-inbound"
 #: very many Channels is forgotten over several calls, each short enough that other
 #: brokers' forwards are not held up behind it for long.
 SWEEP_BATCH: Final = 1000
+#: Between the ``among`` agents or groups of a stream entry: no header value, quoted
+#: or not, can hold a line feed (draft §1.3.4.1), where a group name can hold ",".
+_SEPARATOR: Final = "\n"
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
 
@@ -172,6 +176,7 @@ class RedisPlane:
         #: What this broker announced, to announce again after losing its lease.
         self._channels: set[str] = set()
         self._names: set[str] = set()
+        self._groups: set[str] = set()
         self._peers: set[str] = set()
 
     @property
@@ -293,6 +298,8 @@ class RedisPlane:
             commands.extend(self._channel_commands(channel_id, opened=True))
         for name in self._names:
             commands.extend(self._name_commands(name, serving=True))
+        for group in self._groups:
+            commands.extend(self._group_commands(group, joined=True))
         if commands:
             self._announce(commands)
 
@@ -313,6 +320,21 @@ class RedisPlane:
     def not_serving(self, name: str) -> None:
         self._names.discard(name)
         self._announce(self._name_commands(name, serving=False))
+
+    def group_joined(self, group: str) -> None:
+        self._groups.add(group)
+        self._announce(self._group_commands(group, joined=True))
+
+    def group_left(self, group: str) -> None:
+        self._groups.discard(group)
+        self._announce(self._group_commands(group, joined=False))
+
+    def _group_commands(self, group: str, *, joined: bool) -> list[tuple[Any, ...]]:
+        own = f"{self._prefix}grps:{self._broker_id}"
+        key = f"{self._prefix}grp:{group}"
+        if joined:
+            return [("HSET", key, self._broker_id, "1"), ("SADD", own, group)]
+        return [("HDEL", key, self._broker_id), ("SREM", own, group)]
 
     def _channel_commands(self, channel_id: str, *, opened: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}chs:{self._broker_id}"
@@ -353,6 +375,10 @@ class RedisPlane:
         alive = [b for b in brokers if await self._alive(b)]
         return frozenset(alive)
 
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}grp:{group}"))]
+        return frozenset([b for b in brokers if await self._alive(b)])
+
     async def _alive(self, broker_id: str) -> bool:
         return bool(await self._call(("EXISTS", f"{self._prefix}alive:{broker_id}")))
 
@@ -367,7 +393,7 @@ class RedisPlane:
                 self._broker_id,
                 envelope.kind.value,
                 envelope.channel,
-                ",".join(envelope.among),
+                _SEPARATOR.join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
             ),
@@ -385,9 +411,31 @@ class RedisPlane:
                 channel_id,
                 envelope.frame,
                 STREAM_MAX,
+                _SEPARATOR.join(envelope.among),
             ),
         )
         return self._submit(command, self._peer)
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        command = script_command(
+            FORWARD_GROUPS,
+            tuple(f"{self._prefix}grp:{group}" for group in envelope.among),
+            (
+                self._prefix,
+                self._broker_id,
+                envelope.kind.value,
+                envelope.channel,
+                envelope.frame,
+                STREAM_MAX,
+                _SEPARATOR.join(envelope.among),
+            ),
+        )
+        return self._submit(command, self._targets)
+
+    def _targets(self, reply: Any) -> tuple[str, ...]:
+        targets = tuple(b.decode() for b in reply)
+        self._peers.update(targets)
+        return targets
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         command = script_command(
@@ -492,7 +540,7 @@ class RedisPlane:
             fields.get(b"o", b"").decode(),
             fields.get(b"i", b"").decode(),
             fields.get(b"f", b""),
-            tuple(among.split(",")) if among else (),
+            tuple(among.split(_SEPARATOR)) if among else (),
         )
         try:
             inbound(envelope)

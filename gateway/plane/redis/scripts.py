@@ -12,7 +12,7 @@ broker that joined), ``ch`` (Channel → broker), ``chs:<b>`` (a broker's
 Channels), ``name:<n>`` (brokers serving a Command-Name), ``names:<b>`` (a
 broker's Command-Names), ``in:<b>`` (a broker's inbound stream), ``turn`` (the
 round-robin counter). Stream entries carry ``k o i g f``: kind, origin broker,
-Channel, the ``among`` agents joined by ``,``, and the frame.
+Channel, the ``among`` agents (or groups) joined by line feeds, and the frame.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from typing import Final
 
 from gateway.engines.redis.scripts import Script
 
-__all__ = ["FORWARD_CHANNEL", "FORWARD_REQUEST", "LEAVE", "SCRIPTS", "SEND_TO", "SWEEP"]
+__all__ = [
+    "FORWARD_CHANNEL",
+    "FORWARD_GROUPS",
+    "FORWARD_REQUEST",
+    "LEAVE",
+    "SCRIPTS",
+    "SEND_TO",
+    "SWEEP",
+]
 
 _FORGET: Final = """
 -- Forgets at most ``budget`` entries of broker ``b``; returns what is left of the
@@ -42,7 +50,15 @@ local function forget(prefix, b, budget)
     end
     budget = budget - #served
   end
-  if redis.call('EXISTS', chs, names) > 0 then return budget, false end
+  local grps = prefix .. 'grps:' .. b
+  if budget > 0 then
+    local held = redis.call('SPOP', grps, budget)
+    for _, g in ipairs(held) do
+      redis.call('HDEL', prefix .. 'grp:' .. g, b)
+    end
+    budget = budget - #held
+  end
+  if redis.call('EXISTS', chs, names, grps) > 0 then return budget, false end
   redis.call('DEL', prefix .. 'in:' .. b, prefix .. 'alive:' .. b)
   redis.call('SREM', prefix .. 'brokers', b)
   return budget, true
@@ -69,15 +85,46 @@ return target
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen; KEYS: ch.
+#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: ch. A JOIN
+#: (kind ``j``) also writes the target into each group's directory entry, so a
+#: GROUP forwarded after it finds the target before the target has read the join.
 FORWARD_CHANNEL: Final = Script(
     "plane_forward_channel",
     """
 local target = redis.call('HGET', KEYS[1], ARGV[4])
 if not target or redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return false end
 redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', '', 'f', ARGV[5])
+  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[7], 'f', ARGV[5])
+if ARGV[3] == 'j' then
+  for g in string.gmatch(ARGV[7], '[^\\n]+') do
+    redis.call('HSET', ARGV[1] .. 'grp:' .. g, target, '1')
+    redis.call('SADD', ARGV[1] .. 'grps:' .. target, g)
+  end
+end
 return target
+""",
+)
+
+#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: grp:<g> per group.
+#: Returns the brokers it went to, each once.
+FORWARD_GROUPS: Final = Script(
+    "plane_forward_groups",
+    """
+local seen = {}
+local targets = {}
+for _, key in ipairs(KEYS) do
+  for _, b in ipairs(redis.call('HKEYS', key)) do
+    if b ~= ARGV[2] and not seen[b] then
+      seen[b] = true
+      if redis.call('EXISTS', ARGV[1] .. 'alive:' .. b) == 1 then
+        targets[#targets + 1] = b
+        redis.call('XADD', ARGV[1] .. 'in:' .. b, 'MAXLEN', '~', ARGV[6], '*',
+          'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[7], 'f', ARGV[5])
+      end
+    end
+  end
+end
+return targets
 """,
 )
 
@@ -127,4 +174,4 @@ return {swept, 0}
 """,
 )
 
-SCRIPTS: Final = (FORWARD_REQUEST, FORWARD_CHANNEL, SEND_TO, LEAVE, SWEEP)
+SCRIPTS: Final = (FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_GROUPS, SEND_TO, LEAVE, SWEEP)

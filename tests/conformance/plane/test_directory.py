@@ -138,3 +138,48 @@ async def test_once_written_every_broker_finds_the_announcements(bus: Bus) -> No
         await b.plane.written()
         assert await a.plane.respondents(f"name-{n}") == {"broker-b"}
         assert await a.plane.locate_channel(f"{n:032x}") == "broker-b"
+
+
+async def test_a_group_reaches_each_broker_holding_members_once(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.group_joined("room")
+    b.plane.group_joined("hall")
+    c.plane.group_joined("room")
+    await b.plane.written()
+    await c.plane.written()
+    assert await a.plane.group_brokers("room") == {"broker-b", "broker-c"}
+    sent = Envelope(EnvelopeKind.GROUP, "broker-a", CHANNEL, b"c=news;x", ("room", "hall"))
+    assert sorted(await a.plane.forward_to_groups(sent)) == ["broker-b", "broker-c"]
+    with anyio.fail_after(5 * T):
+        assert await b.inbound.get() == sent
+        assert await c.inbound.get() == sent
+    assert b.inbound.empty()  # once, though it holds members of both groups
+    # Never back to the sender, and a group nobody holds reaches nobody.
+    a.plane.group_joined("room")
+    await a.plane.written()
+    assert sorted(await a.plane.forward_to_groups(sent)) == ["broker-b", "broker-c"]
+    lonely = Envelope(EnvelopeKind.GROUP, "broker-a", "", b"c=news;x", ("nobody",))
+    assert await a.plane.forward_to_groups(lonely) == ()
+    c.plane.group_left("room")
+    await c.plane.written()
+    assert await a.plane.group_brokers("room") == {"broker-a", "broker-b"}
+
+
+async def test_a_join_forwarded_writes_the_group_entry_of_the_channels_broker(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.written()
+    join = Envelope(EnvelopeKind.JOIN, "broker-b", CHANNEL, b"", ("room", "a,b"))
+    assert await b.plane.forward_to_channel(CHANNEL, join) == "broker-a"
+    # Before broker A has read the join, the groups already lead to it.
+    assert await b.plane.group_brokers("room") == {"broker-a"}
+    assert await b.plane.group_brokers("a,b") == {"broker-a"}
+    with anyio.fail_after(5 * T):
+        assert await a.inbound.get() == join
+    await a.abandon()
+    with anyio.fail_after(bus_lease(b) + 5 * T):
+        assert await b.lost.get() == "broker-a"
+    assert await b.plane.group_brokers("room") == frozenset()

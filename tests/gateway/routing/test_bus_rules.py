@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio
 from websockets.asyncio.client import ClientConnection
 
-from agents import AgentCredentialSource, ApplicationAgent, Request
+from agents import AgentCredentialSource, ApplicationAgent, FaultError, Request
 from asbp import Command, FaultCode
 from asbp.fault_commands import read_fault
 from gateway.acl import load_acl
@@ -183,3 +183,80 @@ async def test_the_acl_denies_at_the_user_agents_broker_with_the_u(bus: Bus) -> 
             assert read_fault(fault).code == FaultCode.ACCESS_DENIED
         finally:
             await connection.close()
+
+
+async def test_groups_span_brokers(bus: Bus) -> None:
+    agent = bus.agent(1)
+    async with agent:
+        await agent.wait_registered(5 * T)
+        channels = [await bus.channel(at) for at in range(3)]
+        ids = [identifier for _, identifier in channels]
+        try:
+            # One Tube, to broker B: the join reaches the Channels on A and C too.
+            assert await agent.join(["room"], ids) == {"broker-b"}
+            for broker_id in BROKERS:
+                await until_in_directory(bus.redis_url, "grp:room", broker_id)
+            await agent.send(Command({"c": "news", "g": "room"}, b"all"))
+            for connection, _ in channels:
+                news = await frame(connection)
+                assert (news.name, news.body, news.get("a")) == ("news", b"all", "echo")
+                assert "g" in news
+            # A Channel named in d and in the group gets the Command once.
+            await agent.send(Command({"c": "news", "g": "room", "d": ids[0]}, b"once"))
+            for connection, _ in channels:
+                assert (await frame(connection)).body == b"once"
+            # Leaving, across the bus: C's Channel gets nothing more by the group;
+            # the marker sent to it by d is the next thing it sees.
+            assert await agent.leave(["room"], [ids[2]]) == {"broker-b"}
+            await until_in_directory(bus.redis_url, "grp:room", "broker-c", present=False)
+            await agent.send(Command({"c": "news", "g": "room"}, b"without c"))
+            await agent.send(Command({"c": "news", "d": ids[2]}, b"marker"))
+            for connection, _ in channels[:2]:
+                assert (await frame(connection)).body == b"without c"
+            assert (await frame(channels[2][0])).body == b"marker"
+            # A closed Channel leaves its groups: A holds no member any more.
+            await channels[0][0].close()
+            await until_in_directory(bus.redis_url, "grp:room", "broker-a", present=False)
+        finally:
+            for connection, _ in channels:
+                await connection.close()
+
+
+async def test_joining_a_channel_nowhere_on_the_bus_faults_2104(bus: Bus) -> None:
+    agent = bus.agent(1)
+    async with agent:
+        await agent.wait_registered(5 * T)
+        connection, identifier = await bus.channel(0)
+        try:
+            with pytest.raises(FaultError) as caught:
+                await agent.join(["room"], [identifier, "e" * 32])
+            assert caught.value.code == FaultCode.UNKNOWN_CHANNEL
+            assert "e" * 32 in str(caught.value)
+            # The Channel that exists joined all the same.
+            await until_in_directory(bus.redis_url, "grp:room", "broker-a")
+            await agent.send(Command({"c": "news", "g": "room"}, b"joined"))
+            assert (await frame(connection)).body == b"joined"
+        finally:
+            await connection.close()
+
+
+async def test_an_agent_reaches_a_respondent_registered_only_on_another_broker(
+    bus: Bus,
+) -> None:
+    asker = bus.agent(0)
+    worker = bus.agent(2)
+
+    @worker.respondent("work")
+    async def work(request: Request) -> bytes:
+        return b"done " + request.body
+
+    async with worker, asker:
+        await worker.wait_registered(5 * T)
+        await asker.wait_registered(5 * T)
+        await until_in_directory(bus.redis_url, "name:work", "broker-c")
+        # The request crosses from A to C, the answer (to the asker's inbox) back.
+        answer = await asker.request("work", b"job", timeout=5 * T)
+        assert answer.body == b"done job"
+        with pytest.raises(FaultError) as caught:
+            await asker.request("nobody.serves", b"", timeout=5 * T)
+        assert caught.value.code == FaultCode.NO_RESPONDENT
