@@ -19,6 +19,7 @@ handlers), ``tube`` (one reconnecting Tube), ``addressing`` (which broker a
 Channel is at), ``user_agent`` (the User-Agent), ``channel`` (its WebSocket
 and HTTP transports), ``multipart`` (the long-poll response reader),
 ``streams`` (reassembling a reply sent in ``t``/``o`` parts), ``backoff``,
+``reconnect`` (a User-Agent's reconnection settings and events),
 ``control`` (the broker's built-in names), ``credentials``, ``errors`` (the
 exception tree). ``agents.spark`` (Spark jobs on the bus) needs the ``spark``
 extra and is never imported from here.
@@ -30,7 +31,8 @@ from agents.agent import AgentState, ApplicationAgent, TubeStatus
 from agents.backoff import Backoff
 from agents.credentials import AgentCredentialSource, generate_agent_key
 from agents.dispatch import HANDLER_FAILED
-from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
+from agents.reconnect import ChannelEvent, ChannelEventKind, Reconnect
 from agents.respondent import Handler, Reply, Request
 from agents.user_agent import UserAgent
 
@@ -41,10 +43,14 @@ __all__ = [
     "AgentState",
     "ApplicationAgent",
     "Backoff",
+    "ChannelEvent",
+    "ChannelEventKind",
+    "ChannelLost",
     "ConnectionLost",
     "FaultError",
     "Handler",
     "NotConnected",
+    "Reconnect",
     "Reply",
     "Request",
     "TubeStatus",

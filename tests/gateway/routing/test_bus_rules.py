@@ -23,9 +23,9 @@ from gateway.acl import load_acl
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.plane import PREFIX
-from tests.gateway.routing.test_bus import frame, open_with_id, until_in_directory
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
+from tests.support.bus import frame, open_with_id, until_in_directory
 
 pytestmark = pytest.mark.anyio
 
