@@ -334,12 +334,15 @@ class ApplicationAgent:
     ) -> None:
         """Deliver ``command`` to the Channels in ``d`` and the groups in ``g``.
 
-        Groups are per broker (§1.3.4.2 g), so a Command with ``g`` goes out on
-        every Tube. A Channel in ``d`` goes only to the broker the agent has
-        seen it through, or to every broker if it has not seen it (the others
-        answer fault 2104, which is logged). On a bus of many brokers, one Tube
-        reaches a Channel on any of them; a Channel that exists nowhere on the
-        bus gets fault 2104 as a Command, which ``confirm`` turns into an error.
+        Brokers on one bus (their greeting says ``bus``) route ``d`` and ``g``
+        across it, so the Command goes out on one Tube per bus: a group spans
+        the bus, and a Channel on any of its brokers is reached; one that exists
+        nowhere on the bus gets fault 2104 as a Command, which ``confirm`` turns
+        into an error. To brokers that are not on a bus, groups are per broker
+        (§1.3.4.2 g), so a Command with ``g`` goes out on each such Tube, and a
+        Channel in ``d`` goes only to the broker the agent has seen it through,
+        or to each if it has not seen it (the others answer fault 2104, which is
+        logged).
 
         Args:
             command: the Command; ``a`` is set by the broker.
@@ -375,10 +378,17 @@ class ApplicationAgent:
         if not destinations and not groups:
             raise ValueError("send() needs a Command with 'd' or 'g'; use request() otherwise")
         sessions = self._sessions(broker)
+        if broker is None:
+            sessions = _one_per_bus(sessions)
         sent = 0
         lost: ConnectionLost | None = None
         for session in sessions:
-            outbound = self._channels.outbound(command, session.broker_id)
+            # A broker on a bus routes d and g across it: everything goes to it.
+            outbound = (
+                command
+                if session.greeting.bus_id is not None
+                else self._channels.outbound(command, session.broker_id)
+            )
             if outbound is None:
                 continue
             try:
@@ -395,10 +405,12 @@ class ApplicationAgent:
     ) -> frozenset[str]:
         """Add ``channels`` to ``groups`` (``asbp.join``) and wait for the broker.
 
+        On a bus of brokers, one Tube's broker joins Channels on any of them.
+
         Returns:
             The Broker-Identifiers that accepted. A broker where some of the
-            Channels are unknown joins none of them (fault 2104); that is
-            only an error if no broker accepted.
+            Channels are unknown joins none of them (fault 2104; on a bus, it
+            joins those that exist); that is only an error if no broker accepted.
 
         Raises:
             ValueError: no groups or no channels.
@@ -583,10 +595,16 @@ class ApplicationAgent:
         sessions = self._sessions(broker)
         if not sessions:
             raise NotConnected("no Tube is open")
+        if broker is None:
+            sessions = _one_per_bus(sessions)
         targets = [
             (session, here)
             for session in sessions
-            if (here := self._channels.located(channels, session.broker_id))
+            if (
+                here := list(channels)
+                if session.greeting.bus_id is not None
+                else self._channels.located(channels, session.broker_id)
+            )
         ]
         if not targets:
             raise NotConnected("none of these Channels is at an open broker")
@@ -609,6 +627,20 @@ class ApplicationAgent:
             assert isinstance(first, BaseException)
             raise first
         return accepted
+
+
+def _one_per_bus(sessions: list[TubeSession]) -> list[TubeSession]:
+    """``sessions`` with only the first of those on one bus: it reaches all of it,
+    and a group Command sent on two of them would reach each member twice."""
+    seen: set[str] = set()
+    chosen = []
+    for session in sessions:
+        bus_id = session.greeting.bus_id
+        if bus_id is None or bus_id not in seen:
+            chosen.append(session)
+            if bus_id is not None:
+                seen.add(bus_id)
+    return chosen
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:

@@ -121,6 +121,16 @@ class Plane(Protocol):
         ...
 
     @property
+    def bus_id(self) -> str:
+        """The bus's identifier, the same at every broker on it (known once started).
+
+        Agents read it from the ``asbp.tube`` greeting (``bus``): one Tube per bus
+        is enough to reach every Channel and group on it, and a Command with ``g``
+        sent on two Tubes of one bus would reach each member twice.
+        """
+        ...
+
+    @property
     def lease(self) -> float:
         """Seconds within which a dead broker's entries stop being found."""
         ...

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -44,6 +45,8 @@ class MemoryBus:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        #: The bus's identifier (``Plane.bus_id``).
+        self.identifier = uuid.uuid4().hex
         #: Broker-Identifier → the plane, while it has joined.
         self.planes: dict[str, MemoryPlane] = {}
         #: Broker-Identifier → when its lease ends.
@@ -103,6 +106,10 @@ class MemoryPlane:
     @property
     def spans_brokers(self) -> bool:
         return self._shared
+
+    @property
+    def bus_id(self) -> str:
+        return self._bus.identifier
 
     @property
     def lease(self) -> float:

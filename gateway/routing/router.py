@@ -479,17 +479,18 @@ class Router:
         self._log.info(
             "tube.open", extra={"tube": tube.id, "agent": tube.agent_id, "remote": tube.remote}
         )
-        self.send_tube(
-            tube,
-            Command(
-                {
-                    "c": TUBE,
-                    "a": tube.agent_id,
-                    "b": self.broker_id,
-                    "tube": tube.id,
-                }
-            ),
+        greeting = Command(
+            {
+                "c": TUBE,
+                "a": tube.agent_id,
+                "b": self.broker_id,
+                "tube": tube.id,
+            }
         )
+        if self.remote is not None:
+            # One Tube per bus reaches all of it (gateway.plane.base, bus_id).
+            greeting = greeting.with_keys(bus=self.remote.plane.bus_id)
+        self.send_tube(tube, greeting)
 
     def close_tube(self, tube: Tube) -> None:
         """The Tube is gone: its Respondents leave and its waiters get a fault."""

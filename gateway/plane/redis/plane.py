@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -162,6 +163,8 @@ class RedisPlane:
         sweep_batch: int = SWEEP_BATCH,
     ) -> None:
         self._sweep_batch = sweep_batch
+        #: Made by the first broker to start on this Redis; kept there for good.
+        self._bus_id = ""
         self._url = url
         self._broker_id = broker_id
         self._lease = lease
@@ -188,6 +191,10 @@ class RedisPlane:
         return True
 
     @property
+    def bus_id(self) -> str:
+        return self._bus_id
+
+    @property
     def lease(self) -> float:
         return self._lease
 
@@ -200,6 +207,9 @@ class RedisPlane:
         self._batcher = Batcher(self._client, SCRIPTS)
         try:
             await self._batcher.load_scripts()
+            key = f"{self._prefix}bus"
+            await self._call(("SET", key, uuid.uuid4().hex, "NX"))
+            self._bus_id = (await self._call(("GET", key))).decode()
             # A broker restarted with the same identifier starts clean: whatever
             # its previous life announced or was sent is gone with it.
             await self._leave()

@@ -260,3 +260,29 @@ async def test_an_agent_reaches_a_respondent_registered_only_on_another_broker(
         with pytest.raises(FaultError) as caught:
             await asker.request("nobody.serves", b"", timeout=5 * T)
         assert caught.value.code == FaultCode.NO_RESPONDENT
+
+
+async def test_an_agent_with_tubes_to_two_brokers_of_one_bus_reaches_each_member_once(
+    bus: Bus,
+) -> None:
+    agent = make_agent(
+        bus.credentials, [bus.brokers[0].ws_url + "/tube", bus.brokers[1].ws_url + "/tube"]
+    )
+    async with agent:
+        await agent.wait_registered(5 * T)
+        buses = {status.broker_id for status in agent.tubes}
+        assert buses == {"broker-a", "broker-b"}
+        channels = [await bus.channel(at) for at in range(3)]
+        ids = [identifier for _, identifier in channels]
+        try:
+            # One Tube per bus: one broker accepts, and it joins all three.
+            assert len(await agent.join(["room"], ids)) == 1
+            await agent.send(Command({"c": "news", "g": "room"}, b"first"))
+            await agent.send(Command({"c": "news", "d": ids}, b"second"))
+            for connection, _ in channels:
+                assert (await frame(connection)).body == b"first"
+                # Not the first again: each member got it once.
+                assert (await frame(connection)).body == b"second"
+        finally:
+            for connection, _ in channels:
+                await connection.close()
