@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
@@ -208,3 +209,22 @@ async def test_without_reconnect_a_lost_channel_ends_the_user_agent(tmp_path: Pa
 def test_reconnect_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         Reconnect(max_attempts=0)
+
+
+async def test_the_documented_reconnecting_user_agent_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "user-agents.md"
+    (program,) = re.findall(r"^```python\n(.*?)^```$", doc.read_text(), re.MULTILINE | re.DOTALL)
+    namespace: dict[str, object] = {"__name__": "reconnecting_user_agent"}
+    exec(compile(program, "reconnecting_user_agent.py", "exec"), namespace)
+    credentials = make_credentials(tmp_path)
+    async with running_broker(tmp_path) as server:
+        agent = make_agent(credentials, [server.ws_url + "/tube"])
+        install_echo(agent)
+        async with agent:
+            await agent.wait_registered(5 * T)
+            main = namespace["main"]
+            assert callable(main)
+            await main(server.ws_url + "/asbp")
+    assert capsys.readouterr().out == "hello\n"
