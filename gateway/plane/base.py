@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from gateway.engines.base import EngineUnavailable
 
 __all__ = [
     "DEFAULT_LEASE",
+    "Balance",
     "Envelope",
     "EnvelopeKind",
     "Inbound",
@@ -173,6 +174,11 @@ class Plane(Protocol):
         """
         ...
 
+    def report_load(self, name: str, in_flight: int) -> None:
+        """This broker has ``in_flight`` Commands in flight for ``name`` now: what
+        ``forward_request`` balances by (each broker reports about every second)."""
+        ...
+
     def group_joined(self, group: str) -> None:
         """Channels at this broker are members of ``group`` from now on."""
         ...
@@ -195,6 +201,10 @@ class Plane(Protocol):
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         """Hand ``envelope`` to a live broker other than this one serving ``name``.
+
+        Balanced ``in_flight`` (the default): the broker with the fewest Commands in
+        flight for ``name`` (its last report, plus one for each Command forwarded to
+        it since), ties taken in turn; ``turns``: each in turn.
 
         Returns:
             A future: that broker's identifier, or None when no other broker serves it.
@@ -226,6 +236,22 @@ class Plane(Protocol):
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         """Hand ``envelope`` to ``broker_id``; the future says False if it is gone."""
         ...
+
+
+#: How ``forward_request`` picks among brokers (gateway.config.model.BusBalance).
+Balance = Literal["in_flight", "turns"]
+
+
+def pick_least(loads: Mapping[str, int], turn: int) -> str:
+    """The candidate with the least load; among equals, the one whose turn is next
+    (sorted, so every broker agrees on the order)."""
+    ordered = sorted(loads)
+    best = ordered[turn % len(ordered)]
+    for k in range(1, len(ordered)):
+        candidate = ordered[(turn + k) % len(ordered)]
+        if loads[candidate] < loads[best]:
+            best = candidate
+    return best
 
 
 def pick_among(candidates: Collection[str], turn: int) -> str:

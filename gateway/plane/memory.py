@@ -23,12 +23,14 @@ from typing import TypeVar
 
 from gateway.plane.base import (
     DEFAULT_LEASE,
+    Balance,
     Envelope,
     EnvelopeKind,
     Inbound,
     Lost,
     PlaneUnavailable,
     pick_among,
+    pick_least,
 )
 
 __all__ = ["MemoryBus", "MemoryPlane"]
@@ -55,6 +57,9 @@ class MemoryBus:
         self.channels: dict[str, str] = {}
         #: Command-Name → the brokers holding Tubes for it.
         self.names: dict[str, set[str]] = {}
+        #: Command-Name → broker → its Commands in flight for it (reported, plus
+        #: one for each forwarded since).
+        self.loads: dict[str, dict[str, int]] = {}
         #: Group → the brokers holding members of it.
         self.groups: dict[str, set[str]] = {}
 
@@ -68,6 +73,8 @@ class MemoryBus:
         self.leases.pop(broker_id, None)
         for channel_id in [c for c, b in self.channels.items() if b == broker_id]:
             del self.channels[channel_id]
+        for loads in self.loads.values():
+            loads.pop(broker_id, None)
         for table in (self.names, self.groups):
             for key in list(table):
                 brokers = table[key]
@@ -84,11 +91,18 @@ class MemoryPlane:
         bus: the bus to share with other brokers of this process; None: a bus of
             its own, where this broker is alone.
         lease: seconds within which a broker that stops renewing drops out.
+        balance: how ``forward_request`` picks among brokers (gateway.plane.base).
     """
 
     def __init__(
-        self, broker_id: str, *, bus: MemoryBus | None = None, lease: float = DEFAULT_LEASE
+        self,
+        broker_id: str,
+        *,
+        bus: MemoryBus | None = None,
+        lease: float = DEFAULT_LEASE,
+        balance: Balance = "in_flight",
     ) -> None:
+        self._balance = balance
         self._broker_id = broker_id
         self._shared = bus is not None
         self._bus = bus if bus is not None else MemoryBus()
@@ -176,6 +190,10 @@ class MemoryPlane:
             if not brokers:
                 del self._bus.names[name]
 
+    def report_load(self, name: str, in_flight: int) -> None:
+        if self._broker_id in self._bus.names.get(name, ()):
+            self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight
+
     def group_joined(self, group: str) -> None:
         self._bus.groups.setdefault(group, set()).add(self._broker_id)
 
@@ -207,7 +225,13 @@ class MemoryPlane:
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         bus = self._bus
         others = [b for b in bus.names.get(name, ()) if b != self._broker_id and bus.alive(b)]
-        target = pick_among(others, next(self._turns)) if others else None
+        target = None
+        if others and self._balance == "in_flight":
+            loads = bus.loads.setdefault(name, {})
+            target = pick_least({b: loads.get(b, 0) for b in others}, next(self._turns))
+            loads[target] = loads.get(target, 0) + 1
+        elif others:
+            target = pick_among(others, next(self._turns))
         if target is not None and not self._hand(target, envelope):
             target = None
         return _done(target)

@@ -168,6 +168,8 @@ class Remote:
         self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
         #: The placing of the request just made, for :meth:`outcome_later`.
         self._placing: asyncio.Future[str | None] | None = None
+        #: The loads last reported to the plane, by Command-Name.
+        self._loads: dict[str, int] = {}
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -251,6 +253,15 @@ class Remote:
         if tube is None:
             tube = self._brokers[broker_id] = _placeholder(broker_id)
         return tube
+
+    def report_loads(self) -> None:
+        """Tell the plane the Commands in flight here per name served, where changed
+        (the housekeeping tick calls this: about once a second)."""
+        loads = {name: self._respondents.load(name) for name in self._respondents.names()}
+        for name, load in loads.items():
+            if self._loads.get(name) != load:
+                self.plane.report_load(name, load)
+        self._loads = loads
 
     def expired(self) -> Iterator[InFlight]:
         """The forwarded Commands whose broker said nothing in time."""

@@ -452,6 +452,7 @@ class Router:
         entries = self._in_flight.expired()
         if self.remote is not None:
             entries = itertools.chain(entries, self.remote.expired())
+            self.remote.report_loads()
         for entry in entries:
             expired += 1
             self.fault(

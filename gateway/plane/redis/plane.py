@@ -46,6 +46,7 @@ from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_f
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import (
     DEFAULT_LEASE,
+    Balance,
     Envelope,
     EnvelopeKind,
     Inbound,
@@ -151,6 +152,7 @@ class RedisPlane:
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
         sweep_batch: directory entries one script call forgets at most.
+        balance: how ``forward_request`` picks among brokers (gateway.plane.base).
     """
 
     def __init__(
@@ -161,7 +163,9 @@ class RedisPlane:
         lease: float = DEFAULT_LEASE,
         prefix: str = PREFIX,
         sweep_batch: int = SWEEP_BATCH,
+        balance: Balance = "in_flight",
     ) -> None:
+        self._balance = balance
         self._sweep_batch = sweep_batch
         #: Made by the first broker to start on this Redis; kept there for good.
         self._bus_id = ""
@@ -331,6 +335,12 @@ class RedisPlane:
         self._names.discard(name)
         self._announce(self._name_commands(name, serving=False))
 
+    def report_load(self, name: str, in_flight: int) -> None:
+        # Only while serving: a report written after not_serving would bring the
+        # name back (both go through the one ordered pipeline).
+        if name in self._names:
+            self._announce([("HSET", f"{self._prefix}name:{name}", self._broker_id, in_flight)])
+
     def group_joined(self, group: str) -> None:
         self._groups.add(group)
         self._announce(self._group_commands(group, joined=True))
@@ -359,7 +369,7 @@ class RedisPlane:
         own = f"{self._prefix}names:{self._broker_id}"
         key = f"{self._prefix}name:{name}"
         if serving:
-            return [("HSET", key, self._broker_id, "1"), ("SADD", own, name)]
+            return [("HSET", key, self._broker_id, "0"), ("SADD", own, name)]
         return [("HDEL", key, self._broker_id), ("SREM", own, name)]
 
     def _announce(self, commands: list[tuple[Any, ...]]) -> None:
@@ -406,6 +416,7 @@ class RedisPlane:
                 _SEPARATOR.join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
+                self._balance,
             ),
         )
         return self._submit(command, self._peer)

@@ -65,20 +65,35 @@ local function forget(prefix, b, budget)
 end
 """
 
-#: ARGV: prefix, self, kind, channel, among, frame, maxlen; KEYS: name:<n>.
+#: ARGV: prefix, self, kind, channel, among, frame, maxlen, balance; KEYS: name:<n>,
+#: whose values are each broker's Commands in flight for the name. ``in_flight``:
+#: the least loaded live broker (ties in turn), whose count goes up by one at
+#: once, so a burst spreads before the next report; ``turns``: each in turn.
 FORWARD_REQUEST: Final = Script(
     "plane_forward_request",
     """
 local prefix = ARGV[1]
 local live = {}
-for _, b in ipairs(redis.call('HKEYS', KEYS[1])) do
+local loads = {}
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local b = fields[i]
   if b ~= ARGV[2] and redis.call('EXISTS', prefix .. 'alive:' .. b) == 1 then
     live[#live + 1] = b
+    loads[b] = tonumber(fields[i + 1]) or 0
   end
 end
 if #live == 0 then return false end
 table.sort(live)
-local target = live[(redis.call('INCR', prefix .. 'turn') % #live) + 1]
+local turn = redis.call('INCR', prefix .. 'turn')
+local target = live[(turn % #live) + 1]
+if ARGV[8] == 'in_flight' then
+  for k = 1, #live - 1 do
+    local b = live[((turn + k) % #live) + 1]
+    if loads[b] < loads[target] then target = b end
+  end
+  redis.call('HINCRBY', KEYS[1], target, 1)
+end
 redis.call('XADD', prefix .. 'in:' .. target, 'MAXLEN', '~', ARGV[7], '*',
   'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[5], 'f', ARGV[6])
 return target

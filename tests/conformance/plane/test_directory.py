@@ -183,3 +183,28 @@ async def test_a_join_forwarded_writes_the_group_entry_of_the_channels_broker(bu
     with anyio.fail_after(bus_lease(b) + 5 * T):
         assert await b.lost.get() == "broker-a"
     assert await b.plane.group_brokers("room") == frozenset()
+
+
+async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    for broker in (b, c):
+        broker.plane.serving("echo")
+    b.plane.report_load("echo", 3)
+    c.plane.report_load("echo", 0)
+    c.plane.report_load("nothing.served", 9)  # ignored: C does not serve it
+    await b.plane.written()
+    await c.plane.written()
+    assert await a.plane.respondents("nothing.served") == frozenset()
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    # C until it has as many as B: each forward counts at once, before C reports.
+    targets = [await a.plane.forward_request("echo", envelope) for _ in range(3)]
+    assert targets == ["broker-c"] * 3
+    # Level now: they take turns.
+    more = [await a.plane.forward_request("echo", envelope) for _ in range(4)]
+    assert sorted(t or "" for t in more) == ["broker-b", "broker-b", "broker-c", "broker-c"]
+    # A report replaces the count: B is idle again.
+    b.plane.report_load("echo", 0)
+    await b.plane.written()
+    assert await a.plane.forward_request("echo", envelope) == "broker-b"
