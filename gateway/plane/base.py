@@ -179,6 +179,12 @@ class Plane(Protocol):
         ``forward_request`` balances by (each broker reports about every second)."""
         ...
 
+    def request_done(self, name: str, broker_id: str) -> None:
+        """A request for ``name`` that ``forward_request`` gave ``broker_id`` is
+        answered (or faulted): its count there goes down at once, not at the next
+        report, so balancing follows a slow broker within a round trip."""
+        ...
+
     def group_joined(self, group: str) -> None:
         """Channels at this broker are members of ``group`` from now on."""
         ...

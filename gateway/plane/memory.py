@@ -194,6 +194,11 @@ class MemoryPlane:
         if self._broker_id in self._bus.names.get(name, ()):
             self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight
 
+    def request_done(self, name: str, broker_id: str) -> None:
+        loads = self._bus.loads.get(name)
+        if loads is not None and broker_id in loads:
+            loads[broker_id] -= 1
+
     def group_joined(self, group: str) -> None:
         self._bus.groups.setdefault(group, set()).add(self._broker_id)
 

@@ -170,6 +170,9 @@ class Remote:
         self._placing: asyncio.Future[str | None] | None = None
         #: The loads last reported to the plane, by Command-Name.
         self._loads: dict[str, int] = {}
+        #: Names other brokers forwarded requests for since the last report: each
+        #: forward raised the count in the directory, which a report corrects.
+        self._forwarded: set[str] = set()
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -258,8 +261,9 @@ class Remote:
         """Tell the plane the Commands in flight here per name served, where changed
         (the housekeeping tick calls this: about once a second)."""
         loads = {name: self._respondents.load(name) for name in self._respondents.names()}
+        forwarded, self._forwarded = self._forwarded, set()
         for name, load in loads.items():
-            if self._loads.get(name) != load:
+            if self._loads.get(name) != load or name in forwarded:
                 self.plane.report_load(name, load)
         self._loads = loads
 
@@ -518,7 +522,15 @@ class Remote:
                 return
             command_id = command.command_id
             if command_id is not None and command_id in channel.in_flight:
+                entry = self.waiting.get(channel.id, command_id)
                 self.waiting.answered(self._unplaced, channel, command, command_id)
+                if (
+                    entry is not None
+                    and entry.tube.remote
+                    and self.waiting.get(channel.id, command_id) is not entry
+                ):
+                    # Answered: the serving broker has one fewer on its plate.
+                    self.plane.request_done(entry.name, entry.tube.remote)
 
     def _for_respondent(self, envelope: Envelope) -> None:
         proxy = self._proxy(envelope.channel, envelope.origin)
@@ -530,6 +542,7 @@ class Remote:
         name = command.name
         if name is None:
             return
+        self._forwarded.add(name)
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
         tube = self._respondents.pick(name, among=among)
         command_id = command.command_id

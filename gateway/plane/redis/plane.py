@@ -54,6 +54,7 @@ from gateway.plane.base import (
     PlaneUnavailable,
 )
 from gateway.plane.redis.scripts import (
+    DONE,
     FORWARD_CHANNEL,
     FORWARD_GROUPS,
     FORWARD_REQUEST,
@@ -340,6 +341,10 @@ class RedisPlane:
         # name back (both go through the one ordered pipeline).
         if name in self._names:
             self._announce([("HSET", f"{self._prefix}name:{name}", self._broker_id, in_flight)])
+
+    def request_done(self, name: str, broker_id: str) -> None:
+        if self._balance == "in_flight":
+            self._announce([script_command(DONE, (f"{self._prefix}name:{name}",), (broker_id,))])
 
     def group_joined(self, group: str) -> None:
         self._groups.add(group)

@@ -22,6 +22,7 @@ from typing import Final
 from gateway.engines.redis.scripts import Script
 
 __all__ = [
+    "DONE",
     "FORWARD_CHANNEL",
     "FORWARD_GROUPS",
     "FORWARD_REQUEST",
@@ -155,6 +156,18 @@ return 1
 """,
 )
 
+#: ARGV: broker; KEYS: name:<n>: one fewer in flight there, if it still serves the
+#: name (an HINCRBY alone would bring back a broker that stopped serving it).
+DONE: Final = Script(
+    "plane_done",
+    """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+end
+return 0
+""",
+)
+
 #: ARGV: prefix, broker, batch: at most ``batch`` of that broker's entries dropped
 #: (it leaves, or joins afresh); returns 1 once all are gone, 0 if some are left.
 LEAVE: Final = Script(
@@ -189,4 +202,4 @@ return {swept, 0}
 """,
 )
 
-SCRIPTS: Final = (FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_GROUPS, SEND_TO, LEAVE, SWEEP)
+SCRIPTS: Final = (DONE, FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_GROUPS, SEND_TO, LEAVE, SWEEP)

@@ -208,3 +208,28 @@ async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> 
     b.plane.report_load("echo", 0)
     await b.plane.written()
     assert await a.plane.forward_request("echo", envelope) == "broker-b"
+
+
+async def test_an_answered_request_lowers_its_brokers_count_at_once(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    for broker in (b, c):
+        broker.plane.serving("echo")
+    await b.plane.written()
+    await c.plane.written()
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    first = await a.plane.forward_request("echo", envelope)
+    second = await a.plane.forward_request("echo", envelope)
+    assert {first, second} == {"broker-b", "broker-c"}
+    assert first is not None
+    # The first one answered: its broker is the less loaded until reports say more.
+    a.plane.request_done("echo", first)
+    await a.plane.written()
+    assert await a.plane.forward_request("echo", envelope) == first
+    # Done for a broker that no longer serves the name brings nothing back.
+    b.plane.not_serving("echo")
+    await b.plane.written()
+    a.plane.request_done("echo", "broker-b")
+    await a.plane.written()
+    assert await a.plane.respondents("echo") == {"broker-c"}

@@ -7,6 +7,7 @@ broker only: an agent needs one Tube to reach the whole bus.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -286,3 +287,42 @@ async def test_an_agent_with_tubes_to_two_brokers_of_one_bus_reaches_each_member
         finally:
             for connection, _ in channels:
                 await connection.close()
+
+
+async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> None:
+    fast, slow = bus.agent(1), bus.agent(2)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    @fast.respondent("work")
+    async def quick(request: Request) -> bytes:
+        return b"fast"
+
+    @slow.respondent("work")
+    async def stuck(request: Request) -> bytes:
+        held.set()
+        await release.wait()
+        return b"slow"
+
+    async with fast, slow:
+        await fast.wait_registered(5 * T)
+        await slow.wait_registered(5 * T)
+        connection, _ = await bus.channel(0)
+        try:
+            # Both idle: the first two go one to each broker. C holds its own.
+            await connection.send("c=work,u=1;")
+            await connection.send("c=work,u=2;")
+            assert (await frame(connection)).body == b"fast"
+            async with asyncio.timeout(5 * T):
+                await held.wait()
+            # Now B has nothing in flight and C one: every later Command goes to B
+            # (in turn, half of them would wait behind the one C holds).
+            for u in range(3, 11):
+                await connection.send(f"c=work,u={u};")
+                reply = await frame(connection)
+                assert (reply.command_id, reply.body) == (u, b"fast")
+            release.set()
+            assert (await frame(connection)).body == b"slow"
+        finally:
+            release.set()
+            await connection.close()
