@@ -140,6 +140,23 @@ class _Announcements(Call):
         _log.warning("plane.announce_failed", extra={"error": str(error)})
 
 
+class _Done(_Announcements):
+    """The counts ``request_done`` lowers, taken when the pipeline is written."""
+
+    __slots__ = ("_plane",)
+    merge_key = "plane-done"
+
+    def __init__(self, plane: RedisPlane) -> None:
+        super().__init__([])
+        self._plane = plane
+
+    def merge(self, other: Call) -> None:
+        """Nothing to take over: the plane holds the counts until written."""
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return self._plane._take_done()
+
+
 def _text(reply: Any) -> str | None:
     return reply.decode() if isinstance(reply, bytes) else None
 
@@ -168,6 +185,8 @@ class RedisPlane:
     ) -> None:
         self._balance = balance
         self._sweep_batch = sweep_batch
+        #: Answered requests per (name, broker), for the next pipeline (request_done).
+        self._done: dict[tuple[str, str], int] = {}
         #: Made by the first broker to start on this Redis; kept there for good.
         self._bus_id = ""
         self._url = url
@@ -343,8 +362,25 @@ class RedisPlane:
             self._announce([("HSET", f"{self._prefix}name:{name}", self._broker_id, in_flight)])
 
     def request_done(self, name: str, broker_id: str) -> None:
-        if self._balance == "in_flight":
-            self._announce([script_command(DONE, (f"{self._prefix}name:{name}",), (broker_id,))])
+        if self._balance != "in_flight" or self._batcher is None:
+            return
+        key = (name, broker_id)
+        done = self._done
+        if not done:
+            # One call per pipeline, whatever was answered meanwhile: under load a
+            # hundred answers cost one script call per (name, broker), not a hundred.
+            try:
+                self._batcher.submit(_Done(self))
+            except EngineUnavailable:
+                return  # closing: the counts go with the broker's entries
+        done[key] = done.get(key, 0) + 1
+
+    def _take_done(self) -> list[tuple[Any, ...]]:
+        done, self._done = self._done, {}
+        return [
+            script_command(DONE, (f"{self._prefix}name:{name}",), (broker_id, count))
+            for (name, broker_id), count in done.items()
+        ]
 
     def group_joined(self, group: str) -> None:
         self._groups.add(group)

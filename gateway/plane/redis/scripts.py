@@ -156,13 +156,13 @@ return 1
 """,
 )
 
-#: ARGV: broker; KEYS: name:<n>: one fewer in flight there, if it still serves the
-#: name (an HINCRBY alone would bring back a broker that stopped serving it).
+#: ARGV: broker, how many; KEYS: name:<n>: that many fewer in flight there, if it
+#: still serves the name (an HINCRBY alone would bring back a broker that stopped).
 DONE: Final = Script(
     "plane_done",
     """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+  return redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2]))
 end
 return 0
 """,
