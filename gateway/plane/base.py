@@ -84,6 +84,15 @@ class EnvelopeKind(enum.Enum):
     AGENT = "a"
     #: A frame (a fault) for the Tube ``channel`` at the receiving broker.
     TUBE = "t"
+    #: Subjects (gateway.routing.remote_subjects). The Authenticate-Command
+    #: ``frame`` for the agents at the receiving broker; ``channel`` is ``s``.
+    SUBJECT_ASK = "s"
+    #: The agents asked about ``s`` (``channel``): ``among`` is Tube, agent, ...
+    SUBJECT_ASKED = "r"
+    #: An agent's answer (``frame``) about ``s``; ``among`` is its Tube and agent.
+    SUBJECT_ANSWER = "n"
+    #: ``s`` ended: ``frame`` is the notice for the agents that authenticated it.
+    SUBJECT_END = "e"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +236,14 @@ class Plane(Protocol):
 
         Returns:
             A future: that broker's identifier, or None when no live broker holds it.
+        """
+        ...
+
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        """Hand ``envelope`` to every live broker other than this one serving ``name``.
+
+        Returns:
+            A future: the brokers it went to.
         """
         ...
 

@@ -251,6 +251,13 @@ class MemoryPlane:
                 bus.groups.setdefault(group, set()).add(target)
         return _done(target)
 
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        bus = self._bus
+        targets = sorted(
+            b for b in bus.names.get(name, ()) if b != self._broker_id and bus.alive(b)
+        )
+        return _done(tuple(b for b in targets if self._hand(b, envelope)))
+
     def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
         bus = self._bus
         targets = {

@@ -40,6 +40,7 @@ writes ``a`` and removes ``d`` before anything leaves for a User-Agent.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sys
 import time
@@ -54,12 +55,23 @@ from asbp.names import JOIN
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.plane.base import Envelope, EnvelopeKind, Plane
+from gateway.plane.base import Envelope, EnvelopeKind, Plane, pick_among
 from gateway.routing.inflight import InFlight, InFlightTable
+from gateway.routing.remote_subjects import RemoteSubjects
 from gateway.routing.replies import ReplySender
 
 __all__ = ["ForwardingOutbox", "Remote"]
 
+#: The envelopes gateway.routing.remote_subjects takes.
+_SUBJECT_KINDS: Final = frozenset(
+    kind.value
+    for kind in (
+        EnvelopeKind.SUBJECT_ASK,
+        EnvelopeKind.SUBJECT_ASKED,
+        EnvelopeKind.SUBJECT_ANSWER,
+        EnvelopeKind.SUBJECT_END,
+    )
+)
 #: Proxies of remote Channels kept at most (least recently used go first).
 MAX_PROXIES: Final = 65_536
 
@@ -168,6 +180,10 @@ class Remote:
         self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
         #: The placing of the request just made, for :meth:`outcome_later`.
         self._placing: asyncio.Future[str | None] | None = None
+        #: Subjects across brokers (gateway.routing.remote_subjects); None while
+        #: Subjects are off.
+        self.subjects: RemoteSubjects | None = None
+        self._turns = itertools.count()
         #: The loads last reported to the plane, by Command-Name.
         self._loads: dict[str, int] = {}
         #: Names other brokers forwarded requests for since the last report: each
@@ -181,20 +197,44 @@ class Remote:
     # -- this broker's User-Agents ---------------------------------------------
 
     def request(
-        self, channel: Channel, command: Command, frame: bytes, among: tuple[str, ...]
+        self,
+        channel: Channel,
+        command: Command,
+        frame: bytes,
+        among: tuple[str, ...],
+        prefer: tuple[str, ...] = (),
     ) -> None:
-        """Send ``frame`` (spliced for a Respondent) to a broker serving ``command.name``."""
+        """Send ``frame`` (spliced for a Respondent) to a broker serving ``command.name``:
+        one of ``prefer`` if given (a Subject's Command: where its agents said yes)."""
         name = command.name
         assert name is not None
         command_id = command.command_id
         if command_id is not None:
             self.waiting.start(channel, command_id, self._unplaced, name)
         envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
-        placing = self.plane.forward_request(name, envelope)
+        if prefer:
+            placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
+        else:
+            placing = self.plane.forward_request(name, envelope)
         placing.add_done_callback(
             lambda future: self._placed(future, channel, command_id, name, bool(among))
         )
         self._placing = placing
+
+    def _send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        """``plane.send_to``, answering like ``forward_request``: the broker, or None."""
+        placing: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+
+        def sent(future: asyncio.Future[bool]) -> None:
+            if future.cancelled():
+                placing.cancel()
+            elif future.exception() is not None:
+                placing.set_exception(future.exception())  # type: ignore[arg-type]  # checked
+            else:
+                placing.set_result(broker_id if future.result() else None)
+
+        self.plane.send_to(broker_id, envelope).add_done_callback(sent)
+        return placing
 
     def outcome_later(self, record: Callable[[int | None], object]) -> None:
         """Call ``record`` with the fault of the request just made (None once it is
@@ -296,6 +336,8 @@ class Remote:
             if isinstance(outbox, ForwardingOutbox) and outbox.broker_id == broker_id:
                 del self._proxies[channel_id]
                 outbox.close()
+        if self.subjects is not None:
+            self.subjects.broker_lost(broker_id)
         self._log.warning(
             "plane.broker_lost", extra={"broker": broker_id, "stranded": len(stranded)}
         )
@@ -456,6 +498,9 @@ class Remote:
             self._for_groups(envelope)
         elif kind is EnvelopeKind.AGENT:
             self._for_agent(envelope)
+        elif kind.value in _SUBJECT_KINDS:
+            if self.subjects is not None:
+                self.subjects.inbound(envelope)
         elif kind is EnvelopeKind.TUBE:
             tube = self._respondents.get(envelope.channel)
             if tube is not None and not tube.closed:

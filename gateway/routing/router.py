@@ -67,6 +67,7 @@ from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
 from gateway.routing.remote import Remote
+from gateway.routing.remote_subjects import RemoteSubjects
 from gateway.routing.replies import ReplySender
 from gateway.routing.routelog import builtin_route
 from gateway.routing.splice import Splicer
@@ -191,6 +192,16 @@ class Router:
             if plane is not None and plane.spans_brokers
             else None
         )
+        if self.remote is not None and self.auth is not None:
+            subjects = RemoteSubjects(
+                self.remote.plane,
+                respondents=respondents,
+                replies=self.replies,
+                limits=limits,
+                log=log,
+            )
+            subjects.attach(self.auth)
+            self.remote.subjects = subjects
         self._intake = intake = Intake(
             route_channel=self._route_channel,
             route_tube=self._route_tube,
@@ -263,6 +274,7 @@ class Router:
             auth.authenticate(channel, command)
             return
         among = None
+        prefer: tuple[str, ...] = ()
         access = channel.access
         if "s" in command:
             if auth is None:
@@ -279,6 +291,7 @@ class Router:
             if subject is None:
                 return
             among = subject.authenticated_by
+            prefer = tuple(sorted(subject.serving_brokers))
             access = subject.access
         if self.acl is not None and not self.permitted(
             channel.id, access, name, Privilege.WRITE, command_id
@@ -294,7 +307,7 @@ class Router:
         tube = self.respondents.pick(name, among=among)
         if tube is None:
             if self.remote is not None:
-                self._route_remote(channel, command, frame, name, among)
+                self._route_remote(channel, command, frame, name, among, prefer)
                 return
             self.fault(
                 channel,
@@ -339,6 +352,7 @@ class Router:
         frame: bytes | None,
         name: str,
         among: Collection[str] | None,
+        prefer: tuple[str, ...] = (),
     ) -> None:
         """No Tube here serves ``name``: the bus may (gateway.routing.remote)."""
         assert self.remote is not None
@@ -362,7 +376,7 @@ class Router:
         if intake.source is not None:
             intake.routed = ("agent", None, None)
             intake.deferred = True  # placed on another broker, or 2101: known later
-        self.remote.request(channel, command, outbound, tuple(sorted(among or ())))
+        self.remote.request(channel, command, outbound, tuple(sorted(among or ())), prefer)
 
     def _from_channel(
         self, channel: Channel, command: Command, frame: bytes | None

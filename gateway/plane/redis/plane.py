@@ -56,7 +56,7 @@ from gateway.plane.base import (
 from gateway.plane.redis.scripts import (
     DONE,
     FORWARD_CHANNEL,
-    FORWARD_GROUPS,
+    FORWARD_EACH,
     FORWARD_REQUEST,
     LEAVE,
     SCRIPTS,
@@ -478,10 +478,19 @@ class RedisPlane:
         )
         return self._submit(command, self._peer)
 
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        return self._forward_each((f"{self._prefix}name:{name}",), envelope)
+
     def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        keys = tuple(f"{self._prefix}grp:{group}" for group in envelope.among)
+        return self._forward_each(keys, envelope)
+
+    def _forward_each(
+        self, keys: tuple[str, ...], envelope: Envelope
+    ) -> asyncio.Future[tuple[str, ...]]:
         command = script_command(
-            FORWARD_GROUPS,
-            tuple(f"{self._prefix}grp:{group}" for group in envelope.among),
+            FORWARD_EACH,
+            keys,
             (
                 self._prefix,
                 self._broker_id,
@@ -511,6 +520,7 @@ class RedisPlane:
                 envelope.frame,
                 STREAM_MAX,
                 broker_id,
+                _SEPARATOR.join(envelope.among),
             ),
         )
         self._peers.add(broker_id)

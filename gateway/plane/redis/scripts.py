@@ -24,7 +24,7 @@ from gateway.engines.redis.scripts import Script
 __all__ = [
     "DONE",
     "FORWARD_CHANNEL",
-    "FORWARD_GROUPS",
+    "FORWARD_EACH",
     "FORWARD_REQUEST",
     "LEAVE",
     "SCRIPTS",
@@ -121,10 +121,11 @@ return target
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: grp:<g> per group.
-#: Returns the brokers it went to, each once.
-FORWARD_GROUPS: Final = Script(
-    "plane_forward_groups",
+#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: hashes whose
+#: fields are brokers (``grp:<g>`` per group, or ``name:<n>``). To every live
+#: broker in any of them but this one, once; returns them.
+FORWARD_EACH: Final = Script(
+    "plane_forward_each",
     """
 local seen = {}
 local targets = {}
@@ -144,14 +145,14 @@ return targets
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, target.
+#: ARGV: prefix, self, kind, channel, frame, maxlen, target, among.
 SEND_TO: Final = Script(
     "plane_send_to",
     """
 local target = ARGV[7]
 if redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return 0 end
 redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', '', 'f', ARGV[5])
+  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[8], 'f', ARGV[5])
 return 1
 """,
 )
@@ -202,4 +203,4 @@ return {swept, 0}
 """,
 )
 
-SCRIPTS: Final = (DONE, FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_GROUPS, SEND_TO, LEAVE, SWEEP)
+SCRIPTS: Final = (DONE, FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_EACH, SEND_TO, LEAVE, SWEEP)

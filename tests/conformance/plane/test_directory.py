@@ -233,3 +233,28 @@ async def test_an_answered_request_lowers_its_brokers_count_at_once(bus: Bus) ->
     a.plane.request_done("echo", "broker-b")
     await a.plane.written()
     assert await a.plane.respondents("echo") == {"broker-c"}
+
+
+async def test_send_to_carries_every_field_and_forward_to_servers_reaches_each(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.serving("auth.login")
+    c.plane.serving("auth.login")
+    a.plane.serving("auth.login")
+    await b.plane.written()
+    await c.plane.written()
+    await a.plane.written()
+    report = Envelope(EnvelopeKind.SUBJECT_ASKED, "broker-b", "s1", b"", ("tube-1", "a,b c"))
+    assert await b.plane.send_to("broker-a", report)
+    with anyio.fail_after(5 * T):
+        assert await a.inbound.get() == report
+    ask = Envelope(EnvelopeKind.SUBJECT_ASK, "broker-a", "s1", b"c=auth.login;x")
+    assert sorted(await a.plane.forward_to_servers("auth.login", ask)) == [
+        "broker-b",
+        "broker-c",
+    ]
+    with anyio.fail_after(5 * T):
+        assert await b.inbound.get() == ask
+        assert await c.inbound.get() == ask
+    assert await a.plane.forward_to_servers("nobody", ask) == ()

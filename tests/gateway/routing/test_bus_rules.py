@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 
 from agents import AgentCredentialSource, ApplicationAgent, FaultError, Request
-from asbp import Command, FaultCode
+from asbp import Command, FaultCode, encode
 from asbp.fault_commands import read_fault
 from gateway.acl import load_acl
 from gateway.app import create_app
@@ -80,9 +80,11 @@ def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
         redis_url=redis_url,
         bus_lease=LEASE,
         insecure_dev_tubes=True,
-        agents={"echo": {"public_key": "echo.pem"}},
+        # The agent may serve anything; the Authenticate-Command only by its name.
+        agents={"echo": {"public_key": "echo.pem", "serves": [".*", "auth.login"]}},
         agents_base_dir=tmp_path,
         acl=load_acl(policy),
+        authenticate_command="auth.login",
     )
 
 
@@ -326,3 +328,129 @@ async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> 
         finally:
             release.set()
             await connection.close()
+
+
+async def raw_tube(bus: Bus, at: int, names: list[str]) -> ClientConnection:
+    """The agent ``echo`` as a bare WebSocket Tube to broker ``at``, serving ``names``."""
+    tube = await connect(
+        bus.brokers[at].ws_url + "/tube",
+        additional_headers={"Authorization": f"Bearer {bus.credentials.token()}"},
+    )
+    assert (await frame(tube)).name == "asbp.tube"
+    await tube.send(encode(Command({"c": "asbp.register", "names": names, "u": 1})))
+    accepted = await frame(tube)
+    assert (accepted.name, accepted.command_id) == ("asbp.accepted", 1), accepted
+    return tube
+
+
+async def test_a_subject_signs_in_with_an_agent_on_another_broker_and_stays_with_it(
+    bus: Bus,
+) -> None:
+    tube = await raw_tube(bus, 1, ["auth.login", "whoami"])
+    other = bus.agent(2)  # serves whoami too, but never signed the Subject in
+
+    @other.respondent("whoami")
+    async def not_me(request: Request) -> bytes:
+        return b"the wrong agent"
+
+    connection, identifier = await bus.channel(0)
+    try:
+        async with other:
+            await other.wait_registered(5 * T)
+            await until_in_directory(bus.redis_url, "name:whoami", "broker-c")
+            await connection.send("c=auth.login,u=1;alice")
+            login = await frame(tube)
+            subject = login.get("s")
+            assert isinstance(subject, str)
+            assert (login.name, login.get("i"), login.get("b"), login.body) == (
+                "auth.login",
+                identifier,
+                "broker-a",
+                b"alice",
+            )
+            await tube.send(
+                encode(
+                    Command({"c": "asbp.authenticated", "s": subject, "roles": ["clerk"], "u": 5})
+                )
+            )
+            acknowledged = await frame(tube)
+            assert (acknowledged.name, acknowledged.command_id) == ("asbp.accepted", 5)
+            signed_in = await frame(connection)
+            assert (signed_in.name, signed_in.get("s"), signed_in.command_id) == (
+                "asbp.authenticated",
+                subject,
+                1,
+            ), signed_in.body
+            assert (signed_in.get("a"), signed_in.get("roles")) == ("echo", ("clerk",))
+            # Its Commands go only to the agent that signed it in, on broker B.
+            for u in range(2, 6):
+                await connection.send(f"c=whoami,s={subject},u={u};")
+                request = await frame(tube)
+                assert (request.name, request.get("s"), request.command_id) == (
+                    "whoami",
+                    subject,
+                    u,
+                )
+                await tube.send(
+                    encode(Command({"c": "whoami.reply", "d": identifier, "u": u}, b"alice"))
+                )
+                reply = await frame(connection)
+                assert (reply.command_id, reply.body) == (u, b"alice")
+            # Signing out reaches the agent on B.
+            await connection.send(f"c=asbp.logout,s={subject},u=9;")
+            logout = await frame(connection)
+            assert (logout.name, logout.command_id) == ("asbp.accepted", 9)
+            ended = await frame(tube)
+            assert (ended.name, ended.get("s"), ended.get("cause")) == (
+                "asbp.subject.ended",
+                subject,
+                "logout",
+            )
+            await connection.send(f"c=whoami,s={subject},u=10;")
+            denied = await frame(connection)
+            assert read_fault(denied).code == FaultCode.ACCESS_DENIED
+    finally:
+        await connection.close()
+        await tube.close()
+
+
+async def test_refusals_from_agents_on_other_brokers_fail_the_sign_in(bus: Bus) -> None:
+    refusing = [await raw_tube(bus, at, ["auth.login"]) for at in (1, 2)]
+    connection, _ = await bus.channel(0)
+    try:
+        await connection.send("c=auth.login,u=3;mallory")
+        for tube, reason in zip(refusing, (b"unknown user", b"locked"), strict=True):
+            login = await frame(tube)
+            subject = login.get("s")
+            assert isinstance(subject, str)
+            await tube.send(encode(Command({"c": "asbp.refused", "s": subject}, reason)))
+        fault = await frame(connection)
+        report = read_fault(fault)
+        assert (report.code, fault.command_id) == (FaultCode.AUTHENTICATION_FAILED, 3)
+        assert "unknown user" in report.message and "locked" in report.message
+        # One refuses, the other leaves: a failure too, when the last has spoken.
+        await connection.send("c=auth.login,u=4;eve")
+        first = await frame(refusing[0])
+        await frame(refusing[1])
+        await refusing[1].close()
+        await refusing[0].send(
+            encode(Command({"c": "asbp.refused", "s": first.get("s") or ""}, b"no"))
+        )
+        fault = await frame(connection)
+        report = read_fault(fault)
+        assert (report.code, fault.command_id) == (FaultCode.AUTHENTICATION_FAILED, 4)
+        assert "the agent left" in report.message
+    finally:
+        await connection.close()
+        for tube in refusing:
+            await tube.close()
+
+
+async def test_signing_in_where_nobody_on_the_bus_serves_it_faults_2101(bus: Bus) -> None:
+    connection, _ = await bus.channel(0)
+    try:
+        await connection.send("c=auth.login,u=6;bob")
+        fault = await frame(connection)
+        assert (read_fault(fault).code, fault.command_id) == (FaultCode.NO_RESPONDENT, 6)
+    finally:
+        await connection.close()
