@@ -184,6 +184,7 @@ class MemoryPlane:
         self._bus.names.setdefault(name, set()).add(self._broker_id)
 
     def not_serving(self, name: str) -> None:
+        self._bus.loads.get(name, {}).pop(self._broker_id, None)
         brokers = self._bus.names.get(name)
         if brokers is not None:
             brokers.discard(self._broker_id)

@@ -441,11 +441,18 @@ class Remote:
                 for channel_id, result in zip(channel_ids, results, strict=True)
                 if not isinstance(result, str)
             ]
+            errors = [result for result in results if isinstance(result, BaseException)]
             if kind is EnvelopeKind.JOIN and missing:
+                reason = (
+                    f"the bus is unreachable ({errors[0]}), so Channel {', '.join(missing)} "
+                    "did not join; the others did"
+                    if errors
+                    else f"no Channel {', '.join(missing)} on the bus; the others joined"
+                )
                 self._replies.fault_tube(
                     tube,
                     FaultCode.UNKNOWN_CHANNEL,
-                    f"no Channel {', '.join(missing)} on the bus; the others joined",
+                    reason,
                     command_id=acceptance.command_id,
                     cause=name,
                 )
