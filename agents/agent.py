@@ -378,25 +378,25 @@ class ApplicationAgent:
         if not destinations and not groups:
             raise ValueError("send() needs a Command with 'd' or 'g'; use request() otherwise")
         sessions = self._sessions(broker)
-        if broker is None:
-            sessions = _one_per_bus(sessions)
         sent = 0
         lost: ConnectionLost | None = None
-        for session in sessions:
-            # A broker on a bus routes d and g across it: everything goes to it.
-            outbound = (
-                command
-                if session.greeting.bus_id is not None
-                else self._channels.outbound(command, session.broker_id)
-            )
-            if outbound is None:
-                continue
-            try:
-                await session.send(outbound)
-            except ConnectionLost as exc:
-                lost = exc
-                continue
-            sent += 1
+        for candidates in _by_bus(sessions):
+            # On a bus, the first Tube that takes it: the bus routes d and g across it.
+            for session in candidates:
+                outbound = (
+                    command
+                    if session.greeting.bus_id is not None
+                    else self._channels.outbound(command, session.broker_id)
+                )
+                if outbound is None:
+                    break
+                try:
+                    await session.send(outbound)
+                except ConnectionLost as exc:
+                    lost = exc
+                    continue
+                sent += 1
+                break
         if not sent and lost is not None:
             raise lost
 
@@ -629,18 +629,27 @@ class ApplicationAgent:
         return accepted
 
 
-def _one_per_bus(sessions: list[TubeSession]) -> list[TubeSession]:
-    """``sessions`` with only the first of those on one bus: it reaches all of it,
-    and a group Command sent on two of them would reach each member twice."""
-    seen: set[str] = set()
-    chosen = []
+def _by_bus(sessions: list[TubeSession]) -> list[list[TubeSession]]:
+    """``sessions`` in groups that each need the Command once: those on one bus
+    together (any of them reaches all of it, and a group Command sent on two would
+    reach each member twice), every other alone."""
+    buses: dict[str, list[TubeSession]] = {}
+    groups: list[list[TubeSession]] = []
     for session in sessions:
         bus_id = session.greeting.bus_id
-        if bus_id is None or bus_id not in seen:
-            chosen.append(session)
-            if bus_id is not None:
-                seen.add(bus_id)
-    return chosen
+        if bus_id is None:
+            groups.append([session])
+        elif bus_id in buses:
+            buses[bus_id].append(session)
+        else:
+            buses[bus_id] = [session]
+            groups.append(buses[bus_id])
+    return groups
+
+
+def _one_per_bus(sessions: list[TubeSession]) -> list[TubeSession]:
+    """The first session of each group of :func:`_by_bus`."""
+    return [group[0] for group in _by_bus(sessions)]
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:

@@ -134,7 +134,7 @@ class Authenticator:
             extra={
                 "channel": channel.id,
                 "subject": subject.id,
-                "agents": sorted(subject.asked.values()),
+                "agents": sorted(a for a in subject.asked.values() if a),
             },
         )
         for tube in tubes:
