@@ -185,7 +185,13 @@ class Plane(Protocol):
 
     def report_load(self, name: str, in_flight: int) -> None:
         """This broker has ``in_flight`` Commands in flight for ``name`` now: what
-        ``forward_request`` balances by (each broker reports about every second)."""
+        ``forward_request`` balances by (each broker reports about every second).
+        Requests forwarded here and not yet read count on top, so a report never
+        forgets them."""
+        ...
+
+    def request_received(self, name: str) -> None:
+        """A request for ``name`` forwarded here was read (see ``report_load``)."""
         ...
 
     def request_done(self, name: str, broker_id: str) -> None:

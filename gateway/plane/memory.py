@@ -195,6 +195,9 @@ class MemoryPlane:
         if self._broker_id in self._bus.names.get(name, ()):
             self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight
 
+    def request_received(self, name: str) -> None:
+        """Nothing to count: a report and a forward never interleave in one process."""
+
     def request_done(self, name: str, broker_id: str) -> None:
         loads = self._bus.loads.get(name)
         if loads is not None and broker_id in loads:

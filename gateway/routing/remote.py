@@ -595,6 +595,7 @@ class Remote:
         if name is None:
             return
         self._forwarded.add(name)
+        self.plane.request_received(name)
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
         tube = self._respondents.pick(name, among=among)
         command_id = command.command_id

@@ -59,6 +59,7 @@ from gateway.plane.redis.scripts import (
     FORWARD_EACH,
     FORWARD_REQUEST,
     LEAVE,
+    REPORT,
     SCRIPTS,
     SEND_TO,
     SWEEP,
@@ -187,6 +188,8 @@ class RedisPlane:
         self._sweep_batch = sweep_batch
         #: Answered requests per (name, broker), for the next pipeline (request_done).
         self._done: dict[tuple[str, str], int] = {}
+        #: Requests read per name served since it was announced (report_load).
+        self._received: dict[str, int] = {}
         #: Made by the first broker to start on this Redis; kept there for good.
         self._bus_id = ""
         self._url = url
@@ -357,9 +360,15 @@ class RedisPlane:
 
     def report_load(self, name: str, in_flight: int) -> None:
         # Only while serving: a report written after not_serving would bring the
-        # name back (both go through the one ordered pipeline).
+        # name back (both go through the one ordered pipeline; the script checks).
         if name in self._names:
-            self._announce([("HSET", f"{self._prefix}name:{name}", self._broker_id, in_flight)])
+            keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
+            received = self._received.get(name, 0)
+            self._announce([script_command(REPORT, keys, (self._broker_id, in_flight, received))])
+
+    def request_received(self, name: str) -> None:
+        if name in self._names:
+            self._received[name] = self._received.get(name, 0) + 1
 
     def request_done(self, name: str, broker_id: str) -> None:
         if self._balance != "in_flight" or self._batcher is None:
@@ -409,9 +418,20 @@ class RedisPlane:
     def _name_commands(self, name: str, *, serving: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}names:{self._broker_id}"
         key = f"{self._prefix}name:{name}"
+        forwarded = f"{self._prefix}fwd:{name}"
+        # Both counts start again from zero with the entry (report_load).
+        self._received.pop(name, None)
         if serving:
-            return [("HSET", key, self._broker_id, "0"), ("SADD", own, name)]
-        return [("HDEL", key, self._broker_id), ("SREM", own, name)]
+            return [
+                ("HSET", key, self._broker_id, "0"),
+                ("HSET", forwarded, self._broker_id, "0"),
+                ("SADD", own, name),
+            ]
+        return [
+            ("HDEL", key, self._broker_id),
+            ("HDEL", forwarded, self._broker_id),
+            ("SREM", own, name),
+        ]
 
     def _announce(self, commands: list[tuple[Any, ...]]) -> None:
         batcher = self._batcher
@@ -448,7 +468,7 @@ class RedisPlane:
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         command = script_command(
             FORWARD_REQUEST,
-            (f"{self._prefix}name:{name}",),
+            (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}"),
             (
                 self._prefix,
                 self._broker_id,

@@ -27,6 +27,7 @@ __all__ = [
     "FORWARD_EACH",
     "FORWARD_REQUEST",
     "LEAVE",
+    "REPORT",
     "SCRIPTS",
     "SEND_TO",
     "SWEEP",
@@ -48,6 +49,7 @@ local function forget(prefix, b, budget)
     local served = redis.call('SPOP', names, budget)
     for _, n in ipairs(served) do
       redis.call('HDEL', prefix .. 'name:' .. n, b)
+      redis.call('HDEL', prefix .. 'fwd:' .. n, b)
     end
     budget = budget - #served
   end
@@ -67,7 +69,7 @@ end
 """
 
 #: ARGV: prefix, self, kind, channel, among, frame, maxlen, balance; KEYS: name:<n>,
-#: whose values are each broker's Commands in flight for the name. ``in_flight``:
+#: whose values are each broker's Commands in flight for the name, and fwd:<n>. ``in_flight``:
 #: the least loaded live broker (ties in turn), whose count goes up by one at
 #: once, so a burst spreads before the next report; ``turns``: each in turn.
 FORWARD_REQUEST: Final = Script(
@@ -94,6 +96,7 @@ if ARGV[8] == 'in_flight' then
     if loads[b] < loads[target] then target = b end
   end
   redis.call('HINCRBY', KEYS[1], target, 1)
+  redis.call('HINCRBY', KEYS[2], target, 1)
 end
 redis.call('XADD', prefix .. 'in:' .. target, 'MAXLEN', '~', ARGV[7], '*',
   'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[5], 'f', ARGV[6])
@@ -157,6 +160,21 @@ return 1
 """,
 )
 
+#: ARGV: broker, in flight there, requests it read since it started serving the name;
+#: KEYS: name:<n>, fwd:<n> (requests forwarded to each broker since it started
+#: serving it). The count becomes what is in flight plus what is on its way, and only
+#: while the broker serves the name.
+REPORT: Final = Script(
+    "plane_report",
+    """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local forwarded = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local load = tonumber(ARGV[2]) + math.max(0, forwarded - tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], ARGV[1], load)
+return load
+""",
+)
+
 #: ARGV: broker, how many; KEYS: name:<n>: that many fewer in flight there, if it
 #: still serves the name (an HINCRBY alone would bring back a broker that stopped).
 DONE: Final = Script(
@@ -203,4 +221,13 @@ return {swept, 0}
 """,
 )
 
-SCRIPTS: Final = (DONE, FORWARD_REQUEST, FORWARD_CHANNEL, FORWARD_EACH, SEND_TO, LEAVE, SWEEP)
+SCRIPTS: Final = (
+    REPORT,
+    DONE,
+    FORWARD_REQUEST,
+    FORWARD_CHANNEL,
+    FORWARD_EACH,
+    SEND_TO,
+    LEAVE,
+    SWEEP,
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from gateway.acl import load_acl
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.plane import PREFIX
+from tests.gateway.engines._broker_process import abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
 from tests.support.bus import frame, open_with_id, until_in_directory
@@ -454,3 +456,49 @@ async def test_signing_in_where_nobody_on_the_bus_serves_it_faults_2101(bus: Bus
         assert (read_fault(fault).code, fault.command_id) == (FaultCode.NO_RESPONDENT, 6)
     finally:
         await connection.close()
+
+
+async def test_a_subjects_commands_fault_when_the_broker_of_its_agent_is_killed(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    await client.flushall()
+    await client.aclose()
+    credentials = make_credentials(tmp_path)
+    settings = (
+        f"bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
+        'authenticate_command = "auth.login"\n'
+        f"[agents.echo]\npublic_key = {str(tmp_path / 'echo.pem')!r}\n"
+        "serves = ['.*', 'auth.login']\n"
+    )
+    url = redis_server.url
+    async with (
+        broker_process(url, tmp_path / "a", ack_timeout=30, prefetch=8, settings=settings) as a,
+        broker_process(url, tmp_path / "b", ack_timeout=30, prefetch=8, settings=settings) as b,
+    ):
+        tube = await connect(
+            b.url.replace("/asbp", "/tube"),
+            additional_headers={"Authorization": f"Bearer {credentials.token()}"},
+        )
+        assert (await frame(tube)).name == "asbp.tube"
+        await tube.send(encode(Command({"c": "asbp.register", "names": ["auth.login"], "u": 1})))
+        assert (await frame(tube)).name == "asbp.accepted"
+        connection, _ = await open_with_id(a.url)
+        try:
+            await connection.send("c=auth.login,u=1;alice")
+            login = await frame(tube)
+            subject = login.get("s")
+            assert isinstance(subject, str)
+            await tube.send(encode(Command({"c": "asbp.authenticated", "s": subject})))
+            assert (await frame(connection)).name == "asbp.authenticated"
+            await b.kill()
+            abandon(tube)
+            killed = time.monotonic()
+            # Its Commands have nowhere to go: a fault with the u, within the lease.
+            await connection.send(f"c=whoami,s={subject},u=7;")
+            fault = await frame(connection, LEASE + 5 * T)
+            assert (fault.name, fault.command_id) == ("asbp.fault", 7)
+            assert read_fault(fault).code in (FaultCode.NO_RESPONDENT, FaultCode.RESPONDENT_LEFT)
+            assert time.monotonic() - killed <= LEASE + T
+        finally:
+            await connection.close()
