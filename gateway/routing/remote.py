@@ -32,6 +32,22 @@ Channel is looked up on the bus.
 by the plane in one call; a Channel that exists nowhere on the bus gets the
 agent fault 2104 as a Command, with its ``u``.
 
+*Groups, agents and Subjects across brokers*: a ``g`` goes once to each
+broker holding members of its groups, which delivers it to each member once;
+``asbp.join``/``asbp.leave`` for a Channel elsewhere goes to its broker (a
+forwarded join writes the group's directory entry in the same script, so a
+``g`` sent after the acceptance finds it); an agent's Command that no other
+Tube here serves goes to a broker that serves it; signing a Subject in goes to
+every broker serving the Authenticate-Command
+(:mod:`gateway.routing.remote_subjects`).
+
+*Balancing*: ``forward_request`` picks the broker with the fewest Commands in
+flight for the name. Each broker reports its count about every second
+(:meth:`Remote.report_loads`, from the housekeeping tick), the forward script
+counts each Command it places, and this broker lowers the count when the
+answer comes back (``request_done``), so a slow broker is passed over within
+a round trip.
+
 The routing rules hold across brokers because each check stays where it is:
 A checks the User-Agent's ACL and Subject before forwarding; B's router
 writes ``a`` and removes ``d`` before anything leaves for a User-Agent.

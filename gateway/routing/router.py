@@ -274,7 +274,7 @@ class Router:
             auth.authenticate(channel, command)
             return
         among = None
-        prefer: tuple[str, ...] = ()
+        served_at: set[str] | None = None
         access = channel.access
         if "s" in command:
             if auth is None:
@@ -291,7 +291,7 @@ class Router:
             if subject is None:
                 return
             among = subject.authenticated_by
-            prefer = tuple(sorted(subject.serving_brokers))
+            served_at = subject.serving_brokers
             access = subject.access
         if self.acl is not None and not self.permitted(
             channel.id, access, name, Privilege.WRITE, command_id
@@ -307,6 +307,8 @@ class Router:
         tube = self.respondents.pick(name, among=among)
         if tube is None:
             if self.remote is not None:
+                # A Subject's Command: to a broker whose agents signed it in.
+                prefer = tuple(sorted(served_at)) if served_at else ()
                 self._route_remote(channel, command, frame, name, among, prefer)
                 return
             self.fault(
