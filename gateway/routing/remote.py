@@ -477,13 +477,19 @@ class Remote:
 
         asyncio.gather(*placing, return_exceptions=True).add_done_callback(placed)
 
-    def to_agent(self, tube: Tube, frame: bytes, command: Command) -> None:
+    def to_agent(self, tube: Tube, frame: bytes, command: Command, via: str | None) -> None:
         """An agent's Command without ``d`` or ``g`` that no other Tube here serves:
-        to a broker that serves it (fault 2101 to ``tube`` when none does)."""
+        to a broker that serves it, or to ``via`` when the agent named that broker in
+        ``b`` (fault 2101 to ``tube`` when none does)."""
         name = command.name
         assert name is not None
         envelope = Envelope(EnvelopeKind.AGENT, self.plane.broker_id, tube.id, frame)
-        self.plane.forward_request(name, envelope).add_done_callback(
+        placing = (
+            self._send_to(via, envelope)
+            if via is not None
+            else self.plane.forward_request(name, envelope)
+        )
+        placing.add_done_callback(
             lambda future: self._agent_placed(future, tube, name, command.command_id)
         )
 

@@ -579,8 +579,16 @@ class Router:
                 command_id=command.command_id,
             )
             return
-        target = self.respondents.pick(name, exclude=tube)
-        if target is None and self.remote is None:
+        remote = self.remote
+        via = command.get("b") if remote is not None else None
+        if isinstance(via, str) and via != self.broker_id:
+            # Addressed to another broker of the bus (an answer to an agent-to-agent
+            # request, for the Tube there that asked): there, not to a Tube here.
+            target = None
+        else:
+            via = None
+            target = self.respondents.pick(name, exclude=tube)
+        if target is None and remote is None:
             self.fault_tube(
                 tube,
                 FaultCode.NO_RESPONDENT,
@@ -608,7 +616,7 @@ class Router:
             # Another broker of the bus may serve it (gateway.routing.remote).
             if intake.source is not None:
                 intake.routed = ("agent", None, None)
-            self.remote.to_agent(tube, outbound, command)
+            self.remote.to_agent(tube, outbound, command, via)
             return
         if intake.source is not None:
             intake.routed = ("agent", target.agent_id, None)

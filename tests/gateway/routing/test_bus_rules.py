@@ -502,3 +502,27 @@ async def test_a_subjects_commands_fault_when_the_broker_of_its_agent_is_killed(
             assert time.monotonic() - killed <= LEASE + T
         finally:
             await connection.close()
+
+
+async def test_agent_to_agent_answers_reach_the_tube_that_asked_across_the_bus(
+    bus: Bus,
+) -> None:
+    # The asker holds Tubes to A and B, so its inbox is registered on both; each
+    # answer must come back to the Tube whose request it answers.
+    asker = make_agent(
+        bus.credentials, [bus.brokers[0].ws_url + "/tube", bus.brokers[1].ws_url + "/tube"]
+    )
+    worker = bus.agent(2)
+
+    @worker.respondent("work")
+    async def work(request: Request) -> bytes:
+        return b"done " + request.body
+
+    async with worker, asker:
+        await worker.wait_registered(5 * T)
+        await asker.wait_registered(5 * T)
+        await until_in_directory(bus.redis_url, "name:work", "broker-c")
+        answers = await asyncio.gather(
+            *(asker.request("work", b"%d" % n, timeout=5 * T) for n in range(12))
+        )
+        assert [answer.body for answer in answers] == [b"done %d" % n for n in range(12)]
