@@ -212,9 +212,26 @@ class RemoteSubjects:
                 self._to_origin(guest, subject_id, tube, asbp.encode(refusal))
 
     def broker_lost(self, broker_id: str) -> None:
-        """Guests of a broker that is gone: nobody will end them."""
+        """``broker_id`` is gone: its guests here (nobody will end them), and its
+        agents for the Subjects here, which count as having left."""
         for subject_id in [s for s, g in self._guests.items() if g.origin == broker_id]:
             del self._guests[subject_id]
+        auth = self._auth
+        if auth is None:
+            return
+        for subject in list(auth.subjects):
+            subject.serving_brokers.discard(broker_id)
+            subject.brokers.discard(broker_id)
+            stale = [
+                key
+                for key in subject.asked
+                if key == "@" + broker_id or key.startswith(broker_id + "/")
+            ]
+            for key in stale:
+                agent = subject.asked.pop(key) or "the agents"
+                subject.refusals.append(f"{agent} at broker {broker_id}: the broker left")
+            if stale:
+                auth.settle(subject)
 
     def _to_origin(self, guest: _Guest, subject_id: str, tube: Tube, frame: bytes) -> None:
         self._plane.send_to(

@@ -496,9 +496,15 @@ async def test_a_subjects_commands_fault_when_the_broker_of_its_agent_is_killed(
             killed = time.monotonic()
             # Its Commands have nowhere to go: a fault with the u, within the lease.
             await connection.send(f"c=whoami,s={subject},u=7;")
-            fault = await frame(connection, LEASE + 5 * T)
-            assert (fault.name, fault.command_id) == ("asbp.fault", 7)
-            assert read_fault(fault).code in (FaultCode.NO_RESPONDENT, FaultCode.RESPONDENT_LEFT)
+            # A sign-in waiting for the agents of the dead broker fails too.
+            await connection.send("c=auth.login,u=8;bob")
+            faults = {}
+            for _ in range(2):
+                fault = await frame(connection, LEASE + 5 * T)
+                assert fault.name == "asbp.fault"
+                faults[fault.command_id] = read_fault(fault)
+            assert faults[7].code in (FaultCode.NO_RESPONDENT, FaultCode.RESPONDENT_LEFT)
+            assert faults[8].code in (FaultCode.NO_RESPONDENT, FaultCode.AUTHENTICATION_FAILED)
             assert time.monotonic() - killed <= LEASE + T
         finally:
             await connection.close()
