@@ -183,11 +183,14 @@ class Plane(Protocol):
         """
         ...
 
-    def report_load(self, name: str, in_flight: int) -> None:
-        """This broker has ``in_flight`` Commands in flight for ``name`` now: what
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
+        """Report this broker's Commands in flight for ``name``: what
         ``forward_request`` balances by (each broker reports about every second).
-        Requests forwarded here and not yet read count on top, so a report never
-        forgets them."""
+
+        ``in_flight`` is called when the report is written, not before, so a
+        report never lands after a write it is older than (the origin lowering the
+        count for an answer that left here later). Requests forwarded here and not
+        yet read count on top, so a report never forgets them either."""
         ...
 
     def request_received(self, name: str) -> None:

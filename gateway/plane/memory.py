@@ -191,9 +191,9 @@ class MemoryPlane:
             if not brokers:
                 del self._bus.names[name]
 
-    def report_load(self, name: str, in_flight: int) -> None:
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
         if self._broker_id in self._bus.names.get(name, ()):
-            self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight
+            self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight()
 
     def request_received(self, name: str) -> None:
         """Nothing to count: a report and a forward never interleave in one process."""

@@ -56,6 +56,7 @@ writes ``a`` and removes ``d`` before anything leaves for a User-Agent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import sys
@@ -320,7 +321,7 @@ class Remote:
         forwarded, self._forwarded = self._forwarded, set()
         for name, load in loads.items():
             if self._loads.get(name) != load or name in forwarded:
-                self.plane.report_load(name, load)
+                self.plane.report_load(name, functools.partial(self._respondents.load, name))
         self._loads = loads
 
     def expired(self) -> Iterator[InFlight]:
@@ -598,13 +599,11 @@ class Remote:
             if command_id is not None and command_id in channel.in_flight:
                 entry = self.waiting.get(channel.id, command_id)
                 self.waiting.answered(self._unplaced, channel, command, command_id)
-                if (
-                    entry is not None
-                    and entry.tube.remote
-                    and self.waiting.get(channel.id, command_id) is not entry
-                ):
-                    # Answered: the serving broker has one fewer on its plate.
-                    self.plane.request_done(entry.name, entry.tube.remote)
+                if entry is not None and self.waiting.get(channel.id, command_id) is not entry:
+                    # Answered: the serving broker (the envelope's sender: the
+                    # answer may overtake the news of where the request went) has
+                    # one fewer on its plate.
+                    self.plane.request_done(entry.name, envelope.origin)
 
     def _for_respondent(self, envelope: Envelope) -> None:
         proxy = self._proxy(envelope.channel, envelope.origin)

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -141,6 +141,23 @@ class _Announcements(Call):
         _log.warning("plane.announce_failed", extra={"error": str(error)})
 
 
+class _Reports(_Announcements):
+    """The loads ``report_load`` reports, read when the pipeline is written."""
+
+    __slots__ = ("_plane",)
+    merge_key = "plane-reports"
+
+    def __init__(self, plane: RedisPlane) -> None:
+        super().__init__([])
+        self._plane = plane
+
+    def merge(self, other: Call) -> None:
+        """Nothing to take over: the plane holds the reports until written."""
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return self._plane._take_reports()
+
+
 class _Done(_Announcements):
     """The counts ``request_done`` lowers, taken when the pipeline is written."""
 
@@ -188,6 +205,8 @@ class RedisPlane:
         self._sweep_batch = sweep_batch
         #: Answered requests per (name, broker), for the next pipeline (request_done).
         self._done: dict[tuple[str, str], int] = {}
+        #: Reports for the next pipeline: name -> its count, read then (report_load).
+        self._reports: dict[str, Callable[[], int]] = {}
         #: Requests read per name served since it was announced (report_load).
         self._received: dict[str, int] = {}
         #: Made by the first broker to start on this Redis; kept there for good.
@@ -358,13 +377,31 @@ class RedisPlane:
         self._names.discard(name)
         self._announce(self._name_commands(name, serving=False))
 
-    def report_load(self, name: str, in_flight: int) -> None:
-        # Only while serving: a report written after not_serving would bring the
-        # name back (both go through the one ordered pipeline; the script checks).
-        if name in self._names:
-            keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
-            received = self._received.get(name, 0)
-            self._announce([script_command(REPORT, keys, (self._broker_id, in_flight, received))])
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
+        if self._batcher is None:
+            return
+        reports = self._reports
+        if not reports:
+            # One call per pipeline; the counts are read when it is written.
+            try:
+                self._batcher.submit(_Reports(self))
+            except EngineUnavailable:
+                return
+        reports[name] = in_flight
+
+    def _take_reports(self) -> list[tuple[Any, ...]]:
+        reports, self._reports = self._reports, {}
+        commands = []
+        for name, in_flight in reports.items():
+            # Only while serving: a report after not_serving would bring the name
+            # back (the script checks too).
+            if name in self._names:
+                keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
+                received = self._received.get(name, 0)
+                commands.append(
+                    script_command(REPORT, keys, (self._broker_id, in_flight(), received))
+                )
+        return commands
 
     def request_received(self, name: str) -> None:
         if name in self._names:

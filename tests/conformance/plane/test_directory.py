@@ -191,9 +191,9 @@ async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> 
     c = await bus.join("broker-c")
     for broker in (b, c):
         broker.plane.serving("echo")
-    b.plane.report_load("echo", 3)
-    c.plane.report_load("echo", 0)
-    c.plane.report_load("nothing.served", 9)  # ignored: C does not serve it
+    b.plane.report_load("echo", lambda: 3)
+    c.plane.report_load("echo", lambda: 0)
+    c.plane.report_load("nothing.served", lambda: 9)  # ignored: C does not serve it
     await b.plane.written()
     await c.plane.written()
     assert await a.plane.respondents("nothing.served") == frozenset()
@@ -205,7 +205,7 @@ async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> 
     more = [await a.plane.forward_request("echo", envelope) for _ in range(4)]
     assert sorted(t or "" for t in more) == ["broker-b", "broker-b", "broker-c", "broker-c"]
     # A report replaces the count: B is idle again.
-    b.plane.report_load("echo", 0)
+    b.plane.report_load("echo", lambda: 0)
     await b.plane.written()
     assert await a.plane.forward_request("echo", envelope) == "broker-b"
 
