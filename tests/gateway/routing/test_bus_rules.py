@@ -532,3 +532,22 @@ async def test_agent_to_agent_answers_reach_the_tube_that_asked_across_the_bus(
             *(asker.request("work", b"%d" % n, timeout=5 * T) for n in range(12))
         )
         assert [answer.body for answer in answers] == [b"done %d" % n for n in range(12)]
+
+
+async def test_an_agent_command_for_a_named_broker_that_cannot_serve_it_faults_2101(
+    bus: Bus,
+) -> None:
+    tube = await raw_tube(bus, 0, ["x"])
+    try:
+        # Broker C is alive but nothing there serves it: C says so, back across the bus.
+        await tube.send(encode(Command({"c": "nothing.here", "b": "broker-c", "u": 3})))
+        fault = await frame(tube)
+        assert (fault.name, fault.command_id) == ("asbp.fault", 3)
+        assert read_fault(fault).code == FaultCode.NO_RESPONDENT
+        # A broker that is not on the bus: the same fault, from broker A.
+        await tube.send(encode(Command({"c": "nothing.here", "b": "broker-z", "u": 4})))
+        fault = await frame(tube)
+        assert (fault.name, fault.command_id) == ("asbp.fault", 4)
+        assert read_fault(fault).code == FaultCode.NO_RESPONDENT
+    finally:
+        await tube.close()
