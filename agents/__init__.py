@@ -27,6 +27,7 @@ and HTTP transports), ``multipart`` (the long-poll response reader),
 ``broker_agent`` and ``broker_channel`` (the Broker-Agent, draft §2.5),
 ``intermediary`` (Intermediary-Agents, §3.4: ``Downstream``, ``forward_to``,
 ``IntermediaryAgent``), ``backoff``,
+``reconnect`` (a User-Agent's reconnection settings and events),
 ``control`` (the broker's built-in names), ``credentials``, ``errors`` (the
 exception tree). ``agents.spark`` (Spark jobs on the bus) needs the ``spark``
 extra and is never imported from here.
@@ -39,8 +40,9 @@ from agents.backoff import Backoff
 from agents.broker_agent import BrokerAgent
 from agents.credentials import AgentCredentialSource, generate_agent_key
 from agents.dispatch import HANDLER_FAILED
-from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
 from agents.intermediary import Downstream, IntermediaryAgent, forward_to
+from agents.reconnect import ChannelEvent, ChannelEventKind, Reconnect
 from agents.respondent import Handler, Reply, Request
 from agents.user_agent import UserAgent
 
@@ -52,12 +54,16 @@ __all__ = [
     "ApplicationAgent",
     "Backoff",
     "BrokerAgent",
+    "ChannelEvent",
+    "ChannelEventKind",
+    "ChannelLost",
     "ConnectionLost",
     "Downstream",
     "FaultError",
     "Handler",
     "IntermediaryAgent",
     "NotConnected",
+    "Reconnect",
     "Reply",
     "Request",
     "TubeStatus",

@@ -334,12 +334,15 @@ class ApplicationAgent:
     ) -> None:
         """Deliver ``command`` to the Channels in ``d`` and the groups in ``g``.
 
-        Groups are per broker (§1.3.4.2 g), so a Command with ``g`` goes out on
-        every Tube. A Channel in ``d`` goes only to the broker the agent has
-        seen it through, or to every broker if it has not seen it (the others
-        answer fault 2104, which is logged). On a bus of many brokers, one Tube
-        reaches a Channel on any of them; a Channel that exists nowhere on the
-        bus gets fault 2104 as a Command, which ``confirm`` turns into an error.
+        Brokers on one bus (their greeting says ``bus``) route ``d`` and ``g``
+        across it, so the Command goes out on one Tube per bus: a group spans
+        the bus, and a Channel on any of its brokers is reached; one that exists
+        nowhere on the bus gets fault 2104 as a Command, which ``confirm`` turns
+        into an error. To brokers that are not on a bus, groups are per broker
+        (§1.3.4.2 g), so a Command with ``g`` goes out on each such Tube, and a
+        Channel in ``d`` goes only to the broker the agent has seen it through,
+        or to each if it has not seen it (the others answer fault 2104, which is
+        logged).
 
         Args:
             command: the Command; ``a`` is set by the broker.
@@ -377,16 +380,23 @@ class ApplicationAgent:
         sessions = self._sessions(broker)
         sent = 0
         lost: ConnectionLost | None = None
-        for session in sessions:
-            outbound = self._channels.outbound(command, session.broker_id)
-            if outbound is None:
-                continue
-            try:
-                await session.send(outbound)
-            except ConnectionLost as exc:
-                lost = exc
-                continue
-            sent += 1
+        for candidates in _by_bus(sessions):
+            # On a bus, the first Tube that takes it: the bus routes d and g across it.
+            for session in candidates:
+                outbound = (
+                    command
+                    if session.greeting.bus_id is not None
+                    else self._channels.outbound(command, session.broker_id)
+                )
+                if outbound is None:
+                    break
+                try:
+                    await session.send(outbound)
+                except ConnectionLost as exc:
+                    lost = exc
+                    continue
+                sent += 1
+                break
         if not sent and lost is not None:
             raise lost
 
@@ -395,10 +405,12 @@ class ApplicationAgent:
     ) -> frozenset[str]:
         """Add ``channels`` to ``groups`` (``asbp.join``) and wait for the broker.
 
+        On a bus of brokers, one Tube's broker joins Channels on any of them.
+
         Returns:
             The Broker-Identifiers that accepted. A broker where some of the
-            Channels are unknown joins none of them (fault 2104); that is
-            only an error if no broker accepted.
+            Channels are unknown joins none of them (fault 2104; on a bus, it
+            joins those that exist); that is only an error if no broker accepted.
 
         Raises:
             ValueError: no groups or no channels.
@@ -583,10 +595,16 @@ class ApplicationAgent:
         sessions = self._sessions(broker)
         if not sessions:
             raise NotConnected("no Tube is open")
+        if broker is None:
+            sessions = _one_per_bus(sessions)
         targets = [
             (session, here)
             for session in sessions
-            if (here := self._channels.located(channels, session.broker_id))
+            if (
+                here := list(channels)
+                if session.greeting.bus_id is not None
+                else self._channels.located(channels, session.broker_id)
+            )
         ]
         if not targets:
             raise NotConnected("none of these Channels is at an open broker")
@@ -609,6 +627,29 @@ class ApplicationAgent:
             assert isinstance(first, BaseException)
             raise first
         return accepted
+
+
+def _by_bus(sessions: list[TubeSession]) -> list[list[TubeSession]]:
+    """``sessions`` in groups that each need the Command once: those on one bus
+    together (any of them reaches all of it, and a group Command sent on two would
+    reach each member twice), every other alone."""
+    buses: dict[str, list[TubeSession]] = {}
+    groups: list[list[TubeSession]] = []
+    for session in sessions:
+        bus_id = session.greeting.bus_id
+        if bus_id is None:
+            groups.append([session])
+        elif bus_id in buses:
+            buses[bus_id].append(session)
+        else:
+            buses[bus_id] = [session]
+            groups.append(buses[bus_id])
+    return groups
+
+
+def _one_per_bus(sessions: list[TubeSession]) -> list[TubeSession]:
+    """The first session of each group of :func:`_by_bus`."""
+    return [group[0] for group in _by_bus(sessions)]
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:

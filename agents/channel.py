@@ -193,6 +193,13 @@ class HttpChannel:
         self._after = 0
 
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
+        # Opened again after the Channel was lost: a new Channel starts its
+        # ASBP-Seq from the beginning, and the old client's pool is dropped.
+        previous, self._client = self._client, None
+        if previous is not None:
+            await previous.aclose()
+        self._after = 0
+        self._channel_id = None
         self._client = httpx.AsyncClient(
             verify=self._ssl if self._ssl is not None else True,
             timeout=httpx.Timeout(self._timeout),

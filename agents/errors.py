@@ -8,6 +8,8 @@
           │                      .code: int  .fault: FaultCode | None
           │                      .message  .command_id  .cause
           ├── ConnectionLost     the Tube or Channel closed before the answer came
+          │    └── ChannelLost   (agents.user_agent) the broker lost the Channel;
+          │                      the UserAgent reconnects
           ├── NotConnected       no open Tube or Channel to send on
           ├── MultipartError     (agents.multipart) a long-poll response we cannot read
           ├── StreamError        (agents.streams) parts that do not form one answer
@@ -31,7 +33,7 @@ from __future__ import annotations
 from asbp import AsbpError, Command, FaultCode
 from asbp.fault_commands import read_fault
 
-__all__ = ["AgentError", "ConnectionLost", "FaultError", "NotConnected"]
+__all__ = ["AgentError", "ChannelLost", "ConnectionLost", "FaultError", "NotConnected"]
 
 
 class AgentError(AsbpError):
@@ -99,6 +101,15 @@ class FaultError(AgentError):
 
 class ConnectionLost(AgentError):
     """The Tube or Channel closed while a Command awaited its answer."""
+
+
+class ChannelLost(ConnectionLost):
+    """The User-Agent's Channel ended without ``close()`` (its broker went away).
+
+    A Command awaiting its answer may or may not have been acted on; the
+    :class:`~agents.user_agent.UserAgent` reconnects on its own (see
+    ``agents.reconnect``), and a request sent meanwhile gets this error too.
+    """
 
 
 class NotConnected(AgentError):

@@ -344,6 +344,11 @@ class Request:
             keys["c"] = inbox
             if command.name is not None:
                 keys[control.REPLY_KEY] = command.name
+            asker = self.command.broker_id
+            if asker is not None:
+                # The asker's broker: on a bus, its inbox is registered on every
+                # Tube, and only the Tube that asked awaits this answer.
+                keys["b"] = asker
             return command.without_keys("d", "g").with_keys(keys)
         raise AgentError(f"{self!r} cannot be answered: it names no Channel and no inbox")
 

@@ -82,6 +82,9 @@ class Greeting:
     broker_id: str
     #: ``tube``, the broker's name for this connection (for its logs and ours).
     tube_id: str
+    #: ``bus``, the bus the broker belongs to with others (one Redis), if it says:
+    #: one Tube per bus reaches every Channel and group on it.
+    bus_id: str | None = None
 
     @classmethod
     def from_command(cls, command: Command) -> Greeting:
@@ -98,7 +101,13 @@ class Greeting:
             or not isinstance(tube_id, str)
         ):
             raise AgentError(f"expected the broker's {control.TUBE} greeting, got {command!r}")
-        return cls(command.agent_id, command.broker_id, tube_id)
+        bus_id = command.get("bus")
+        return cls(
+            command.agent_id,
+            command.broker_id,
+            tube_id,
+            bus_id if isinstance(bus_id, str) and bus_id else None,
+        )
 
 
 @dataclass(eq=False, slots=True)

@@ -25,27 +25,38 @@ after part ``t``. An answer with neither ``t`` nor ``o`` is a stream of one.
 Memory is bounded everywhere: the unsolicited queue drops its oldest
 Command when full (with a warning), and a request's or stream's buffer
 fails the stream when a slow reader lets it fill.
+
+Reconnecting (``agents.reconnect``): when the Channel ends without
+:meth:`UserAgent.close`, every awaited answer fails with
+:class:`~agents.errors.ChannelLost` and a task dials again with backoff and
+jitter, telling ``on_event`` each step; requests made meanwhile fail with
+``ChannelLost`` (:meth:`UserAgent.wait_connected` waits for the Channel),
+and :meth:`UserAgent.receive` keeps waiting across the gap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl as ssl_module
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Final
 
 from agents import control
 from agents.backoff import Backoff
 from agents.channel import ChannelTransport, HttpChannel, WebSocketChannel
-from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
+from agents.reconnect import DEFAULT_RECONNECT, ChannelEvent, ChannelEventKind, Reconnect
 from asbp import ChannelId, Command, HeaderInput
 
 __all__ = ["UserAgent"]
 
 #: Parts a stream may hold back while waiting for an earlier one.
 _MAX_HELD: Final = 4096
+#: Called with each step of losing the Channel and getting one back.
+OnEvent = Callable[[ChannelEvent], object]
 
 
 class _Answers:
@@ -96,6 +107,9 @@ class UserAgent:
         max_queued: unsolicited Commands kept for :meth:`receive` before the
             oldest is dropped.
         logger: where to log.
+        reconnect: how to dial again after the Channel is lost; None: stay
+            closed (the first loss ends the UserAgent).
+        on_event: called with every :class:`~agents.reconnect.ChannelEvent`.
     """
 
     def __init__(
@@ -104,6 +118,8 @@ class UserAgent:
         *,
         max_queued: int = 1024,
         logger: logging.Logger | None = None,
+        reconnect: Reconnect | None = DEFAULT_RECONNECT,
+        on_event: OnEvent | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError("max_queued must be at least 1")
@@ -118,6 +134,13 @@ class UserAgent:
         self._broker_id: str | None = None
         self._closed: BaseException | None = None
         self._opened = False
+        self._reconnect = reconnect
+        self._on_event = on_event
+        #: Set while a Channel is open.
+        self._connected = asyncio.Event()
+        #: Set by :meth:`close`: a Channel ending now is not lost.
+        self._closing = False
+        self._reconnector: asyncio.Task[None] | None = None
 
     @classmethod
     def websocket(
@@ -128,10 +151,18 @@ class UserAgent:
         timeout: float = 10.0,
         max_queued: int = 1024,
         logger: logging.Logger | None = None,
+        reconnect: Reconnect | None = DEFAULT_RECONNECT,
+        on_event: OnEvent | None = None,
     ) -> UserAgent:
         """A User-Agent over a WebSocket Channel (``ws(s)://host/asbp``)."""
         transport = WebSocketChannel(url, ssl=ssl, timeout=timeout, logger=logger)
-        return cls(transport, max_queued=max_queued, logger=logger)
+        return cls(
+            transport,
+            max_queued=max_queued,
+            logger=logger,
+            reconnect=reconnect,
+            on_event=on_event,
+        )
 
     @classmethod
     def http(
@@ -145,6 +176,8 @@ class UserAgent:
         max_poll_bytes: int = 32 * 1024 * 1024,
         max_queued: int = 1024,
         logger: logging.Logger | None = None,
+        reconnect: Reconnect | None = DEFAULT_RECONNECT,
+        on_event: OnEvent | None = None,
     ) -> UserAgent:
         """A User-Agent over a stateless HTTP Channel (``http(s)://host/asbp``).
 
@@ -159,7 +192,13 @@ class UserAgent:
             max_poll_bytes=max_poll_bytes,
             logger=logger,
         )
-        return cls(transport, max_queued=max_queued, logger=logger)
+        return cls(
+            transport,
+            max_queued=max_queued,
+            logger=logger,
+            reconnect=reconnect,
+            on_event=on_event,
+        )
 
     # -- life cycle ------------------------------------------------------------
 
@@ -177,11 +216,38 @@ class UserAgent:
         self._channel_id, self._broker_id = await self._transport.open(
             self._deliver, self._on_closed
         )
+        self._connected.set()
 
     async def close(self) -> None:
-        """Close the Channel; pending requests fail with ConnectionLost."""
+        """Close the Channel (and stop reconnecting); pending requests fail with
+        ConnectionLost."""
+        self._closing = True
+        reconnector, self._reconnector = self._reconnector, None
+        if reconnector is not None:
+            reconnector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconnector
         await self._transport.close()
         self._on_closed(None)
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until a Channel is open (at once if one is).
+
+        Raises:
+            NotConnected: before :meth:`connect`.
+            ConnectionLost: the UserAgent is closed (or gave up reconnecting).
+            TimeoutError: not within ``timeout``.
+        """
+        if not self._opened:
+            raise NotConnected("the UserAgent is not connected")
+        async with asyncio.timeout(timeout):
+            while not self._connected.is_set():
+                if self._closed is not None:
+                    raise ConnectionLost("the Channel has ended") from self._closed
+                self._arrived.clear()
+                await self._arrived.wait()
+        if self._closed is not None:
+            raise ConnectionLost("the Channel has ended") from self._closed
 
     async def __aenter__(self) -> UserAgent:
         await self.connect()
@@ -208,8 +274,13 @@ class UserAgent:
 
     @property
     def closed(self) -> bool:
-        """Whether the Channel has ended."""
+        """Whether the Channel has ended for good (not while reconnecting)."""
         return self._closed is not None
+
+    @property
+    def connected(self) -> bool:
+        """Whether a Channel is open now."""
+        return self._connected.is_set() and self._closed is None
 
     # -- sending -----------------------------------------------------------------
 
@@ -334,6 +405,8 @@ class UserAgent:
             raise NotConnected("the UserAgent is not connected")
         if self._closed is not None:
             raise ConnectionLost("the Channel has ended") from self._closed
+        if not self._connected.is_set():
+            raise ChannelLost("the Channel was lost and is reconnecting; see wait_connected()")
 
     def _await(self, limit: int) -> tuple[int, _Answers]:
         self._check_open()
@@ -369,14 +442,88 @@ class UserAgent:
         self._arrived.set()
 
     def _on_closed(self, error: BaseException | None) -> None:
-        if self._closed is not None:
+        if self._closed is not None or not self._connected.is_set():
             return
-        self._closed = error or ConnectionLost("the Channel was closed")
+        self._connected.clear()
+        lost = not self._closing and self._reconnect is not None
         for answers in self._awaited.values():
-            lost = ConnectionLost("the Channel ended before the answer came")
-            lost.__cause__ = error
-            answers.fail(lost)
+            failure = (
+                ChannelLost(
+                    "the Channel was lost before the answer came; it may have been acted on"
+                )
+                if lost
+                else ConnectionLost("the Channel ended before the answer came")
+            )
+            failure.__cause__ = error
+            answers.fail(failure)
         self._arrived.set()
+        if not lost:
+            self._closed = error or ConnectionLost("the Channel was closed")
+            return
+        self._log.warning("user agent: Channel %s lost (%s); reconnecting", self._channel_id, error)
+        self._emit(ChannelEvent(ChannelEventKind.LOST, self._channel_id, error=error))
+        self._reconnector = asyncio.get_running_loop().create_task(
+            self._reconnect_loop(), name="asbp-user-agent-reconnect"
+        )
+
+    async def _reconnect_loop(self) -> None:
+        settings = self._reconnect
+        assert settings is not None
+        previous = self._channel_id
+        error: BaseException | None = None
+        attempt = 0
+        while True:
+            delay = settings.backoff.delay(attempt)
+            self._emit(
+                ChannelEvent(
+                    ChannelEventKind.RECONNECTING,
+                    previous,
+                    attempt=attempt,
+                    delay=delay,
+                    error=error,
+                )
+            )
+            await asyncio.sleep(delay)  # a backoff delay, not synchronisation
+            try:
+                identity = await self._reopen(previous)
+            except Exception as exc:  # any failure to dial is one more attempt
+                error = exc
+                attempt += 1
+                self._log.info("user agent: reconnect attempt %d failed: %s", attempt, exc)
+                if settings.max_attempts is not None and attempt >= settings.max_attempts:
+                    self._reconnector = None
+                    self._closed = ConnectionLost(f"gave up reconnecting after {attempt} attempts")
+                    self._closed.__cause__ = exc
+                    self._arrived.set()
+                    self._emit(
+                        ChannelEvent(ChannelEventKind.GAVE_UP, previous, attempt=attempt, error=exc)
+                    )
+                    return
+                continue
+            self._reconnector = None
+            self._channel_id, self._broker_id = identity
+            self._connected.set()
+            self._arrived.set()
+            self._log.info("user agent: Channel %s replaces %s", identity[0], previous)
+            self._emit(ChannelEvent(ChannelEventKind.RECONNECTED, identity[0], previous=previous))
+            return
+
+    async def _reopen(self, previous: ChannelId | None) -> tuple[ChannelId, str | None]:
+        """Open a Channel again after losing ``previous``: its ``i`` and the ``b``.
+
+        For now a new Channel. Resuming ``previous`` (the same ``i`` and what was
+        routed to it meanwhile, issue 11 point 3) belongs here and only here: the
+        handshake that proves it was ours, on whichever broker answers.
+        """
+        return await self._transport.open(self._deliver, self._on_closed)
+
+    def _emit(self, event: ChannelEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # the caller's callback must not stop reconnecting
+            self._log.exception("user agent: on_event failed for %s", event.kind.value)
 
 
 def _checked(command: Command) -> Command:

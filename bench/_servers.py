@@ -60,6 +60,7 @@ def broker_app(
     event_log: str = "on",
     metrics: str = "on",
     redis_url: str | None = None,
+    bus_balance: str = "in_flight",
 ) -> Any:
     from gateway.app import create_app
     from gateway.config.model import EventLogConfig, GatewayConfig, MetricsConfig
@@ -78,6 +79,7 @@ def broker_app(
         metrics=MetricsConfig(enabled=metrics == "on"),
         # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
         **({"engine": "redis", "redis_url": redis_url} if redis_url is not None else {}),
+        bus_balance=bus_balance,
     )
     return create_app(config)
 
@@ -257,6 +259,7 @@ async def _main(args: argparse.Namespace) -> None:
             event_log=args.event_log,
             metrics=args.metrics,
             redis_url=args.redis_url,
+            bus_balance=args.bus_balance,
         )
         if args.server == "uvicorn":
             # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
@@ -279,6 +282,7 @@ def main() -> None:
     parser.add_argument("--event-log", choices=["on", "off"], default="on")
     parser.add_argument("--metrics", choices=["on", "off"], default="on")
     parser.add_argument("--redis-url", help="the redis engine (and bus) on this Redis")
+    parser.add_argument("--bus-balance", choices=["in_flight", "turns"], default="in_flight")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:

@@ -102,8 +102,13 @@ def create_plane(config: GatewayConfig, *, broker_id: str) -> Plane:
         # Imported here: a memory broker never loads the Redis client.
         from gateway.plane.redis.plane import RedisPlane
 
-        return RedisPlane(config.redis_url, broker_id=broker_id, lease=config.bus_lease)
-    return MemoryPlane(broker_id, lease=config.bus_lease)
+        return RedisPlane(
+            config.redis_url,
+            broker_id=broker_id,
+            lease=config.bus_lease,
+            balance=config.bus_balance,
+        )
+    return MemoryPlane(broker_id, lease=config.bus_lease, balance=config.bus_balance)
 
 
 def create_census(

@@ -42,6 +42,7 @@ ServerName = Literal["auto", "hypercorn", "uvicorn"]
 RunningServer = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
 EventLogMode = Literal["on", "off"]
+BusBalance = Literal["in_flight", "turns"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +251,11 @@ class GatewayConfig:
     #: plane (``redis`` engine: the plane follows the engine): its Channels and
     #: Respondents stop being found, and Commands it owed get fault 2102.
     bus_lease: float = 10.0
+    #: How a Command for a Respondent on other brokers picks one: ``in_flight``,
+    #: the broker with the fewest Commands in flight for the name (each broker
+    #: reports its count every second; each Command forwarded to it counts at
+    #: once), or ``turns``, each broker serving it in turn.
+    bus_balance: BusBalance = "in_flight"
     #: Codec limits for every inbound frame.
     limits: asbp.Limits = asbp.DEFAULT_LIMITS
     #: Per-Channel bounds.

@@ -15,7 +15,7 @@ import enum
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from asbp import ChannelId, FaultCode
@@ -79,7 +79,16 @@ class Channel:
 class ChannelRegistry:
     """Every open Channel at this broker, and every group."""
 
-    __slots__ = ("_channels", "_groups", "_held", "_tombstones", "closed", "opened")
+    __slots__ = (
+        "_channels",
+        "_groups",
+        "_held",
+        "_tombstones",
+        "closed",
+        "on_group_first",
+        "on_group_last",
+        "opened",
+    )
 
     def __init__(self) -> None:
         #: Channels opened and closed since the broker started (the metrics'
@@ -91,6 +100,10 @@ class ChannelRegistry:
         self._held: dict[str, int] = {}
         self._groups: dict[str, set[ChannelId]] = {}
         self._tombstones: OrderedDict[ChannelId, FaultCode] = OrderedDict()
+        #: Called when a group gains its first member here, and loses its last: the
+        #: bus-wide directory learns which brokers hold members (gateway.plane).
+        self.on_group_first: Callable[[str], object] | None = None
+        self.on_group_last: Callable[[str], object] | None = None
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -143,7 +156,7 @@ class ChannelRegistry:
             if members is not None:
                 members.discard(channel.id)
                 if not members:
-                    del self._groups[group]
+                    self._emptied(group)
         channel.groups.clear()
         channel.outbox.close()
         if channel.kind is ChannelKind.HTTP:
@@ -158,13 +171,18 @@ class ChannelRegistry:
 
     def join(self, group: str, channels: Iterable[Channel]) -> None:
         """Add ``channels`` to ``group``."""
-        members = self._groups.setdefault(group, set())
+        members = self._groups.get(group)
+        new = members is None
+        if members is None:
+            members = self._groups[group] = set()
         for channel in channels:
             if not channel.closed:
                 members.add(channel.id)
                 channel.groups.add(group)
         if not members:
             del self._groups[group]
+        elif new and self.on_group_first is not None:
+            self.on_group_first(group)
 
     def leave(self, group: str, channels: Iterable[Channel]) -> None:
         """Remove ``channels`` from ``group``."""
@@ -174,7 +192,12 @@ class ChannelRegistry:
             if members is not None:
                 members.discard(channel.id)
         if members is not None and not members:
-            del self._groups[group]
+            self._emptied(group)
+
+    def _emptied(self, group: str) -> None:
+        del self._groups[group]
+        if self.on_group_last is not None:
+            self.on_group_last(group)
 
     def members(self, groups: Iterable[str]) -> list[Channel]:
         """The Channels in any of ``groups``, each once."""

@@ -68,6 +68,12 @@ class Subject:
     refusals: list[str] = field(default_factory=list)
     #: Its Channel's access context with its roles, once authenticated.
     access: AccessContext = field(default_factory=AccessContext)
+    #: Other brokers of the bus whose agents were asked (gateway.routing.remote_subjects).
+    brokers: set[str] = field(default_factory=set)
+    #: Of those, the ones that said which agents they asked.
+    reported: set[str] = field(default_factory=set)
+    #: Of those, the ones whose agents authenticated it: where its Commands go.
+    serving_brokers: set[str] = field(default_factory=set)
 
 
 class SubjectRegistry:

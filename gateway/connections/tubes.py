@@ -152,6 +152,14 @@ class RespondentTable:
         """Every Command-Name served right now."""
         return sorted(self._by_name)
 
+    def load(self, name: str) -> int:
+        """Commands in flight at the Tubes serving ``name``, each Tube counted once."""
+        return sum(tube.in_flight for tube in self._by_name.get(name, ()))
+
+    def get(self, tube_id: str) -> Tube | None:
+        """The open Tube with this identifier, or None."""
+        return self._tubes.get(tube_id)
+
     def tubes(self) -> list[Tube]:
         """Every open Tube."""
         return list(self._tubes.values())

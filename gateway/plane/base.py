@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from gateway.engines.base import EngineUnavailable
 
 __all__ = [
     "DEFAULT_LEASE",
+    "Balance",
     "Envelope",
     "EnvelopeKind",
     "Inbound",
@@ -70,6 +71,28 @@ class EnvelopeKind(enum.Enum):
     REQUEST = "q"
     #: A frame for the Channel ``channel`` at the receiving broker, ready to deliver.
     CHANNEL = "c"
+    #: The Channel ``channel`` at the receiving broker joins the groups ``among``.
+    JOIN = "j"
+    #: The Channel ``channel`` at the receiving broker leaves the groups ``among``.
+    LEAVE = "l"
+    #: A frame for the members of the groups ``among`` at the receiving broker, but
+    #: not the Channels listed in ``channel`` (joined by ","): those got it by ``d``.
+    GROUP = "g"
+    #: An agent's Command for a Respondent at the receiving broker (agent to agent,
+    #: no ``d``), from the Tube ``channel`` at ``origin``: to the least busy Tube
+    #: serving its name, nothing kept in flight.
+    AGENT = "a"
+    #: A frame (a fault) for the Tube ``channel`` at the receiving broker.
+    TUBE = "t"
+    #: Subjects (gateway.routing.remote_subjects). The Authenticate-Command
+    #: ``frame`` for the agents at the receiving broker; ``channel`` is ``s``.
+    SUBJECT_ASK = "s"
+    #: The agents asked about ``s`` (``channel``): ``among`` is Tube, agent, ...
+    SUBJECT_ASKED = "r"
+    #: An agent's answer (``frame``) about ``s``; ``among`` is its Tube and agent.
+    SUBJECT_ANSWER = "n"
+    #: ``s`` ended: ``frame`` is the notice for the agents that authenticated it.
+    SUBJECT_END = "e"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +106,8 @@ class Envelope:
     channel: str
     #: The encoded Command, exactly as a local outbox would have got it.
     frame: bytes
-    #: REQUEST only: the Application-Agents allowed to answer (a Subject's), or empty.
+    #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
+    #: JOIN, LEAVE and GROUP: the groups.
     among: tuple[str, ...] = ()
 
 
@@ -104,6 +128,16 @@ class Plane(Protocol):
     @property
     def spans_brokers(self) -> bool:
         """Whether other brokers may exist: False lets the router never call the plane."""
+        ...
+
+    @property
+    def bus_id(self) -> str:
+        """The bus's identifier, the same at every broker on it (known once started).
+
+        Agents read it from the ``asbp.tube`` greeting (``bus``): one Tube per bus
+        is enough to reach every Channel and group on it, and a Command with ``g``
+        sent on two Tubes of one bus would reach each member twice.
+        """
         ...
 
     @property
@@ -139,8 +173,50 @@ class Plane(Protocol):
         """No Tube at this broker serves ``name`` any more."""
         ...
 
+    def written(self) -> asyncio.Future[None]:
+        """A future that is done once every announcement made so far is in the
+        directory, where every broker's lookups find it.
+
+        ``asbp.register`` is accepted only then, so a User-Agent Command sent on
+        any broker once the agent knows it serves a name cannot get 2101. It
+        fails with PlaneUnavailable when the bus cannot be reached.
+        """
+        ...
+
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
+        """Report this broker's Commands in flight for ``name``: what
+        ``forward_request`` balances by (each broker reports about every second).
+
+        ``in_flight`` is called when the report is written, not before, so a
+        report never lands after a write it is older than (the origin lowering the
+        count for an answer that left here later). Requests forwarded here and not
+        yet read count on top, so a report never forgets them either."""
+        ...
+
+    def request_received(self, name: str) -> None:
+        """A request for ``name`` forwarded here was read (see ``report_load``)."""
+        ...
+
+    def request_done(self, name: str, broker_id: str) -> None:
+        """A request for ``name`` that ``forward_request`` gave ``broker_id`` is
+        answered (or faulted): its count there goes down at once, not at the next
+        report, so balancing follows a slow broker within a round trip."""
+        ...
+
+    def group_joined(self, group: str) -> None:
+        """Channels at this broker are members of ``group`` from now on."""
+        ...
+
+    def group_left(self, group: str) -> None:
+        """No Channel at this broker is a member of ``group`` any more."""
+        ...
+
     async def locate_channel(self, channel_id: str) -> str | None:
         """The live broker holding the Channel, or None."""
+        ...
+
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        """The live brokers holding members of ``group``."""
         ...
 
     async def respondents(self, name: str) -> frozenset[str]:
@@ -149,6 +225,10 @@ class Plane(Protocol):
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         """Hand ``envelope`` to a live broker other than this one serving ``name``.
+
+        Balanced ``in_flight`` (the default): the broker with the fewest Commands in
+        flight for ``name`` (its last report, plus one for each Command forwarded to
+        it since), ties taken in turn; ``turns``: each in turn.
 
         Returns:
             A future: that broker's identifier, or None when no other broker serves it.
@@ -159,14 +239,51 @@ class Plane(Protocol):
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         """Hand ``envelope`` to the live broker holding ``channel_id``.
 
+        A JOIN also writes that broker into the directory of each group it names,
+        before the envelope is read there: a GROUP forwarded once the join's future
+        is done finds the broker (and, on the same stream, arrives after the join).
+
         Returns:
             A future: that broker's identifier, or None when no live broker holds it.
+        """
+        ...
+
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        """Hand ``envelope`` to every live broker other than this one serving ``name``.
+
+        Returns:
+            A future: the brokers it went to.
+        """
+        ...
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        """Hand the GROUP ``envelope`` to every live broker other than this one
+        holding members of its groups (``envelope.among``), once each.
+
+        Returns:
+            A future: the brokers it went to.
         """
         ...
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         """Hand ``envelope`` to ``broker_id``; the future says False if it is gone."""
         ...
+
+
+#: How ``forward_request`` picks among brokers (gateway.config.model.BusBalance).
+Balance = Literal["in_flight", "turns"]
+
+
+def pick_least(loads: Mapping[str, int], turn: int) -> str:
+    """The candidate with the least load; among equals, the one whose turn is next
+    (sorted, so every broker agrees on the order)."""
+    ordered = sorted(loads)
+    best = ordered[turn % len(ordered)]
+    for k in range(1, len(ordered)):
+        candidate = ordered[(turn + k) % len(ordered)]
+        if loads[candidate] < loads[best]:
+            best = candidate
+    return best
 
 
 def pick_among(candidates: Collection[str], turn: int) -> str:

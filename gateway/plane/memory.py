@@ -17,10 +17,21 @@ import asyncio
 import contextlib
 import itertools
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.plane.base import DEFAULT_LEASE, Envelope, Inbound, Lost, PlaneUnavailable, pick_among
+from gateway.plane.base import (
+    DEFAULT_LEASE,
+    Balance,
+    Envelope,
+    EnvelopeKind,
+    Inbound,
+    Lost,
+    PlaneUnavailable,
+    pick_among,
+    pick_least,
+)
 
 __all__ = ["MemoryBus", "MemoryPlane"]
 
@@ -36,6 +47,8 @@ class MemoryBus:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        #: The bus's identifier (``Plane.bus_id``).
+        self.identifier = uuid.uuid4().hex
         #: Broker-Identifier → the plane, while it has joined.
         self.planes: dict[str, MemoryPlane] = {}
         #: Broker-Identifier → when its lease ends.
@@ -44,6 +57,11 @@ class MemoryBus:
         self.channels: dict[str, str] = {}
         #: Command-Name → the brokers holding Tubes for it.
         self.names: dict[str, set[str]] = {}
+        #: Command-Name → broker → its Commands in flight for it (reported, plus
+        #: one for each forwarded since).
+        self.loads: dict[str, dict[str, int]] = {}
+        #: Group → the brokers holding members of it.
+        self.groups: dict[str, set[str]] = {}
 
     def alive(self, broker_id: str) -> bool:
         """Whether ``broker_id`` holds a lease now."""
@@ -55,11 +73,14 @@ class MemoryBus:
         self.leases.pop(broker_id, None)
         for channel_id in [c for c, b in self.channels.items() if b == broker_id]:
             del self.channels[channel_id]
-        for name in list(self.names):
-            brokers = self.names[name]
-            brokers.discard(broker_id)
-            if not brokers:
-                del self.names[name]
+        for loads in self.loads.values():
+            loads.pop(broker_id, None)
+        for table in (self.names, self.groups):
+            for key in list(table):
+                brokers = table[key]
+                brokers.discard(broker_id)
+                if not brokers:
+                    del table[key]
 
 
 class MemoryPlane:
@@ -70,11 +91,18 @@ class MemoryPlane:
         bus: the bus to share with other brokers of this process; None: a bus of
             its own, where this broker is alone.
         lease: seconds within which a broker that stops renewing drops out.
+        balance: how ``forward_request`` picks among brokers (gateway.plane.base).
     """
 
     def __init__(
-        self, broker_id: str, *, bus: MemoryBus | None = None, lease: float = DEFAULT_LEASE
+        self,
+        broker_id: str,
+        *,
+        bus: MemoryBus | None = None,
+        lease: float = DEFAULT_LEASE,
+        balance: Balance = "in_flight",
     ) -> None:
+        self._balance = balance
         self._broker_id = broker_id
         self._shared = bus is not None
         self._bus = bus if bus is not None else MemoryBus()
@@ -92,6 +120,10 @@ class MemoryPlane:
     @property
     def spans_brokers(self) -> bool:
         return self._shared
+
+    @property
+    def bus_id(self) -> str:
+        return self._bus.identifier
 
     @property
     def lease(self) -> float:
@@ -152,11 +184,38 @@ class MemoryPlane:
         self._bus.names.setdefault(name, set()).add(self._broker_id)
 
     def not_serving(self, name: str) -> None:
+        self._bus.loads.get(name, {}).pop(self._broker_id, None)
         brokers = self._bus.names.get(name)
         if brokers is not None:
             brokers.discard(self._broker_id)
             if not brokers:
                 del self._bus.names[name]
+
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
+        if self._broker_id in self._bus.names.get(name, ()):
+            self._bus.loads.setdefault(name, {})[self._broker_id] = in_flight()
+
+    def request_received(self, name: str) -> None:
+        """Nothing to count: a report and a forward never interleave in one process."""
+
+    def request_done(self, name: str, broker_id: str) -> None:
+        loads = self._bus.loads.get(name)
+        if loads is not None and broker_id in loads:
+            loads[broker_id] -= 1
+
+    def group_joined(self, group: str) -> None:
+        self._bus.groups.setdefault(group, set()).add(self._broker_id)
+
+    def group_left(self, group: str) -> None:
+        brokers = self._bus.groups.get(group)
+        if brokers is not None:
+            brokers.discard(self._broker_id)
+            if not brokers:
+                del self._bus.groups[group]
+
+    def written(self) -> asyncio.Future[None]:
+        # Announcements go straight into the shared dicts.
+        return _done(None)
 
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = self._bus.channels.get(channel_id)
@@ -166,21 +225,52 @@ class MemoryPlane:
         bus = self._bus
         return frozenset(b for b in bus.names.get(name, ()) if bus.alive(b))
 
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        bus = self._bus
+        return frozenset(b for b in bus.groups.get(group, ()) if bus.alive(b))
+
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         bus = self._bus
         others = [b for b in bus.names.get(name, ()) if b != self._broker_id and bus.alive(b)]
-        target = pick_among(others, next(self._turns)) if others else None
+        target = None
+        if others and self._balance == "in_flight":
+            loads = bus.loads.setdefault(name, {})
+            target = pick_least({b: loads.get(b, 0) for b in others}, next(self._turns))
+            loads[target] = loads.get(target, 0) + 1
+        elif others:
+            target = pick_among(others, next(self._turns))
         if target is not None and not self._hand(target, envelope):
             target = None
         return _done(target)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        target = self._bus.channels.get(channel_id)
-        if target is not None and not (self._bus.alive(target) and self._hand(target, envelope)):
+        bus = self._bus
+        target = bus.channels.get(channel_id)
+        if target is not None and not (bus.alive(target) and self._hand(target, envelope)):
             target = None
+        if target is not None and envelope.kind is EnvelopeKind.JOIN:
+            for group in envelope.among:
+                bus.groups.setdefault(group, set()).add(target)
         return _done(target)
+
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        bus = self._bus
+        targets = sorted(
+            b for b in bus.names.get(name, ()) if b != self._broker_id and bus.alive(b)
+        )
+        return _done(tuple(b for b in targets if self._hand(b, envelope)))
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        bus = self._bus
+        targets = {
+            b
+            for group in envelope.among
+            for b in bus.groups.get(group, ())
+            if b != self._broker_id and bus.alive(b)
+        }
+        return _done(tuple(b for b in sorted(targets) if self._hand(b, envelope)))
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))

@@ -15,6 +15,7 @@ one answered to a Tube differ only in how the reply and faults are sent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -45,11 +46,21 @@ from gateway.connections.tubes import RespondentTable, Tube
 from gateway.routing.subject_auth import Authenticator
 from gateway.types import MessagingHooks, Replies
 
-__all__ = ["CHANNEL_BUILTINS", "SUBJECT_BUILTINS", "TUBE_BUILTINS", "Management", "Permitted"]
+__all__ = [
+    "CHANNEL_BUILTINS",
+    "SUBJECT_BUILTINS",
+    "TUBE_BUILTINS",
+    "Elsewhere",
+    "Management",
+    "Permitted",
+]
 
 #: Whether the ACL lets an access context send (WRITE) or serve (READ) a Command-Name:
 #: ``permitted(who, access, name, privilege, command_id)`` (gateway.routing.router).
 Permitted = Callable[[str, AccessContext, str, Privilege, int | None], bool]
+#: ``asbp.join`` or ``asbp.leave`` (name, groups, Channel-Identifiers) for Channels
+#: at other brokers, and the acceptance to send ``tube`` once the bus has it.
+Elsewhere = Callable[[Tube, str, list[str], list[str], Command], None]
 
 #: The built-ins the broker answers for a User-Agent, besides messaging.
 CHANNEL_BUILTINS: Final = frozenset({PING, COMMANDS, LOGOUT})
@@ -88,6 +99,14 @@ class Management:
         permitted: asks the ACL; None while it is off.
         may_serve: whether an agent identity may register a Command-Name.
         log: where registrations and refusals are logged.
+        directory_written: on a bus of several brokers, the plane's ``written``
+            (gateway.plane.base): ``asbp.register`` is accepted once the bus-wide
+            directory holds the names, so no Command sent after the acceptance,
+            at any broker, can find the name unserved. None: accepted at once.
+        elsewhere: on a bus of several brokers, ``asbp.join`` and ``asbp.leave``
+            for Channels not at this broker (gateway.routing.remote): it sends the
+            acceptance, or fault 2104 for those nowhere on the bus. None: they
+            are unknown here (fault 2104, nothing joined).
     """
 
     def __init__(
@@ -101,7 +120,11 @@ class Management:
         permitted: Permitted | None,
         may_serve: Callable[[str, str], bool],
         log: logging.Logger,
+        directory_written: Callable[[], asyncio.Future[None]] | None = None,
+        elsewhere: Elsewhere | None = None,
     ) -> None:
+        self._directory_written = directory_written
+        self._elsewhere = elsewhere
         self._replies = replies
         self._channels = channels
         self._respondents = respondents
@@ -169,9 +192,35 @@ class Management:
         if command_id is not None:
             reply = reply.with_keys(u=command_id)
         if isinstance(peer, Tube):
+            if name == REGISTER and self._directory_written is not None:
+                self._accept_when_written(peer, reply)
+                return
             self._replies.send_tube(peer, reply)
         else:
             self._replies.send(peer, reply)
+
+    def _accept_when_written(self, tube: Tube, acceptance: Command) -> None:
+        """Send ``acceptance`` of ``asbp.register`` once the directory holds the names.
+
+        The names serve Commands from this broker's Channels at once; only the
+        acceptance waits (one Redis round trip, shared with other writes), so an
+        agent that sends or advertises after it is never ahead of the bus.
+        """
+
+        def accept(future: asyncio.Future[None]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:
+                # Served here already; the plane announces again once Redis is back.
+                self._log.warning(
+                    "tube.register_unannounced", extra={"tube": tube.id, "error": str(error)}
+                )
+            if not tube.closed:
+                self._replies.send_tube(tube, acceptance)
+
+        assert self._directory_written is not None
+        self._directory_written().add_done_callback(accept)
 
     def _subject_access(
         self, channel: Channel, command: Command, name: str
@@ -293,8 +342,20 @@ class Management:
             return None
         found = [self._channels.get(i) for i in ids]
         channels = [c for c in found if c is not None]
+        missing = [i for i, c in zip(ids, found, strict=True) if c is None]
+        elsewhere = self._elsewhere
+        if missing and elsewhere is not None:
+            # Those here change now, the others at their brokers; the answer waits
+            # for the bus (an acceptance, or 2104 for any Channel nowhere on it).
+            join = self._channels.join if name == JOIN else self._channels.leave
+            for group in group_names:
+                join(group, channels)
+            acceptance = Command({"c": ACCEPTED, "cause": name})
+            if command_id is not None:
+                acceptance = acceptance.with_keys(u=command_id)
+            elsewhere(tube, name, group_names, missing, acceptance)
+            return None
         if name == JOIN:
-            missing = [i for i, c in zip(ids, found, strict=True) if c is None]
             if missing:
                 replies.fault_tube(
                     tube,

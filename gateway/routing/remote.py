@@ -32,6 +32,22 @@ Channel is looked up on the bus.
 by the plane in one call; a Channel that exists nowhere on the bus gets the
 agent fault 2104 as a Command, with its ``u``.
 
+*Groups, agents and Subjects across brokers*: a ``g`` goes once to each
+broker holding members of its groups, which delivers it to each member once;
+``asbp.join``/``asbp.leave`` for a Channel elsewhere goes to its broker (a
+forwarded join writes the group's directory entry in the same script, so a
+``g`` sent after the acceptance finds it); an agent's Command that no other
+Tube here serves goes to a broker that serves it; signing a Subject in goes to
+every broker serving the Authenticate-Command
+(:mod:`gateway.routing.remote_subjects`).
+
+*Balancing*: ``forward_request`` picks the broker with the fewest Commands in
+flight for the name. Each broker reports its count about every second
+(:meth:`Remote.report_loads`, from the housekeeping tick), the forward script
+counts each Command it places, and this broker lowers the count when the
+answer comes back (``request_done``), so a slow broker is passed over within
+a round trip.
+
 The routing rules hold across brokers because each check stays where it is:
 A checks the User-Agent's ACL and Subject before forwarding; B's router
 writes ``a`` and removes ``d`` before anything leaves for a User-Agent.
@@ -40,6 +56,8 @@ writes ``a`` and removes ``d`` before anything leaves for a User-Agent.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import sys
 import time
@@ -49,15 +67,28 @@ from typing import Final
 
 import asbp
 from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from asbp.names import JOIN
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.plane.base import Envelope, EnvelopeKind, Plane
+from gateway.plane.base import Envelope, EnvelopeKind, Plane, pick_among
 from gateway.routing.inflight import InFlight, InFlightTable
+from gateway.routing.remote_subjects import RemoteSubjects
 from gateway.routing.replies import ReplySender
 
 __all__ = ["ForwardingOutbox", "Remote"]
 
+#: The envelopes gateway.routing.remote_subjects takes.
+_SUBJECT_KINDS: Final = frozenset(
+    kind.value
+    for kind in (
+        EnvelopeKind.SUBJECT_ASK,
+        EnvelopeKind.SUBJECT_ASKED,
+        EnvelopeKind.SUBJECT_ANSWER,
+        EnvelopeKind.SUBJECT_END,
+    )
+)
 #: Proxies of remote Channels kept at most (least recently used go first).
 MAX_PROXIES: Final = 65_536
 
@@ -166,26 +197,61 @@ class Remote:
         self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
         #: The placing of the request just made, for :meth:`outcome_later`.
         self._placing: asyncio.Future[str | None] | None = None
+        #: Subjects across brokers (gateway.routing.remote_subjects); None while
+        #: Subjects are off.
+        self.subjects: RemoteSubjects | None = None
+        self._turns = itertools.count()
+        #: The loads last reported to the plane, by Command-Name.
+        self._loads: dict[str, int] = {}
+        #: Names other brokers forwarded requests for since the last report: each
+        #: forward raised the count in the directory, which a report corrects.
+        self._forwarded: set[str] = set()
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
+        channels.on_group_first = plane.group_joined
+        channels.on_group_last = plane.group_left
 
     # -- this broker's User-Agents ---------------------------------------------
 
     def request(
-        self, channel: Channel, command: Command, frame: bytes, among: tuple[str, ...]
+        self,
+        channel: Channel,
+        command: Command,
+        frame: bytes,
+        among: tuple[str, ...],
+        prefer: tuple[str, ...] = (),
     ) -> None:
-        """Send ``frame`` (spliced for a Respondent) to a broker serving ``command.name``."""
+        """Send ``frame`` (spliced for a Respondent) to a broker serving ``command.name``:
+        one of ``prefer`` if given (a Subject's Command: where its agents said yes)."""
         name = command.name
         assert name is not None
         command_id = command.command_id
         if command_id is not None:
             self.waiting.start(channel, command_id, self._unplaced, name)
         envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
-        placing = self.plane.forward_request(name, envelope)
+        if prefer:
+            placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
+        else:
+            placing = self.plane.forward_request(name, envelope)
         placing.add_done_callback(
             lambda future: self._placed(future, channel, command_id, name, bool(among))
         )
         self._placing = placing
+
+    def _send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        """``plane.send_to``, answering like ``forward_request``: the broker, or None."""
+        placing: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+
+        def sent(future: asyncio.Future[bool]) -> None:
+            if future.cancelled():
+                placing.cancel()
+            elif future.exception() is not None:
+                placing.set_exception(future.exception())  # type: ignore[arg-type]  # checked
+            else:
+                placing.set_result(broker_id if future.result() else None)
+
+        self.plane.send_to(broker_id, envelope).add_done_callback(sent)
+        return placing
 
     def outcome_later(self, record: Callable[[int | None], object]) -> None:
         """Call ``record`` with the fault of the request just made (None once it is
@@ -248,6 +314,16 @@ class Remote:
             tube = self._brokers[broker_id] = _placeholder(broker_id)
         return tube
 
+    def report_loads(self) -> None:
+        """Tell the plane the Commands in flight here per name served, where changed
+        (the housekeeping tick calls this: about once a second)."""
+        loads = {name: self._respondents.load(name) for name in self._respondents.names()}
+        forwarded, self._forwarded = self._forwarded, set()
+        for name, load in loads.items():
+            if self._loads.get(name) != load or name in forwarded:
+                self.plane.report_load(name, functools.partial(self._respondents.load, name))
+        self._loads = loads
+
     def expired(self) -> Iterator[InFlight]:
         """The forwarded Commands whose broker said nothing in time."""
         return self.waiting.expired()
@@ -277,6 +353,8 @@ class Remote:
             if isinstance(outbox, ForwardingOutbox) and outbox.broker_id == broker_id:
                 del self._proxies[channel_id]
                 outbox.close()
+        if self.subjects is not None:
+            self.subjects.broker_lost(broker_id)
         self._log.warning(
             "plane.broker_lost", extra={"broker": broker_id, "stranded": len(stranded)}
         )
@@ -328,14 +406,182 @@ class Remote:
             cause=command.name,
         )
 
+    def to_groups(self, frame: bytes, command: Command) -> None:
+        """Forward ``frame`` to the members of ``command``'s groups at other brokers.
+
+        Each broker holding members gets it once and delivers it to each of them
+        once, skipping the Channels of ``d`` (they got it by ``d``).
+        """
+        envelope = Envelope(
+            EnvelopeKind.GROUP,
+            self.plane.broker_id,
+            ",".join(command.destinations),
+            frame,
+            command.groups,
+        )
+        self.plane.forward_to_groups(envelope).add_done_callback(self._grouped)
+
+    def _grouped(self, future: asyncio.Future[tuple[str, ...]]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            # Members elsewhere missed it; the agent was not promised delivery to
+            # a group (a group with no member is not an error either).
+            self._log.warning(
+                "plane.group_forward_failed", extra={"error": str(future.exception())}
+            )
+
+    def membership(
+        self,
+        tube: Tube,
+        name: str,
+        groups: list[str],
+        channel_ids: list[str],
+        acceptance: Command,
+    ) -> None:
+        """``asbp.join`` or ``asbp.leave`` for Channels at other brokers, then
+        ``acceptance`` (or fault 2104 naming those that exist nowhere: the others
+        joined) to ``tube`` once every broker concerned has it in its stream."""
+        kind = EnvelopeKind.JOIN if name == JOIN else EnvelopeKind.LEAVE
+        origin = self.plane.broker_id
+        placing = [
+            self.plane.forward_to_channel(
+                channel_id, Envelope(kind, origin, channel_id, b"", tuple(groups))
+            )
+            for channel_id in channel_ids
+        ]
+
+        def placed(future: asyncio.Future[list[str | BaseException | None]]) -> None:
+            if future.cancelled() or tube.closed:
+                return
+            results = future.result()
+            missing = [
+                channel_id
+                for channel_id, result in zip(channel_ids, results, strict=True)
+                if not isinstance(result, str)
+            ]
+            errors = [result for result in results if isinstance(result, BaseException)]
+            if kind is EnvelopeKind.JOIN and missing:
+                reason = (
+                    f"the bus is unreachable ({errors[0]}), so Channel {', '.join(missing)} "
+                    "did not join; the others did"
+                    if errors
+                    else f"no Channel {', '.join(missing)} on the bus; the others joined"
+                )
+                self._replies.fault_tube(
+                    tube,
+                    FaultCode.UNKNOWN_CHANNEL,
+                    reason,
+                    command_id=acceptance.command_id,
+                    cause=name,
+                )
+                return
+            self._replies.send_tube(tube, acceptance)
+
+        asyncio.gather(*placing, return_exceptions=True).add_done_callback(placed)
+
+    def to_agent(self, tube: Tube, frame: bytes, command: Command, via: str | None) -> None:
+        """An agent's Command without ``d`` or ``g`` that no other Tube here serves:
+        to a broker that serves it, or to ``via`` when the agent named that broker in
+        ``b`` (fault 2101 to ``tube`` when none does)."""
+        name = command.name
+        assert name is not None
+        envelope = Envelope(EnvelopeKind.AGENT, self.plane.broker_id, tube.id, frame)
+        placing = (
+            self._send_to(via, envelope)
+            if via is not None
+            else self.plane.forward_request(name, envelope)
+        )
+        placing.add_done_callback(
+            lambda future: self._agent_placed(future, tube, name, command.command_id)
+        )
+
+    def _agent_placed(
+        self,
+        future: asyncio.Future[str | None],
+        tube: Tube,
+        name: str,
+        command_id: int | None,
+    ) -> None:
+        if future.cancelled() or tube.closed:
+            return
+        error = future.exception()
+        if error is None and future.result() is not None:
+            return
+        message = (
+            f"no other Command-Respondent serves {name!r}"
+            if error is None
+            else f"the bus is unreachable, so nothing else serves {name!r}: {error}"
+        )
+        self._replies.fault_tube(
+            tube, FaultCode.NO_RESPONDENT, message, command_id=command_id, cause=name
+        )
+
     # -- envelopes from other brokers ------------------------------------------
 
     def inbound(self, envelope: Envelope) -> None:
         """An envelope another broker forwarded here."""
-        if envelope.kind is EnvelopeKind.CHANNEL:
+        kind = envelope.kind
+        if kind is EnvelopeKind.CHANNEL:
             self._for_channel(envelope)
-        else:
+        elif kind is EnvelopeKind.REQUEST:
             self._for_respondent(envelope)
+        elif kind is EnvelopeKind.GROUP:
+            self._for_groups(envelope)
+        elif kind is EnvelopeKind.AGENT:
+            self._for_agent(envelope)
+        elif kind.value in _SUBJECT_KINDS:
+            if self.subjects is not None:
+                self.subjects.inbound(envelope)
+        elif kind is EnvelopeKind.TUBE:
+            tube = self._respondents.get(envelope.channel)
+            if tube is not None and not tube.closed:
+                self._replies.send_tube_frame(tube, envelope.frame)
+        else:
+            self._for_membership(envelope)
+
+    def _for_groups(self, envelope: Envelope) -> None:
+        skip = set(envelope.channel.split(",")) if envelope.channel else set()
+        for channel in self._channels.members(envelope.among):
+            if channel.id not in skip:
+                self._replies.deliver(channel, envelope.frame)
+
+    def _for_membership(self, envelope: Envelope) -> None:
+        channel = self._channels.get(envelope.channel)
+        joining = envelope.kind is EnvelopeKind.JOIN
+        for group in envelope.among:
+            if channel is None:
+                if joining and not self._channels.members((group,)):
+                    # The sender wrote this broker into the group's entry; with no
+                    # member here after all, it comes out again.
+                    self.plane.group_left(group)
+            elif joining:
+                self._channels.join(group, [channel])
+            else:
+                self._channels.leave(group, [channel])
+
+    def _for_agent(self, envelope: Envelope) -> None:
+        try:
+            command = asbp.decode(envelope.frame, limits=self._limits)
+        except ProtocolError as exc:
+            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+            return
+        name = command.name
+        if name is None:
+            return
+        tube = self._respondents.pick(name)
+        if tube is not None:
+            self._replies.send_tube_frame(tube, envelope.frame)
+            return
+        # This broker's last Tube for the name left after the sender's broker chose it.
+        fault = fault_command(
+            FaultCode.NO_RESPONDENT,
+            f"no other Command-Respondent serves {name!r}",
+            command_id=command.command_id,
+            cause=name,
+        )
+        reply = Envelope(
+            EnvelopeKind.TUBE, self.plane.broker_id, envelope.channel, asbp.encode(fault)
+        )
+        self.plane.send_to(envelope.origin, reply)
 
     def _for_channel(self, envelope: Envelope) -> None:
         channel = self._channels.get(envelope.channel)
@@ -351,7 +597,13 @@ class Remote:
                 return
             command_id = command.command_id
             if command_id is not None and command_id in channel.in_flight:
+                entry = self.waiting.get(channel.id, command_id)
                 self.waiting.answered(self._unplaced, channel, command, command_id)
+                if entry is not None and self.waiting.get(channel.id, command_id) is not entry:
+                    # Answered: the serving broker (the envelope's sender: the
+                    # answer may overtake the news of where the request went) has
+                    # one fewer on its plate.
+                    self.plane.request_done(entry.name, envelope.origin)
 
     def _for_respondent(self, envelope: Envelope) -> None:
         proxy = self._proxy(envelope.channel, envelope.origin)
@@ -363,6 +615,8 @@ class Remote:
         name = command.name
         if name is None:
             return
+        self._forwarded.add(name)
+        self.plane.request_received(name)
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
         tube = self._respondents.pick(name, among=among)
         command_id = command.command_id

@@ -67,6 +67,7 @@ from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
 from gateway.routing.remote import Remote
+from gateway.routing.remote_subjects import RemoteSubjects
 from gateway.routing.replies import ReplySender
 from gateway.routing.routelog import builtin_route
 from gateway.routing.splice import Splicer
@@ -170,6 +171,10 @@ class Router:
             # must be granted explicitly: credentials go only to trusted agents.
             may_serve=may_serve or (lambda agent, name: name != authenticate_command),
             log=log,
+            directory_written=plane.written if plane is not None and plane.spans_brokers else None,
+            elsewhere=self._membership_elsewhere
+            if plane is not None and plane.spans_brokers
+            else None,
         )
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
@@ -187,6 +192,16 @@ class Router:
             if plane is not None and plane.spans_brokers
             else None
         )
+        if self.remote is not None and self.auth is not None:
+            subjects = RemoteSubjects(
+                self.remote.plane,
+                respondents=respondents,
+                replies=self.replies,
+                limits=limits,
+                log=log,
+            )
+            subjects.attach(self.auth)
+            self.remote.subjects = subjects
         self._intake = intake = Intake(
             route_channel=self._route_channel,
             route_tube=self._route_tube,
@@ -262,6 +277,7 @@ class Router:
             auth.authenticate(channel, command)
             return
         among = None
+        served_at: set[str] | None = None
         access = channel.access
         subject = None
         if "s" in command:
@@ -279,6 +295,7 @@ class Router:
             if subject is None:
                 return
             among = subject.authenticated_by
+            served_at = subject.serving_brokers
             access = subject.access
         if self.acl is not None and not self.permitted(
             channel.id, access, name, Privilege.WRITE, command_id
@@ -300,7 +317,9 @@ class Router:
         tube = self.respondents.pick(name, among=among)
         if tube is None:
             if self.remote is not None:
-                self._route_remote(channel, command, frame, name, among)
+                # A Subject's Command: to a broker whose agents signed it in.
+                prefer = tuple(sorted(served_at)) if served_at else ()
+                self._route_remote(channel, command, frame, name, among, prefer)
                 return
             self.fault(
                 channel,
@@ -345,6 +364,7 @@ class Router:
         frame: bytes | None,
         name: str,
         among: Collection[str] | None,
+        prefer: tuple[str, ...] = (),
     ) -> None:
         """No Tube here serves ``name``: the bus may (gateway.routing.remote)."""
         assert self.remote is not None
@@ -368,7 +388,7 @@ class Router:
         if intake.source is not None:
             intake.routed = ("agent", None, None)
             intake.deferred = True  # placed on another broker, or 2101: known later
-        self.remote.request(channel, command, outbound, tuple(sorted(among or ())))
+        self.remote.request(channel, command, outbound, tuple(sorted(among or ())), prefer)
 
     def _from_channel(
         self, channel: Channel, command: Command, frame: bytes | None
@@ -430,6 +450,13 @@ class Router:
             },
         )
 
+    def _membership_elsewhere(
+        self, tube: Tube, name: str, groups: list[str], channel_ids: list[str], acceptance: Command
+    ) -> None:
+        """``asbp.join`` or ``asbp.leave`` for Channels at other brokers."""
+        assert self.remote is not None
+        self.remote.membership(tube, name, groups, channel_ids, acceptance)
+
     def channel_opened(self, channel: Channel) -> None:
         """A Channel opened here: the bus learns where it is."""
         if self.remote is not None:
@@ -451,6 +478,7 @@ class Router:
         entries = self._in_flight.expired()
         if self.remote is not None:
             entries = itertools.chain(entries, self.remote.expired())
+            self.remote.report_loads()
         for entry in entries:
             expired += 1
             self.fault(
@@ -478,17 +506,18 @@ class Router:
         self._log.info(
             "tube.open", extra={"tube": tube.id, "agent": tube.agent_id, "remote": tube.remote}
         )
-        self.send_tube(
-            tube,
-            Command(
-                {
-                    "c": TUBE,
-                    "a": tube.agent_id,
-                    "b": self.broker_id,
-                    "tube": tube.id,
-                }
-            ),
+        greeting = Command(
+            {
+                "c": TUBE,
+                "a": tube.agent_id,
+                "b": self.broker_id,
+                "tube": tube.id,
+            }
         )
+        if self.remote is not None:
+            # One Tube per bus reaches all of it (gateway.plane.base, bus_id).
+            greeting = greeting.with_keys(bus=self.remote.plane.bus_id)
+        self.send_tube(tube, greeting)
 
     def close_tube(self, tube: Tube) -> None:
         """The Tube is gone: its Respondents leave and its waiters get a fault."""
@@ -560,8 +589,16 @@ class Router:
                 command_id=command.command_id,
             )
             return
-        target = self.respondents.pick(name, exclude=tube)
-        if target is None:
+        remote = self.remote
+        via = command.get("b") if remote is not None else None
+        if isinstance(via, str) and via != self.broker_id:
+            # Addressed to another broker of the bus (an answer to an agent-to-agent
+            # request, for the Tube there that asked): there, not to a Tube here.
+            target = None
+        else:
+            via = None
+            target = self.respondents.pick(name, exclude=tube)
+        if target is None and remote is None:
             self.fault_tube(
                 tube,
                 FaultCode.NO_RESPONDENT,
@@ -584,6 +621,13 @@ class Router:
             )
             return
         intake = self._intake
+        if target is None:
+            assert self.remote is not None
+            # Another broker of the bus may serve it (gateway.routing.remote).
+            if intake.source is not None:
+                intake.routed = ("agent", None, None)
+            self.remote.to_agent(tube, outbound, command, via)
+            return
         if intake.source is not None:
             intake.routed = ("agent", target.agent_id, None)
         self.send_tube_frame(target, outbound)
@@ -641,6 +685,8 @@ class Router:
                 if channel.id not in delivered:
                     delivered.add(channel.id)
                     self.deliver(channel, frame)
+            if remote is not None:
+                remote.to_groups(frame, command)
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug(
                 "tube.command",

@@ -20,6 +20,10 @@ only among the agents that authenticated the Subject, always with ``s``.
 
 The credentials travel only to agents allowed to serve the
 Authenticate-Command (see gateway.auth.trust): a spoofing agent never sees them.
+
+On a bus of brokers the agents of every broker are asked too, and answer
+through theirs (gateway.routing.remote_subjects, ``bus``); the Subject stays
+here, where its Channel is.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Final
 
 import asbp
 from asbp import ApplicationAgentId, Command, FaultCode, ProtocolError
@@ -36,7 +41,13 @@ from gateway.connections.subjects import Subject, SubjectRegistry, SubjectState
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.types import SubjectReplies
 
+if TYPE_CHECKING:
+    from gateway.routing.remote_subjects import RemoteSubjects
+
 __all__ = ["Authenticator"]
+
+#: Stands in ``Subject.asked`` for the brokers of the bus until the forward is placed.
+_BUS_PENDING: Final = "@"
 
 
 class Authenticator:
@@ -74,6 +85,8 @@ class Authenticator:
         self._max_per_channel = max_per_channel
         self._clock = clock
         self._log = log
+        #: The Subject exchange with other brokers; None when alone on the bus.
+        self.bus: RemoteSubjects | None = None
 
     # -- from User-Agents ---------------------------------------------------
 
@@ -91,7 +104,7 @@ class Authenticator:
             )
             return
         tubes = self._respondents.one_per_agent(self.command_name)
-        if not tubes:
+        if not tubes and self.bus is None:
             replies.fault(
                 channel,
                 FaultCode.NO_RESPONDENT,
@@ -112,12 +125,16 @@ class Authenticator:
             return
         for tube in tubes:
             subject.asked[tube.id] = tube.agent_id
+        if self.bus is not None:
+            # Not failed before the bus says which brokers it asked (settle).
+            subject.asked[_BUS_PENDING] = ApplicationAgentId("")
+            self.bus.ask(subject, self.command_name, frame)
         self._log.info(
             "subject.authenticate",
             extra={
                 "channel": channel.id,
                 "subject": subject.id,
-                "agents": sorted(subject.asked.values()),
+                "agents": sorted(a for a in subject.asked.values() if a),
             },
         )
         for tube in tubes:
@@ -172,6 +189,8 @@ class Authenticator:
         replies = self._replies
         subject_id = command.subject_id
         subject = self.subjects.get(subject_id) if subject_id is not None else None
+        if subject is None and self.bus is not None and self.bus.answer(tube, command, name):
+            return  # another broker's Subject: answered there
         if subject is None or (
             tube.id not in subject.asked and tube.agent_id not in subject.authenticated_by
         ):
@@ -194,25 +213,59 @@ class Authenticator:
             if subject.state is SubjectState.PENDING and not subject.asked:
                 self._fail(subject, FaultCode.AUTHENTICATION_FAILED, "; ".join(subject.refusals))
         else:
-            self._authenticated(tube, subject, command)
+            self._authenticated(tube.agent_id, subject, command)
         if command.command_id is not None:
             replies.send_tube(
                 tube,
                 Command(c=ACCEPTED, cause=name, s=subject.id, u=command.command_id),
             )
 
-    def _authenticated(self, tube: Tube, subject: Subject, command: Command) -> None:
+    def remote_answer(
+        self, subject: Subject, asked: str, agent: ApplicationAgentId, command: Command
+    ) -> None:
+        """An agent on another broker answered (its broker acknowledged it there)."""
+        if asked not in subject.asked and agent not in subject.authenticated_by:
+            self._log.warning("subject.unasked_answer", extra={"subject": subject.id})
+            return
+        subject.asked.pop(asked, None)
+        if command.name == REFUSED:
+            reason = command.body.decode("utf-8", "replace") or "refused"
+            subject.refusals.append(f"{agent}: {reason}")
+            self.settle(subject)
+        else:
+            self._authenticated(agent, subject, command)
+
+    def settle(self, subject: Subject) -> None:
+        """Fail a pending Subject nobody is left to answer: 3101 with the refusals,
+        or 2101 when no agent anywhere was asked."""
+        if subject.state is not SubjectState.PENDING or subject.asked:
+            return
+        if subject.refusals:
+            self._fail(subject, FaultCode.AUTHENTICATION_FAILED, "; ".join(subject.refusals))
+            return
+        self.subjects.end(subject)
+        self._replies.fault(
+            subject.channel,
+            FaultCode.NO_RESPONDENT,
+            f"no Command-Respondent serves {self.command_name!r}",
+            command_id=subject.command_id,
+            cause=self.command_name,
+        )
+
+    def _authenticated(
+        self, agent_id: ApplicationAgentId, subject: Subject, command: Command
+    ) -> None:
         roles_value = command.get("roles") or ()
         roles = (roles_value,) if isinstance(roles_value, str) else roles_value
         first = subject.state is SubjectState.PENDING
-        subject.authenticated_by.add(tube.agent_id)
+        subject.authenticated_by.add(agent_id)
         subject.roles = subject.roles | frozenset(roles)
         subject.access = replace(subject.channel.access, roles=subject.roles, subject_id=subject.id)
         if command.publisher is not None and subject.address is None:
             subject.address = command.publisher
         self._log.info(
             "subject.authenticated",
-            extra={"subject": subject.id, "agent": tube.agent_id, "channel": subject.channel.id},
+            extra={"subject": subject.id, "agent": agent_id, "channel": subject.channel.id},
         )
         if not first:
             return
@@ -220,7 +273,7 @@ class Authenticator:
         reply: dict[str, asbp.HeaderInput] = {
             "c": AUTHENTICATED,
             "s": subject.id,
-            "a": tube.agent_id,
+            "a": agent_id,
             "roles": sorted(subject.roles),
         }
         if subject.address is not None:
@@ -250,6 +303,11 @@ class Authenticator:
             notice = Command(c=SUBJECT_ENDED, s=subject.id, cause=why)
             for tube in self._respondents.of_agents(agents):
                 self._replies.send_tube(tube, notice)
+            if self.bus is not None:
+                self.bus.ended(subject, notice)
+        elif self.bus is not None:
+            # Its guests there go too, though none of their agents said yes.
+            self.bus.ended(subject, Command(c=SUBJECT_ENDED, s=subject.id, cause=why))
 
     def channel_closed(self, channel: Channel) -> None:
         """Every Subject of a closed Channel ends."""
@@ -258,6 +316,8 @@ class Authenticator:
 
     def tube_closed(self, tube: Tube) -> None:
         """A Tube that was asked and left counts as a refusal."""
+        if self.bus is not None:
+            self.bus.tube_closed(tube)
         for subject in self.subjects:
             if subject.asked.pop(tube.id, None) is not None:
                 subject.refusals.append(f"{tube.agent_id}: the agent left")

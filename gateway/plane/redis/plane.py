@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -45,6 +46,7 @@ from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_f
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import (
     DEFAULT_LEASE,
+    Balance,
     Envelope,
     EnvelopeKind,
     Inbound,
@@ -52,15 +54,18 @@ from gateway.plane.base import (
     PlaneUnavailable,
 )
 from gateway.plane.redis.scripts import (
+    DONE,
     FORWARD_CHANNEL,
+    FORWARD_EACH,
     FORWARD_REQUEST,
     LEAVE,
+    REPORT,
     SCRIPTS,
     SEND_TO,
     SWEEP,
 )
 
-__all__ = ["PREFIX", "RedisPlane"]
+__all__ = ["PREFIX", "SWEEP_BATCH", "RedisPlane"]
 
 _log = logging.getLogger("asbp.plane")
 
@@ -74,6 +79,13 @@ _BLOCK_MS: Final = 200
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
+#: Directory entries one sweep or leave script forgets at most: a broker that held
+#: very many Channels is forgotten over several calls, each short enough that other
+#: brokers' forwards are not held up behind it for long.
+SWEEP_BATCH: Final = 1000
+#: Between the ``among`` agents or groups of a stream entry: no header value, quoted
+#: or not, can hold a line feed (draft §1.3.4.1), where a group name can hold ",".
+_SEPARATOR: Final = "\n"
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
 
@@ -129,6 +141,40 @@ class _Announcements(Call):
         _log.warning("plane.announce_failed", extra={"error": str(error)})
 
 
+class _Reports(_Announcements):
+    """The loads ``report_load`` reports, read when the pipeline is written."""
+
+    __slots__ = ("_plane",)
+    merge_key = "plane-reports"
+
+    def __init__(self, plane: RedisPlane) -> None:
+        super().__init__([])
+        self._plane = plane
+
+    def merge(self, other: Call) -> None:
+        """Nothing to take over: the plane holds the reports until written."""
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return self._plane._take_reports()
+
+
+class _Done(_Announcements):
+    """The counts ``request_done`` lowers, taken when the pipeline is written."""
+
+    __slots__ = ("_plane",)
+    merge_key = "plane-done"
+
+    def __init__(self, plane: RedisPlane) -> None:
+        super().__init__([])
+        self._plane = plane
+
+    def merge(self, other: Call) -> None:
+        """Nothing to take over: the plane holds the counts until written."""
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return self._plane._take_done()
+
+
 def _text(reply: Any) -> str | None:
     return reply.decode() if isinstance(reply, bytes) else None
 
@@ -141,11 +187,30 @@ class RedisPlane:
         broker_id: this broker's Broker-Identifier.
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
+        sweep_batch: directory entries one script call forgets at most.
+        balance: how ``forward_request`` picks among brokers (gateway.plane.base).
     """
 
     def __init__(
-        self, url: str, *, broker_id: str, lease: float = DEFAULT_LEASE, prefix: str = PREFIX
+        self,
+        url: str,
+        *,
+        broker_id: str,
+        lease: float = DEFAULT_LEASE,
+        prefix: str = PREFIX,
+        sweep_batch: int = SWEEP_BATCH,
+        balance: Balance = "in_flight",
     ) -> None:
+        self._balance = balance
+        self._sweep_batch = sweep_batch
+        #: Answered requests per (name, broker), for the next pipeline (request_done).
+        self._done: dict[tuple[str, str], int] = {}
+        #: Reports for the next pipeline: name -> its count, read then (report_load).
+        self._reports: dict[str, Callable[[], int]] = {}
+        #: Requests read per name served since it was announced (report_load).
+        self._received: dict[str, int] = {}
+        #: Made by the first broker to start on this Redis; kept there for good.
+        self._bus_id = ""
         self._url = url
         self._broker_id = broker_id
         self._lease = lease
@@ -160,6 +225,7 @@ class RedisPlane:
         #: What this broker announced, to announce again after losing its lease.
         self._channels: set[str] = set()
         self._names: set[str] = set()
+        self._groups: set[str] = set()
         self._peers: set[str] = set()
 
     @property
@@ -169,6 +235,10 @@ class RedisPlane:
     @property
     def spans_brokers(self) -> bool:
         return True
+
+    @property
+    def bus_id(self) -> str:
+        return self._bus_id
 
     @property
     def lease(self) -> float:
@@ -183,9 +253,12 @@ class RedisPlane:
         self._batcher = Batcher(self._client, SCRIPTS)
         try:
             await self._batcher.load_scripts()
+            key = f"{self._prefix}bus"
+            await self._call(("SET", key, uuid.uuid4().hex, "NX"))
+            self._bus_id = (await self._call(("GET", key))).decode()
             # A broker restarted with the same identifier starts clean: whatever
             # its previous life announced or was sent is gone with it.
-            await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+            await self._leave()
             await self._renew()
         except (EngineUnavailable, PlaneUnavailable) as exc:
             await self.close()
@@ -199,7 +272,7 @@ class RedisPlane:
         await self._halt()
         if self._batcher is not None and self._client is not None:
             with contextlib.suppress(PlaneUnavailable, EngineUnavailable):
-                await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+                await self._leave()
         await self._disconnect()
 
     async def abandon(self) -> None:
@@ -245,7 +318,7 @@ class RedisPlane:
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
-        await self._call(script_command(SWEEP, (), (prefix,)))
+        await self.sweep()
         peers = sorted(self._peers)
         if peers:
             alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
@@ -255,12 +328,34 @@ class RedisPlane:
                     if self._lost is not None:
                         self._lost(peer)
 
+    async def _leave(self) -> None:
+        """Drop this broker's entries, a batch per script call."""
+        leave = script_command(LEAVE, (), (self._prefix, self._broker_id, self._sweep_batch))
+        while not await self._call(leave):
+            pass
+
+    async def sweep(self) -> int:
+        """Forget every broker whose lease ran out, a batch per script call.
+
+        Returns:
+            How many brokers were forgotten whole.
+        """
+        sweep = script_command(SWEEP, (), (self._prefix, self._sweep_batch))
+        swept = 0
+        while True:
+            done, more = await self._call(sweep)
+            swept += int(done)
+            if not more:
+                return swept
+
     def _announce_all(self) -> None:
         commands: list[tuple[Any, ...]] = []
         for channel_id in self._channels:
             commands.extend(self._channel_commands(channel_id, opened=True))
         for name in self._names:
             commands.extend(self._name_commands(name, serving=True))
+        for group in self._groups:
+            commands.extend(self._group_commands(group, joined=True))
         if commands:
             self._announce(commands)
 
@@ -282,6 +377,72 @@ class RedisPlane:
         self._names.discard(name)
         self._announce(self._name_commands(name, serving=False))
 
+    def report_load(self, name: str, in_flight: Callable[[], int]) -> None:
+        if self._batcher is None:
+            return
+        reports = self._reports
+        if not reports:
+            # One call per pipeline; the counts are read when it is written.
+            try:
+                self._batcher.submit(_Reports(self))
+            except EngineUnavailable:
+                return
+        reports[name] = in_flight
+
+    def _take_reports(self) -> list[tuple[Any, ...]]:
+        reports, self._reports = self._reports, {}
+        commands = []
+        for name, in_flight in reports.items():
+            # Only while serving: a report after not_serving would bring the name
+            # back (the script checks too).
+            if name in self._names:
+                keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
+                received = self._received.get(name, 0)
+                commands.append(
+                    script_command(REPORT, keys, (self._broker_id, in_flight(), received))
+                )
+        return commands
+
+    def request_received(self, name: str) -> None:
+        if name in self._names:
+            self._received[name] = self._received.get(name, 0) + 1
+
+    def request_done(self, name: str, broker_id: str) -> None:
+        if self._balance != "in_flight" or self._batcher is None:
+            return
+        key = (name, broker_id)
+        done = self._done
+        if not done:
+            # One call per pipeline, whatever was answered meanwhile: under load a
+            # hundred answers cost one script call per (name, broker), not a hundred.
+            try:
+                self._batcher.submit(_Done(self))
+            except EngineUnavailable:
+                return  # closing: the counts go with the broker's entries
+        done[key] = done.get(key, 0) + 1
+
+    def _take_done(self) -> list[tuple[Any, ...]]:
+        done, self._done = self._done, {}
+        return [
+            script_command(DONE, (f"{self._prefix}name:{name}",), (broker_id, count))
+            for (name, broker_id), count in done.items()
+        ]
+
+    def group_joined(self, group: str) -> None:
+        self._groups.add(group)
+        self._announce(self._group_commands(group, joined=True))
+
+    def group_left(self, group: str) -> None:
+        self._groups.discard(group)
+        self._announce(self._group_commands(group, joined=False))
+
+    def _group_commands(self, group: str, *, joined: bool) -> list[tuple[Any, ...]]:
+        own = f"{self._prefix}grps:{self._broker_id}"
+        key = f"{self._prefix}grp:{group}"
+        if joined:
+            return [("HSET", key, self._broker_id, "1"), ("SADD", own, group)]
+        return [("HDEL", key, self._broker_id), ("SREM", own, group)]
+
     def _channel_commands(self, channel_id: str, *, opened: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}chs:{self._broker_id}"
         if opened:
@@ -294,9 +455,20 @@ class RedisPlane:
     def _name_commands(self, name: str, *, serving: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}names:{self._broker_id}"
         key = f"{self._prefix}name:{name}"
+        forwarded = f"{self._prefix}fwd:{name}"
+        # Both counts start again from zero with the entry (report_load).
+        self._received.pop(name, None)
         if serving:
-            return [("HSET", key, self._broker_id, "1"), ("SADD", own, name)]
-        return [("HDEL", key, self._broker_id), ("SREM", own, name)]
+            return [
+                ("HSET", key, self._broker_id, "0"),
+                ("HSET", forwarded, self._broker_id, "0"),
+                ("SADD", own, name),
+            ]
+        return [
+            ("HDEL", key, self._broker_id),
+            ("HDEL", forwarded, self._broker_id),
+            ("SREM", own, name),
+        ]
 
     def _announce(self, commands: list[tuple[Any, ...]]) -> None:
         batcher = self._batcher
@@ -304,6 +476,11 @@ class RedisPlane:
             return
         with contextlib.suppress(EngineUnavailable):  # closing: leaving drops it all anyway
             batcher.submit(_Announcements(commands))
+
+    def written(self) -> asyncio.Future[None]:
+        # The batcher sends calls in the order submitted, announcements included,
+        # so a PING answered means every announcement before it was written.
+        return self._submit(("PING",), lambda reply: None)
 
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = _text(await self._call(("HGET", f"{self._prefix}ch", channel_id)))
@@ -316,6 +493,10 @@ class RedisPlane:
         alive = [b for b in brokers if await self._alive(b)]
         return frozenset(alive)
 
+    async def group_brokers(self, group: str) -> frozenset[str]:
+        brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}grp:{group}"))]
+        return frozenset([b for b in brokers if await self._alive(b)])
+
     async def _alive(self, broker_id: str) -> bool:
         return bool(await self._call(("EXISTS", f"{self._prefix}alive:{broker_id}")))
 
@@ -324,15 +505,16 @@ class RedisPlane:
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         command = script_command(
             FORWARD_REQUEST,
-            (f"{self._prefix}name:{name}",),
+            (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}"),
             (
                 self._prefix,
                 self._broker_id,
                 envelope.kind.value,
                 envelope.channel,
-                ",".join(envelope.among),
+                _SEPARATOR.join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
+                self._balance,
             ),
         )
         return self._submit(command, self._peer)
@@ -348,9 +530,40 @@ class RedisPlane:
                 channel_id,
                 envelope.frame,
                 STREAM_MAX,
+                _SEPARATOR.join(envelope.among),
             ),
         )
         return self._submit(command, self._peer)
+
+    def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        return self._forward_each((f"{self._prefix}name:{name}",), envelope)
+
+    def forward_to_groups(self, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
+        keys = tuple(f"{self._prefix}grp:{group}" for group in envelope.among)
+        return self._forward_each(keys, envelope)
+
+    def _forward_each(
+        self, keys: tuple[str, ...], envelope: Envelope
+    ) -> asyncio.Future[tuple[str, ...]]:
+        command = script_command(
+            FORWARD_EACH,
+            keys,
+            (
+                self._prefix,
+                self._broker_id,
+                envelope.kind.value,
+                envelope.channel,
+                envelope.frame,
+                STREAM_MAX,
+                _SEPARATOR.join(envelope.among),
+            ),
+        )
+        return self._submit(command, self._targets)
+
+    def _targets(self, reply: Any) -> tuple[str, ...]:
+        targets = tuple(b.decode() for b in reply)
+        self._peers.update(targets)
+        return targets
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         command = script_command(
@@ -364,6 +577,7 @@ class RedisPlane:
                 envelope.frame,
                 STREAM_MAX,
                 broker_id,
+                _SEPARATOR.join(envelope.among),
             ),
         )
         self._peers.add(broker_id)
@@ -455,7 +669,7 @@ class RedisPlane:
             fields.get(b"o", b"").decode(),
             fields.get(b"i", b"").decode(),
             fields.get(b"f", b""),
-            tuple(among.split(",")) if among else (),
+            tuple(among.split(_SEPARATOR)) if among else (),
         )
         try:
             inbound(envelope)

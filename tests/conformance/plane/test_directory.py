@@ -126,3 +126,135 @@ async def test_a_broker_that_leaves_takes_its_entries_along(bus: Bus) -> None:
 def bus_lease(broker: object) -> float:
     lease: float = broker.plane.lease  # type: ignore[attr-defined]
     return lease
+
+
+async def test_once_written_every_broker_finds_the_announcements(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    for n in range(20):
+        b.plane.serving(f"name-{n}")
+        b.plane.channel_opened(f"{n:032x}")
+        # No lookup of B's own in between: only ``written`` orders the writes.
+        await b.plane.written()
+        assert await a.plane.respondents(f"name-{n}") == {"broker-b"}
+        assert await a.plane.locate_channel(f"{n:032x}") == "broker-b"
+
+
+async def test_a_group_reaches_each_broker_holding_members_once(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.group_joined("room")
+    b.plane.group_joined("hall")
+    c.plane.group_joined("room")
+    await b.plane.written()
+    await c.plane.written()
+    assert await a.plane.group_brokers("room") == {"broker-b", "broker-c"}
+    sent = Envelope(EnvelopeKind.GROUP, "broker-a", CHANNEL, b"c=news;x", ("room", "hall"))
+    assert sorted(await a.plane.forward_to_groups(sent)) == ["broker-b", "broker-c"]
+    with anyio.fail_after(5 * T):
+        assert await b.inbound.get() == sent
+        assert await c.inbound.get() == sent
+    assert b.inbound.empty()  # once, though it holds members of both groups
+    # Never back to the sender, and a group nobody holds reaches nobody.
+    a.plane.group_joined("room")
+    await a.plane.written()
+    assert sorted(await a.plane.forward_to_groups(sent)) == ["broker-b", "broker-c"]
+    lonely = Envelope(EnvelopeKind.GROUP, "broker-a", "", b"c=news;x", ("nobody",))
+    assert await a.plane.forward_to_groups(lonely) == ()
+    c.plane.group_left("room")
+    await c.plane.written()
+    assert await a.plane.group_brokers("room") == {"broker-a", "broker-b"}
+
+
+async def test_a_join_forwarded_writes_the_group_entry_of_the_channels_broker(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.written()
+    join = Envelope(EnvelopeKind.JOIN, "broker-b", CHANNEL, b"", ("room", "a,b"))
+    assert await b.plane.forward_to_channel(CHANNEL, join) == "broker-a"
+    # Before broker A has read the join, the groups already lead to it.
+    assert await b.plane.group_brokers("room") == {"broker-a"}
+    assert await b.plane.group_brokers("a,b") == {"broker-a"}
+    with anyio.fail_after(5 * T):
+        assert await a.inbound.get() == join
+    await a.abandon()
+    with anyio.fail_after(bus_lease(b) + 5 * T):
+        assert await b.lost.get() == "broker-a"
+    assert await b.plane.group_brokers("room") == frozenset()
+
+
+async def test_requests_go_to_the_broker_with_the_fewest_in_flight(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    for broker in (b, c):
+        broker.plane.serving("echo")
+    b.plane.report_load("echo", lambda: 3)
+    c.plane.report_load("echo", lambda: 0)
+    c.plane.report_load("nothing.served", lambda: 9)  # ignored: C does not serve it
+    await b.plane.written()
+    await c.plane.written()
+    assert await a.plane.respondents("nothing.served") == frozenset()
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    # C until it has as many as B: each forward counts at once, before C reports.
+    targets = [await a.plane.forward_request("echo", envelope) for _ in range(3)]
+    assert targets == ["broker-c"] * 3
+    # Level now: they take turns.
+    more = [await a.plane.forward_request("echo", envelope) for _ in range(4)]
+    assert sorted(t or "" for t in more) == ["broker-b", "broker-b", "broker-c", "broker-c"]
+    # A report replaces the count: B is idle again.
+    b.plane.report_load("echo", lambda: 0)
+    await b.plane.written()
+    assert await a.plane.forward_request("echo", envelope) == "broker-b"
+
+
+async def test_an_answered_request_lowers_its_brokers_count_at_once(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    for broker in (b, c):
+        broker.plane.serving("echo")
+    await b.plane.written()
+    await c.plane.written()
+    envelope = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    first = await a.plane.forward_request("echo", envelope)
+    second = await a.plane.forward_request("echo", envelope)
+    assert {first, second} == {"broker-b", "broker-c"}
+    assert first is not None
+    # The first one answered: its broker is the less loaded until reports say more.
+    a.plane.request_done("echo", first)
+    await a.plane.written()
+    assert await a.plane.forward_request("echo", envelope) == first
+    # Done for a broker that no longer serves the name brings nothing back.
+    b.plane.not_serving("echo")
+    await b.plane.written()
+    a.plane.request_done("echo", "broker-b")
+    await a.plane.written()
+    assert await a.plane.respondents("echo") == {"broker-c"}
+
+
+async def test_send_to_carries_every_field_and_forward_to_servers_reaches_each(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    b.plane.serving("auth.login")
+    c.plane.serving("auth.login")
+    a.plane.serving("auth.login")
+    await b.plane.written()
+    await c.plane.written()
+    await a.plane.written()
+    report = Envelope(EnvelopeKind.SUBJECT_ASKED, "broker-b", "s1", b"", ("tube-1", "a,b c"))
+    assert await b.plane.send_to("broker-a", report)
+    with anyio.fail_after(5 * T):
+        assert await a.inbound.get() == report
+    ask = Envelope(EnvelopeKind.SUBJECT_ASK, "broker-a", "s1", b"c=auth.login;x")
+    assert sorted(await a.plane.forward_to_servers("auth.login", ask)) == [
+        "broker-b",
+        "broker-c",
+    ]
+    with anyio.fail_after(5 * T):
+        assert await b.inbound.get() == ask
+        assert await c.inbound.get() == ask
+    assert await a.plane.forward_to_servers("nobody", ask) == ()
