@@ -35,12 +35,12 @@ from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.metrics.counts import RouterCounts
-from gateway.plane.base import Plane
+from gateway.plane.base import LogRetention, Plane
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
 from gateway.types import Outlets
 
-__all__ = ["Broker", "create_engine", "create_event_log", "create_plane"]
+__all__ = ["Broker", "create_engine", "create_event_log", "create_plane", "log_retention"]
 
 
 def _access(
@@ -93,8 +93,23 @@ def create_plane(config: GatewayConfig, *, broker_id: str) -> Plane:
         # Imported here: a memory broker never loads the Redis client.
         from gateway.plane.redis.plane import RedisPlane
 
-        return RedisPlane(config.redis_url, broker_id=broker_id, lease=config.bus_lease)
-    return MemoryPlane(broker_id, lease=config.bus_lease)
+        return RedisPlane(
+            config.redis_url,
+            broker_id=broker_id,
+            lease=config.bus_lease,
+            retention=log_retention(config),
+        )
+    return MemoryPlane(broker_id, lease=config.bus_lease, retention=log_retention(config))
+
+
+def log_retention(config: GatewayConfig) -> LogRetention:
+    """What each Channel's log keeps, from ``[channels]``."""
+    channels = config.channels
+    return LogRetention(
+        max_age=channels.log_max_age,
+        max_frames=channels.log_max_frames,
+        max_bytes=channels.log_max_bytes,
+    )
 
 
 def create_event_log(

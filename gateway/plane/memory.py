@@ -20,7 +20,17 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.plane.base import DEFAULT_LEASE, Envelope, Inbound, Lost, PlaneUnavailable, pick_among
+from gateway.plane.base import (
+    DEFAULT_LEASE,
+    ChannelLog,
+    Envelope,
+    Inbound,
+    LogRetention,
+    Lost,
+    PlaneUnavailable,
+    pick_among,
+)
+from gateway.plane.memory_log import LogStore, MemoryChannelLog
 
 __all__ = ["MemoryBus", "MemoryPlane"]
 
@@ -32,9 +42,16 @@ class MemoryBus:
 
     Args:
         clock: monotonic seconds, for the leases.
+        log_clock: seconds for the Channel logs' retention and idle expiry
+            (``clock`` by default).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        log_clock: Callable[[], float] | None = None,
+    ) -> None:
         self.clock = clock
         #: Broker-Identifier → the plane, while it has joined.
         self.planes: dict[str, MemoryPlane] = {}
@@ -44,6 +61,8 @@ class MemoryBus:
         self.channels: dict[str, str] = {}
         #: Command-Name → the brokers holding Tubes for it.
         self.names: dict[str, set[str]] = {}
+        #: Every Channel's log (gateway.plane.memory_log).
+        self.logs = LogStore(log_clock or clock)
 
     def alive(self, broker_id: str) -> bool:
         """Whether ``broker_id`` holds a lease now."""
@@ -70,10 +89,16 @@ class MemoryPlane:
         bus: the bus to share with other brokers of this process; None: a bus of
             its own, where this broker is alone.
         lease: seconds within which a broker that stops renewing drops out.
+        retention: what each Channel's log keeps at most.
     """
 
     def __init__(
-        self, broker_id: str, *, bus: MemoryBus | None = None, lease: float = DEFAULT_LEASE
+        self,
+        broker_id: str,
+        *,
+        bus: MemoryBus | None = None,
+        lease: float = DEFAULT_LEASE,
+        retention: LogRetention | None = None,
     ) -> None:
         self._broker_id = broker_id
         self._shared = bus is not None
@@ -84,6 +109,7 @@ class MemoryPlane:
         self._renewal: asyncio.Task[None] | None = None
         self._peers: set[str] = set()
         self._turns = itertools.count()
+        self._log = MemoryChannelLog(self._bus.logs, retention or LogRetention())
 
     @property
     def broker_id(self) -> str:
@@ -96,6 +122,10 @@ class MemoryPlane:
     @property
     def lease(self) -> float:
         return self._lease
+
+    @property
+    def channel_log(self) -> ChannelLog:
+        return self._log
 
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound

@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -45,12 +46,16 @@ from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_f
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import (
     DEFAULT_LEASE,
+    ChannelLog,
     Envelope,
     EnvelopeKind,
     Inbound,
+    LogRetention,
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.log import RedisChannelLog
+from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
     FORWARD_CHANNEL,
     FORWARD_REQUEST,
@@ -75,6 +80,8 @@ _BLOCK_MS: Final = 200
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
+#: The ``k`` of a wake-up for a reader parked on a Channel log (gateway.plane.redis.log).
+_WAKE: Final = b"w"
 
 
 class _Future(Call):
@@ -141,10 +148,19 @@ class RedisPlane:
         broker_id: this broker's Broker-Identifier.
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
+        retention: what each Channel's log keeps at most.
+        clock: seconds since the epoch, for the Channel logs' times.
     """
 
     def __init__(
-        self, url: str, *, broker_id: str, lease: float = DEFAULT_LEASE, prefix: str = PREFIX
+        self,
+        url: str,
+        *,
+        broker_id: str,
+        lease: float = DEFAULT_LEASE,
+        prefix: str = PREFIX,
+        retention: LogRetention | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._url = url
         self._broker_id = broker_id
@@ -161,6 +177,14 @@ class RedisPlane:
         self._channels: set[str] = set()
         self._names: set[str] = set()
         self._peers: set[str] = set()
+        self._log = RedisChannelLog(
+            self._submit,
+            prefix=prefix,
+            broker_id=broker_id,
+            retention=retention or LogRetention(),
+            stream_max=STREAM_MAX,
+            clock=clock,
+        )
 
     @property
     def broker_id(self) -> str:
@@ -174,13 +198,17 @@ class RedisPlane:
     def lease(self) -> float:
         return self._lease
 
+    @property
+    def channel_log(self) -> ChannelLog:
+        return self._log
+
     # -- life cycle ------------------------------------------------------------
 
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound
         self._lost = lost
         self._client = Redis.from_url(self._url, decode_responses=False)
-        self._batcher = Batcher(self._client, SCRIPTS)
+        self._batcher = Batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
         try:
             await self._batcher.load_scripts()
             # A broker restarted with the same identifier starts clean: whatever
@@ -218,6 +246,7 @@ class RedisPlane:
             with contextlib.suppress(asyncio.CancelledError, AttributeError, *CONNECTION_ERRORS):
                 await task
         self._inbound = None
+        self._log.wake_all()
 
     async def _disconnect(self) -> None:
         batcher, self._batcher = self._batcher, None
@@ -445,6 +474,9 @@ class RedisPlane:
         return connection
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"k") == _WAKE:
+            self._log.wake(fields.get(b"i", b"").decode())
+            return
         inbound = self._inbound
         kind = _KINDS.get(fields.get(b"k", b""))
         if inbound is None or kind is None:
