@@ -25,7 +25,10 @@ from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
 from gateway.config.model import GatewayConfig
 from gateway.connections.addresses import AddressLimits
+from gateway.connections.channel_secret import digest as secret_digest
+from gateway.connections.channel_secret import new_secret
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.engines.base import Engine, EngineLimits
@@ -292,22 +295,57 @@ class Broker:
         address: str | None = None,
         tls: bool = False,
         address_key: str | None = None,
-    ) -> tuple[Channel, Mailbox]:
-        """Open a stateless HTTP Channel with a mailbox for long-polls.
+    ) -> tuple[Channel, str]:
+        """Open a stateless HTTP Channel; returns it and its secret (for its client only).
 
+        On one broker its mailbox is a :class:`Mailbox`; on a bus of many, the
+        Channel's log in the plane, so any broker answers its requests.
         ``address_key`` is what ``address_limits.admit`` returned, to count it under.
         """
         limits = self.config.channels
-        mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(
-            ChannelKind.HTTP, mailbox, remote=remote, address_key=address_key
+        secret = new_secret()
+        bus_wide = self.plane.spans_brokers
+        outbox: Mailbox | LogMailbox = (
+            LogMailbox(self.plane.channel_log)
+            if bus_wide
+            else Mailbox(limits.outbox_frames, limits.outbox_bytes)
         )
+        channel = self.channels.open(
+            ChannelKind.HTTP, outbox, remote=remote, address_key=address_key
+        )
+        channel.secret_digest = secret_digest(secret)
+        if isinstance(outbox, LogMailbox):
+            outbox.channel_id = channel.id
+            self.plane.channel_log.open(
+                channel.id, digest=channel.secret_digest, idle=limits.http_idle_timeout
+            )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.router.channel_opened(channel)
         self.log.info(
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
         )
-        return channel, mailbox
+        return channel, secret
+
+    def adopt_http_channel(
+        self, channel_id: str, digest: bytes, remote: str, *, address: str | None, tls: bool
+    ) -> Channel:
+        """Serve here an HTTP Channel another broker of the bus opened (its log is bus-wide).
+
+        The caller checked the client's secret against ``digest``, the log's.
+        """
+        channel = self.channels.adopt(
+            channel_id, ChannelKind.HTTP, LogMailbox(self.plane.channel_log, channel_id),
+            remote=remote,
+        )  # fmt: skip
+        if not channel.secret_digest:
+            channel.secret_digest = digest
+            channel.access = _access(address, tls, channel_id=channel.id)
+            self.router.channel_opened(channel)
+            self.log.info(
+                "channel.adopt",
+                extra={"channel": channel.id, "remote": remote, "transport": "http"},
+            )
+        return channel
 
     # -- access control ----------------------------------------------------------
 

@@ -24,6 +24,7 @@ from gateway.plane.base import (
     DEFAULT_LEASE,
     ChannelLog,
     Envelope,
+    EnvelopeKind,
     Inbound,
     LogRetention,
     Lost,
@@ -207,13 +208,23 @@ class MemoryPlane:
         return _done(target)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        if self._logged(channel_id, envelope):
+            return _done(self._broker_id)
         target = self._bus.channels.get(channel_id)
         if target is not None and not (self._bus.alive(target) and self._hand(target, envelope)):
             target = None
         return _done(target)
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        if envelope.kind is EnvelopeKind.CHANNEL and self._logged(envelope.channel, envelope):
+            return _done(True)
         return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))
+
+    def _logged(self, channel_id: str, envelope: Envelope) -> bool:
+        """A frame for a Channel with a log (an HTTP Channel on a bus) goes into it."""
+        if self._inbound is None:
+            raise PlaneUnavailable("the plane is not started")
+        return self._log.append(channel_id, envelope.frame).result() > 0
 
     def _hand(self, broker_id: str, envelope: Envelope) -> bool:
         """Deliver on the next loop turn, as a stream read would: never re-entrantly."""

@@ -28,6 +28,13 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
+*An HTTP Channel on a bus* has no home broker: any broker serves its client,
+and what is sent to it goes into its Channel log in the plane (``send_to`` and
+``forward_to_channel`` put a frame for a Channel with a log there, in the same
+call). So a request from it is not kept in flight here: the serving broker's
+books (2103, 2102 when its Tube closes) answer into the log. What such a
+Channel loses is 2102 when the *serving broker* dies: nobody is left to say it.
+
 *An agent's Command for a Channel elsewhere*: ``d`` is looked up and forwarded
 by the plane in one call; a Channel that exists nowhere on the bus gets the
 agent fault 2104 as a Command, with its ``u``.
@@ -50,6 +57,7 @@ from typing import Final
 import asbp
 from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, ProtocolError
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.plane.base import Envelope, EnvelopeKind, Plane
@@ -178,7 +186,10 @@ class Remote:
         name = command.name
         assert name is not None
         command_id = command.command_id
-        if command_id is not None:
+        if command_id is not None and not isinstance(channel.outbox, LogMailbox):
+            # An HTTP Channel on a bus has no home broker: its answers, faults
+            # included, go from the serving broker straight into its log, so they
+            # never pass here to be matched (the serving broker keeps the books).
             self.waiting.start(channel, command_id, self._unplaced, name)
         envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
         placing = self.plane.forward_request(name, envelope)

@@ -31,6 +31,8 @@ from gateway.plane.redis.log_scripts import (
     LOG_DIGEST,
     LOG_DROP,
     LOG_OPEN,
+    LOG_OR_FORWARD,
+    LOG_OR_SEND,
     LOG_READ,
 )
 
@@ -110,13 +112,30 @@ class RedisChannelLog:
         command = script_command(LOG_OPEN, self._keys(channel_id), (digest, _ms(idle), self._now()))
         return self._submit(command, _none)
 
+    def _append_args(self, channel_id: str, frame: bytes) -> tuple[Any, ...]:
+        return (frame, self._now(), *self._limits, self._prefix, channel_id, self._stream_max)
+
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
         command = script_command(
-            LOG_APPEND,
-            self._keys(channel_id),
-            (frame, self._now(), *self._limits, self._prefix, channel_id, self._stream_max),
+            LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
         )
         return self._submit(command, int)
+
+    def log_or_send(self, channel_id: str, frame: bytes, target: str) -> tuple[Any, ...]:
+        """The script call of ``send_to`` for a Channel: its log if it has one, else ``target``."""
+        return script_command(
+            LOG_OR_SEND,
+            self._keys(channel_id),
+            (*self._append_args(channel_id, frame), self._broker_id, target),
+        )
+
+    def log_or_forward(self, channel_id: str, frame: bytes, directory: str) -> tuple[Any, ...]:
+        """The script call of ``forward_to_channel``: its log if it has one, else its broker."""
+        return script_command(
+            LOG_OR_FORWARD,
+            (*self._keys(channel_id), directory),
+            (*self._append_args(channel_id, frame), self._broker_id),
+        )
 
     def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
         command = script_command(LOG_ACK, self._keys(channel_id), (through, self._now()))

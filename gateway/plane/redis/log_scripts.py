@@ -26,7 +26,17 @@ from typing import Final
 
 from gateway.engines.redis.scripts import Script
 
-__all__ = ["LOG_ACK", "LOG_APPEND", "LOG_DIGEST", "LOG_DROP", "LOG_OPEN", "LOG_READ", "LOG_SCRIPTS"]
+__all__ = [
+    "LOG_ACK",
+    "LOG_APPEND",
+    "LOG_DIGEST",
+    "LOG_DROP",
+    "LOG_OPEN",
+    "LOG_OR_FORWARD",
+    "LOG_OR_SEND",
+    "LOG_READ",
+    "LOG_SCRIPTS",
+]
 
 #: KEYS: meta, stream, waiting. The functions every script below shares.
 _PRELUDE: Final = """
@@ -76,6 +86,20 @@ local function trim(now, max_age, max_frames, max_bytes)
   redis.call('HSET', meta, 'b', size)
   if lost > 0 then redis.call('HSET', meta, 'l', lost) end
 end
+local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  local now = tonumber(at)
+  if not live(now) then return 0 end
+  local n = redis.call('HINCRBY', meta, 'n', 1)
+  redis.call('XADD', stream, '0-' .. n, 'f', frame, 't', at)
+  redis.call('HINCRBY', meta, 'b', #frame)
+  trim(now, tonumber(max_age), tonumber(max_frames), tonumber(max_bytes))
+  for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
+    redis.call('XADD', prefix .. 'in:' .. b, 'MAXLEN', '~', cap, '*',
+      'k', 'w', 'o', '', 'i', channel, 'g', '', 'f', '')
+  end
+  redis.call('DEL', waiting)
+  return n
+end
 """
 
 #: ARGV: digest, idle ms, now ms.
@@ -96,18 +120,46 @@ LOG_APPEND: Final = Script(
     "log_append",
     _PRELUDE
     + """
-local now = tonumber(ARGV[2])
-if not live(now) then return 0 end
-local n = redis.call('HINCRBY', meta, 'n', 1)
-redis.call('XADD', stream, '0-' .. n, 'f', ARGV[1], 't', ARGV[2])
-redis.call('HINCRBY', meta, 'b', #ARGV[1])
-trim(now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
-for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
-  redis.call('XADD', ARGV[6] .. 'in:' .. b, 'MAXLEN', '~', ARGV[8], '*',
-    'k', 'w', 'o', '', 'i', ARGV[7], 'g', '', 'f', '')
+return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+""",
+)
+
+#: ``send_to`` of a frame for a Channel (gateway.plane.redis.plane): into the
+#: Channel's log when it has one (an HTTP Channel on a bus: any broker serves
+#: its client, so the log is its only address), else to broker ``target``'s
+#: inbound stream if its lease holds. ARGV: frame, now ms, max age ms, max
+#: frames, max bytes, plane prefix, channel, inbound stream cap, self, target.
+#: Returns 2 (logged), 1 (sent) or 0 (neither).
+LOG_OR_SEND: Final = Script(
+    "log_or_send",
+    _PRELUDE
+    + """
+if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+  return 2
 end
-redis.call('DEL', waiting)
-return n
+local target = ARGV[10]
+if redis.call('EXISTS', ARGV[6] .. 'alive:' .. target) == 0 then return 0 end
+redis.call('XADD', ARGV[6] .. 'in:' .. target, 'MAXLEN', '~', ARGV[8], '*',
+  'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
+return 1
+""",
+)
+
+#: ``forward_to_channel``: into the Channel's log when it has one, else to the
+#: live broker the directory lists for it. ARGV as LOG_OR_SEND's first nine;
+#: KEYS[4]: the directory hash. Returns '' (logged), the broker, or false.
+LOG_OR_FORWARD: Final = Script(
+    "log_or_forward",
+    _PRELUDE
+    + """
+if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+  return ''
+end
+local target = redis.call('HGET', KEYS[4], ARGV[7])
+if not target or redis.call('EXISTS', ARGV[6] .. 'alive:' .. target) == 0 then return false end
+redis.call('XADD', ARGV[6] .. 'in:' .. target, 'MAXLEN', '~', ARGV[8], '*',
+  'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
+return target
 """,
 )
 
@@ -171,4 +223,13 @@ return 1
 """,
 )
 
-LOG_SCRIPTS: Final = (LOG_OPEN, LOG_APPEND, LOG_ACK, LOG_READ, LOG_DIGEST, LOG_DROP)
+LOG_SCRIPTS: Final = (
+    LOG_OPEN,
+    LOG_APPEND,
+    LOG_ACK,
+    LOG_READ,
+    LOG_DIGEST,
+    LOG_DROP,
+    LOG_OR_SEND,
+    LOG_OR_FORWARD,
+)

@@ -57,7 +57,7 @@ from gateway.plane.base import (
 from gateway.plane.redis.log import RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
-    FORWARD_CHANNEL,
+    CHANNEL_CLOSED,
     FORWARD_REQUEST,
     LEAVE,
     SCRIPTS,
@@ -318,7 +318,11 @@ class RedisPlane:
                 ("HSET", f"{self._prefix}ch", channel_id, self._broker_id),
                 ("SADD", own, channel_id),
             ]
-        return [("HDEL", f"{self._prefix}ch", channel_id), ("SREM", own, channel_id)]
+        return [
+            script_command(
+                CHANNEL_CLOSED, (f"{self._prefix}ch", own), (channel_id, self._broker_id)
+            )
+        ]
 
     def _name_commands(self, name: str, *, serving: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}names:{self._broker_id}"
@@ -367,21 +371,17 @@ class RedisPlane:
         return self._submit(command, self._peer)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        command = script_command(
-            FORWARD_CHANNEL,
-            (f"{self._prefix}ch",),
-            (
-                self._prefix,
-                self._broker_id,
-                envelope.kind.value,
-                channel_id,
-                envelope.frame,
-                STREAM_MAX,
-            ),
-        )
+        # A Channel with a log (an HTTP Channel) takes it there, in the same call.
+        command = self._log.log_or_forward(channel_id, envelope.frame, f"{self._prefix}ch")
         return self._submit(command, self._peer)
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        if envelope.kind is EnvelopeKind.CHANNEL:
+            # A Channel with a log takes it there: its broker may be gone, and
+            # any broker serves its client (gateway.plane.redis.log_scripts).
+            command = self._log.log_or_send(envelope.channel, envelope.frame, broker_id)
+            self._peers.add(broker_id)
+            return self._submit(command, bool)
         command = script_command(
             SEND_TO,
             (),
@@ -400,6 +400,8 @@ class RedisPlane:
 
     def _peer(self, reply: Any) -> str | None:
         broker_id = _text(reply)
+        if broker_id == "":
+            return self._broker_id  # into the Channel's log: no broker to watch
         if broker_id is not None:
             self._peers.add(broker_id)
         return broker_id

@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from gateway.plane.base import LogRetention
+from gateway.plane.base import Envelope, EnvelopeKind, LogRetention
 from tests.support import T
 from tests.support.planes import Bus
 
@@ -193,3 +193,28 @@ async def test_opening_again_starts_afresh(bus: Bus) -> None:
     read = await log.read(CHANNEL, 0, 10, 0)
     assert read is not None and (read.frames, read.last_seq) == ((), 0)
     assert await log.digest(CHANNEL) == b"other"
+
+
+async def test_frames_for_a_channel_with_a_log_go_into_it(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    log = b.plane.channel_log
+    a.plane.channel_opened(CHANNEL)
+    await log.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    await a.plane.locate_channel(CHANNEL)
+    reply = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=echo.reply,u=7;hi")
+    # Whatever broker the Channel was reached through, its log is where it is read.
+    assert await b.plane.send_to("broker-a", reply)
+    assert await b.plane.send_to("gone-broker", reply)
+    assert await b.plane.forward_to_channel(CHANNEL, reply) is not None
+    read = await log.read(CHANNEL, 0, 10, 0)
+    assert read is not None
+    assert read.frames == tuple((n, b"c=echo.reply,u=7;hi") for n in (1, 2, 3))
+    assert a.inbound.empty()
+    # A request is never a Channel's: it goes to its broker as before.
+    b.plane.serving("echo")
+    await b.plane.respondents("echo")
+    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    assert await a.plane.send_to("broker-b", request)
+    with anyio.fail_after(5 * T):
+        assert await b.inbound.get() == request
