@@ -22,13 +22,48 @@ import redis.asyncio
 from agents import ApplicationAgent, Request
 from asbp import Command, decode
 from gateway.app import create_app
+from gateway.config.model import GatewayConfig
+from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, broker_process
-from tests.gateway.routing.test_bus import LEASE, config, until_in_directory
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
 from tests.support.gateway import HttpChannel, assert_fault, parse_multipart
 
 pytestmark = pytest.mark.anyio
+
+LEASE = 1.5
+
+
+def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        engine="redis",
+        redis_url=redis_url,
+        bus_lease=LEASE,
+        insecure_dev_tubes=True,
+        agents={"echo": {"public_key": "echo.pem"}},
+        agents_base_dir=tmp_path,
+    )
+
+
+async def until_in_directory(redis_url: str, key: str, field: str) -> None:
+    """Wait until the plane's Redis holds ``field`` of ``key`` (keyspace notifications)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    full_key = PREFIX + key
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        db = client.connection_pool.connection_kwargs.get("db", 0)
+        await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
+        with anyio.fail_after(5 * T):
+            while not await client.hexists(full_key, field):
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
 
 
 @pytest.fixture(scope="module")
