@@ -277,6 +277,7 @@ class Broker:
         """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``.
 
         ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        Its secret is made by :meth:`channel_secret`, when the greeting is sent.
         """
         limits = self.config.channels
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
@@ -287,6 +288,13 @@ class Broker:
         self.router.channel_opened(channel)
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
+
+    @staticmethod
+    def channel_secret(channel: Channel) -> str:
+        """Issue ``channel``'s secret; only its digest is kept, the caller tells the client."""
+        secret = new_secret()
+        channel.secret_digest = secret_digest(secret)
+        return secret
 
     def open_http_channel(
         self,
@@ -303,7 +311,6 @@ class Broker:
         ``address_key`` is what ``address_limits.admit`` returned, to count it under.
         """
         limits = self.config.channels
-        secret = new_secret()
         bus_wide = self.plane.spans_brokers
         outbox: Mailbox | LogMailbox = (
             LogMailbox(self.plane.channel_log)
@@ -313,7 +320,7 @@ class Broker:
         channel = self.channels.open(
             ChannelKind.HTTP, outbox, remote=remote, address_key=address_key
         )
-        channel.secret_digest = secret_digest(secret)
+        secret = self.channel_secret(channel)
         if isinstance(outbox, LogMailbox):
             outbox.channel_id = channel.id
             self.plane.channel_log.open(

@@ -144,3 +144,21 @@ async def test_the_secret_never_reaches_agents_logs_or_the_event_log(
     for record in gateway.events.records:
         text = record.getMessage() + repr(record.__dict__)
         assert owner.secret not in text
+
+
+async def test_a_websocket_channel_s_greeting_carries_its_secret(gateway: Gateway) -> None:
+    first = await gateway.channel()
+    second = await gateway.channel()
+    secrets = [first.greeting.get("secret"), second.greeting.get("secret")]
+    assert all(isinstance(s, str) and len(s) == 43 for s in secrets)
+    assert secrets[0] != secrets[1]
+
+    def digest(broker: Broker) -> bytes:
+        channel = broker.channels.get(first.id)
+        assert channel is not None
+        return channel.secret_digest
+
+    kept = await gateway.call(digest)
+    assert kept and kept != str(secrets[0]).encode()  # a digest, not the secret
+    for record in gateway.events.records:
+        assert str(secrets[0]) not in record.getMessage() + repr(record.__dict__)
