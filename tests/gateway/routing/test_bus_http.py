@@ -296,3 +296,25 @@ async def test_round_robin_across_three_brokers_while_one_is_killed_loses_nothin
             assert received == {u: b"m%d" % u for u in range(1, total + 1)}
             assert seqs == sorted(seqs)
             assert user.retried > 0  # the dead broker was tried, and only retried
+
+
+async def test_a_bus_whose_redis_is_gone_answers_503_with_2005(tmp_path: Path) -> None:
+    make_credentials(tmp_path)  # the agent key the brokers' config names
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis") as server:
+        async with (
+            broker(tmp_path, "broker-a", server.url) as a,
+            broker(tmp_path, "broker-b", server.url) as b,
+            httpx.AsyncClient(timeout=10 * T) as client,
+        ):
+            owner = await HttpChannel(client, a.http_url + "/asbp").open()
+            elsewhere = HttpChannel(client, b.http_url + "/asbp", owner.id, secret=owner.secret)
+            server.stop()
+            # B must ask the bus whether the secret is right; A has the Channel but
+            # its mailbox is in Redis. Either way: retryable, never a 404 or a 5xx crash.
+            status, fault = await elsewhere.post(Command({"c": "asbp.ping", "i": owner.id, "u": 4}))
+            assert status == 503
+            assert_fault(fault, 2005, u=4)
+            polled = await owner.poll_response(wait=0)
+            assert polled.status_code == 503
+            assert_fault(decode(polled.content), 2005)
