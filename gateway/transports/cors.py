@@ -10,7 +10,7 @@ cannot drive a user's browser into the broker (secure by default):
   headers for an allowed origin, ``403`` for another.
 * ``POST`` and ``GET /asbp`` from an allowed origin carry
   ``Access-Control-Allow-Origin`` and ``Access-Control-Allow-Credentials``
-  (the Channel secret's cookie is a credential), and expose ``ASBP-Last-Seq``
+  (the Channel secret's cookie is a credential), and expose ``ASBP-Last-Seq``, ``ASBP-Lost``
   and ``ASBP-Secret``; a request may carry ``ASBP-Secret``; from any
   other origin they are refused with ``403`` and fault 3201 before anything
   is read. The browser would hide the answer anyway, but a ``text/plain``
@@ -80,7 +80,7 @@ def _refused(origin: str) -> Response:
 def _cors_headers(origin: str) -> dict[str, str]:
     return {
         "access-control-allow-origin": origin,
-        "access-control-expose-headers": "ASBP-Last-Seq, ASBP-Secret",
+        "access-control-expose-headers": "ASBP-Last-Seq, ASBP-Secret, ASBP-Lost",
         "access-control-allow-credentials": "true",
         "vary": "Origin",
     }

@@ -404,5 +404,10 @@ async def _poll_log(
     if read is None:
         return _refused()  # expired bus-wide
     if not read.frames:
-        return Response(status_code=204, headers={"ASBP-Last-Seq": str(read.last_seq)})
-    return _frames(list(read.frames))
+        response = Response(status_code=204, headers={"ASBP-Last-Seq": str(read.last_seq)})
+    else:
+        response = _frames(list(read.frames))
+    if read.lost_through > after:
+        # Retention dropped Commands the client had not acknowledged: say which.
+        response.headers["ASBP-Lost"] = f"{after + 1}-{read.lost_through}"
+    return response

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import redis.asyncio
 from agents import ApplicationAgent, Request
 from asbp import Command, decode
 from gateway.app import create_app
-from gateway.config.model import GatewayConfig
+from gateway.config.model import ChannelLimits, GatewayConfig
 from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
@@ -318,3 +319,25 @@ async def test_a_bus_whose_redis_is_gone_answers_503_with_2005(tmp_path: Path) -
             polled = await owner.poll_response(wait=0)
             assert polled.status_code == 503
             assert_fault(decode(polled.content), 2005)
+
+
+async def test_what_retention_drops_is_named_in_the_long_poll(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    await flush(redis_server.url)
+    make_credentials(tmp_path)  # the agent key the broker's config names
+    base = config(tmp_path, "broker-a", redis_server.url)
+    small = dataclasses.replace(base, channels=ChannelLimits(log_max_frames=2))
+    async with (
+        serve_app_async(create_app(small)) as a,
+        httpx.AsyncClient(timeout=10 * T) as client,
+    ):
+        owner = await HttpChannel(client, a.http_url + "/asbp").open()
+        for u in range(1, 6):
+            await owner.post(Command({"c": "asbp.ping", "i": owner.id, "u": u}))
+        response = await owner.poll_response(after=0, wait=5 * T)
+        assert response.status_code == 200
+        assert response.headers["asbp-lost"] == "1-3"
+        assert [c.command_id for _, c in await owner.poll(after=0)] == [4, 5]
+        after = await owner.poll_response(after=5, wait=0)
+        assert after.status_code == 204 and "asbp-lost" not in after.headers

@@ -91,7 +91,9 @@ async def test_an_allowed_origin_sends_and_long_polls(gateway: Gateway) -> None:
     polled = await client.get(f"{gateway.url}?i={channel}&wait=5", headers={"asbp-secret": secret})
     assert polled.status_code == 200
     assert polled.headers["access-control-allow-origin"] == APP
-    assert polled.headers["access-control-expose-headers"] == "ASBP-Last-Seq, ASBP-Secret"
+    assert (
+        polled.headers["access-control-expose-headers"] == "ASBP-Last-Seq, ASBP-Secret, ASBP-Lost"
+    )
     assert b"c=asbp.pong,u=1;hi" in polled.content
 
 
