@@ -17,7 +17,6 @@ code is the same as on Redis.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -182,8 +181,7 @@ class MemoryChannelLog:
                 return LogRead((), log.last, log.lost)
             finally:
                 log.waiters.discard(waiter)
-                with contextlib.suppress(asyncio.InvalidStateError):
-                    waiter.cancel()
+                waiter.cancel()
 
 
 def _islice_after(
