@@ -83,6 +83,9 @@ class EnvelopeKind(enum.Enum):
     REQUEST = "q"
     #: A frame for the Channel ``channel`` at the receiving broker, ready to deliver.
     CHANNEL = "c"
+    #: A REQUEST from a Channel with a Channel log (an HTTP Channel on a bus): its
+    #: answers go into that log (``channel_log.append``), not back to ``origin``.
+    LOGGED_REQUEST = "l"
 
 
 @dataclass(frozen=True, slots=True)

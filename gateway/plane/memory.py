@@ -24,7 +24,6 @@ from gateway.plane.base import (
     DEFAULT_LEASE,
     ChannelLog,
     Envelope,
-    EnvelopeKind,
     Inbound,
     LogRetention,
     Lost,
@@ -216,8 +215,6 @@ class MemoryPlane:
         return _done(target)
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
-        if envelope.kind is EnvelopeKind.CHANNEL and self._logged(envelope.channel, envelope):
-            return _done(True)
         return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))
 
     def _logged(self, channel_id: str, envelope: Envelope) -> bool:

@@ -32,7 +32,6 @@ from gateway.plane.redis.log_scripts import (
     LOG_DROP,
     LOG_OPEN,
     LOG_OR_FORWARD,
-    LOG_OR_SEND,
     LOG_READ,
 )
 
@@ -120,14 +119,6 @@ class RedisChannelLog:
             LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
         )
         return self._submit(command, int)
-
-    def log_or_send(self, channel_id: str, frame: bytes, target: str) -> tuple[Any, ...]:
-        """The script call of ``send_to`` for a Channel: its log if it has one, else ``target``."""
-        return script_command(
-            LOG_OR_SEND,
-            self._keys(channel_id),
-            (*self._append_args(channel_id, frame), self._broker_id, target),
-        )
 
     def log_or_forward(self, channel_id: str, frame: bytes, directory: str) -> tuple[Any, ...]:
         """The script call of ``forward_to_channel``: its log if it has one, else its broker."""

@@ -33,7 +33,6 @@ __all__ = [
     "LOG_DROP",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
-    "LOG_OR_SEND",
     "LOG_READ",
     "LOG_SCRIPTS",
 ]
@@ -124,30 +123,12 @@ return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARG
 """,
 )
 
-#: ``send_to`` of a frame for a Channel (gateway.plane.redis.plane): into the
-#: Channel's log when it has one (an HTTP Channel on a bus: any broker serves
-#: its client, so the log is its only address), else to broker ``target``'s
-#: inbound stream if its lease holds. ARGV: frame, now ms, max age ms, max
-#: frames, max bytes, plane prefix, channel, inbound stream cap, self, target.
-#: Returns 2 (logged), 1 (sent) or 0 (neither).
-LOG_OR_SEND: Final = Script(
-    "log_or_send",
-    _PRELUDE
-    + """
-if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
-  return 2
-end
-local target = ARGV[10]
-if redis.call('EXISTS', ARGV[6] .. 'alive:' .. target) == 0 then return 0 end
-redis.call('XADD', ARGV[6] .. 'in:' .. target, 'MAXLEN', '~', ARGV[8], '*',
-  'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
-return 1
-""",
-)
-
-#: ``forward_to_channel``: into the Channel's log when it has one, else to the
-#: live broker the directory lists for it. ARGV as LOG_OR_SEND's first nine;
-#: KEYS[4]: the directory hash. Returns '' (logged), the broker, or false.
+#: ``forward_to_channel`` (gateway.plane.redis.plane): into the Channel's log
+#: when it has one (an HTTP Channel on a bus: any broker serves its client, so
+#: the log is its only address), else to the live broker the directory lists
+#: for it. ARGV: frame, now ms, max age ms, max frames, max bytes, plane
+#: prefix, channel, inbound stream cap, self; KEYS[4]: the directory hash.
+#: Returns '' (logged), the broker, or false.
 LOG_OR_FORWARD: Final = Script(
     "log_or_forward",
     _PRELUDE
@@ -230,6 +211,5 @@ LOG_SCRIPTS: Final = (
     LOG_READ,
     LOG_DIGEST,
     LOG_DROP,
-    LOG_OR_SEND,
     LOG_OR_FORWARD,
 )

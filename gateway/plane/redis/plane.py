@@ -376,12 +376,6 @@ class RedisPlane:
         return self._submit(command, self._peer)
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
-        if envelope.kind is EnvelopeKind.CHANNEL:
-            # A Channel with a log takes it there: its broker may be gone, and
-            # any broker serves its client (gateway.plane.redis.log_scripts).
-            command = self._log.log_or_send(envelope.channel, envelope.frame, broker_id)
-            self._peers.add(broker_id)
-            return self._submit(command, bool)
         command = script_command(
             SEND_TO,
             (),

@@ -202,19 +202,18 @@ async def test_frames_for_a_channel_with_a_log_go_into_it(bus: Bus) -> None:
     a.plane.channel_opened(CHANNEL)
     await log.open(CHANNEL, digest=DIGEST, idle=IDLE)
     await a.plane.locate_channel(CHANNEL)
-    reply = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=echo.reply,u=7;hi")
-    # Whatever broker the Channel was reached through, its log is where it is read.
-    assert await b.plane.send_to("broker-a", reply)
-    assert await b.plane.send_to("gone-broker", reply)
-    assert await b.plane.forward_to_channel(CHANNEL, reply) is not None
+    news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=news;hi")
+    # An agent's d: whatever broker lists the Channel, its log is where it is read.
+    assert await b.plane.forward_to_channel(CHANNEL, news) is not None
+    assert await b.plane.forward_to_channel(CHANNEL, news) is not None
     read = await log.read(CHANNEL, 0, 10, 0)
     assert read is not None
-    assert read.frames == tuple((n, b"c=echo.reply,u=7;hi") for n in (1, 2, 3))
+    assert read.frames == ((1, b"c=news;hi"), (2, b"c=news;hi"))
     assert a.inbound.empty()
-    # A request is never a Channel's: it goes to its broker as before.
+    # A logged request reaches its broker intact, kind and all.
     b.plane.serving("echo")
     await b.plane.respondents("echo")
-    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
-    assert await a.plane.send_to("broker-b", request)
+    request = Envelope(EnvelopeKind.LOGGED_REQUEST, "broker-a", CHANNEL, b"c=echo,u=1;")
+    assert await a.plane.forward_request("echo", request) == "broker-b"
     with anyio.fail_after(5 * T):
         assert await b.inbound.get() == request
