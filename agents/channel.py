@@ -36,6 +36,7 @@ from agents.backoff import Backoff
 from agents.errors import AgentError, ConnectionLost, FaultError
 from agents.multipart import MEDIA_TYPE, boundary_of, parse_parts
 from asbp import ChannelId, Command, ProtocolError
+from asbp.names import SECRET_HEADER, SECRET_KEY
 
 __all__ = ["ChannelTransport", "Closed", "Deliver", "HttpChannel", "WebSocketChannel"]
 
@@ -191,6 +192,9 @@ class HttpChannel:
         self._poller: asyncio.Task[None] | None = None
         #: The highest ``ASBP-Seq`` read so far.
         self._after = 0
+        #: The Channel's secret from ``asbp.accepted``: every later request presents
+        #: it, because ``i`` alone proves nothing (docs/protocol.md). Never logged.
+        self._secret: str | None = None
 
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
         # Opened again after the Channel was lost: a new Channel starts its
@@ -207,6 +211,10 @@ class HttpChannel:
         try:
             answer = await self._post(Command(c=control.CHANNEL))
             channel_id, broker_id = _greeting(answer, control.ACCEPTED)
+            secret = answer.get(SECRET_KEY)
+            if not isinstance(secret, str):
+                raise AgentError("the broker's asbp.accepted carries no Channel secret")
+            self._secret = secret
         except BaseException:
             await self._client.aclose()
             raise
@@ -239,6 +247,9 @@ class HttpChannel:
                     await self._poll_once(self._channel_id, self._after, wait=0.0)
             await self._client.aclose()
 
+    def _proof(self) -> dict[str, str]:
+        return {SECRET_HEADER: self._secret} if self._secret is not None else {}
+
     async def _post(self, command: Command) -> Command:
         assert self._client is not None
         try:
@@ -246,7 +257,7 @@ class HttpChannel:
                 "POST",
                 self.url,
                 content=asbp.encode(command),
-                headers={"content-type": MEDIA_TYPE},
+                headers={"content-type": MEDIA_TYPE, **self._proof()},
             ) as response:
                 body = await _read(response, _MAX_ANSWER_BYTES)
         except httpx.HTTPError as exc:
@@ -299,7 +310,9 @@ class HttpChannel:
         assert self._client is not None
         params = {"i": channel_id, "after": str(after), "wait": f"{wait:g}"}
         timeout = httpx.Timeout(self._timeout, read=wait + self._timeout)
-        async with self._client.stream("GET", self.url, params=params, timeout=timeout) as response:
+        async with self._client.stream(
+            "GET", self.url, params=params, timeout=timeout, headers=self._proof()
+        ) as response:
             status = response.status_code
             if status == 204:
                 return []

@@ -35,6 +35,8 @@ __all__ = [
     "PUBLISH",
     "REFUSED",
     "REGISTER",
+    "SECRET_HEADER",
+    "SECRET_KEY",
     "SUBJECT_ENDED",
     "SUBSCRIBE",
     "TUBE",
@@ -109,3 +111,10 @@ MESSAGING: Final = frozenset({PUBLISH, SUBSCRIBE, UNSUBSCRIBE, POLL, ACK, NOTIFI
 #: beside the real subprotocol (docs/protocol.md, "Tubes"). Not a
 #: Command-Name, but a name both ends must spell alike.
 BEARER_SUBPROTOCOL_PREFIX: Final = "asbp.bearer."
+
+#: The Channel secret (docs/protocol.md, "The Channel secret"): the key that
+#: carries it in ``asbp.accepted`` (HTTP) and in the ``asbp.channel`` greeting
+#: (WebSocket), and the HTTP header a client presents it in (or the cookie
+#: ``asbp-<i>``). Only the client that opened the Channel ever sees it.
+SECRET_KEY: Final = "secret"
+SECRET_HEADER: Final = "ASBP-Secret"

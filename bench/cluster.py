@@ -1,6 +1,6 @@
 """One bus across two brokers: a User-Agent on broker A, its Respondent on broker B.
 
-    python bench/cluster.py [--repeats N] [--requests N] [--window N]
+    python bench/cluster.py [--repeats N] [--requests N] [--window N] [--http-only]
 
 Two layouts, each in one run, interleaved ``--repeats`` times, on one private
 ``redis-server`` (both brokers on the ``redis`` engine, so the baseline pays
@@ -18,6 +18,16 @@ pipelined Commands/s with ``--window`` outstanding (bench/roundtrip.py's
 clients). The ratio two-brokers / one-broker is computed within each repeat
 and the median printed; the goal is >= 0.6 for throughput.
 
+HTTP long-poll, the same way (``http-one`` against ``http-two``): one HTTP
+Channel whose POSTs and long-polls all go to broker A, against the same
+Channel with its requests alternating between A and B (its mailbox is its
+Channel log in Redis, so any broker answers). ``asbp.ping`` each time (the
+broker answers it, so only the Channel's path is measured): sequential
+round trips (POST, then the long-poll that returns its pong; p50 and p99)
+and Commands/s with one sender POSTing and one long-poll loop reading
+concurrently. The added latency per Command is the median of p50(two) -
+p50(one) within each repeat.
+
 Where the added time goes: each forwarded Command costs two Redis round trips
 (A's forward script, B's reply to A), each batched with everything else in
 flight (gateway/engines/redis/batch.py), plus one XREAD on each side that
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import shutil
 import socket
 import statistics
@@ -41,6 +52,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 from roundtrip import (
     AGENT_ID,
     AUDIENCE,
@@ -170,6 +182,94 @@ async def measure(
     }
 
 
+class HttpUser:
+    """One HTTP Channel, its requests sent to ``urls`` in turn."""
+
+    def __init__(self, client: httpx.AsyncClient, urls: list[str]) -> None:
+        self.client = client
+        self.urls = urls
+        self.turn = 0
+        self.channel_id = ""
+        self.secret = ""
+        self.after = 0
+
+    def _next(self) -> str:
+        self.turn += 1
+        return self.urls[self.turn % len(self.urls)]
+
+    async def open(self) -> None:
+        response = await self.client.post(self.urls[0], content=b"c=asbp.channel;")
+        self.secret = response.headers["asbp-secret"]
+        accepted = response.content.split(b";", 1)[0]
+        fields = dict(part.split(b"=", 1) for part in accepted.split(b","))
+        self.channel_id = fields[b"i"].decode()
+
+    async def post(self, u: int) -> None:
+        frame = b"c=asbp.ping,i=%s,u=%d;" % (self.channel_id.encode(), u)
+        response = await self.client.post(
+            self._next(),
+            content=frame,
+            headers={"Content-Type": "application/asbp", "ASBP-Secret": self.secret},
+        )
+        if response.status_code != 200:
+            raise RuntimeError(f"POST answered {response.status_code}: {response.content!r}")
+
+    async def poll(self) -> int:
+        """One long-poll; the number of Commands it returned."""
+        response = await self.client.get(
+            self._next(),
+            params={"i": self.channel_id, "after": str(self.after), "wait": "5"},
+            headers={"ASBP-Secret": self.secret},
+        )
+        if response.status_code == 204:
+            return 0
+        if response.status_code != 200:
+            raise RuntimeError(f"long-poll answered {response.status_code}")
+        seqs = [int(x) for x in re.findall(rb"ASBP-Seq: (\d+)", response.content)]
+        fresh = [seq for seq in seqs if seq > self.after]
+        if fresh:
+            self.after = fresh[-1]
+        return len(fresh)
+
+
+async def measure_http(urls: list[str], args: argparse.Namespace) -> dict[str, float]:
+    # A connection per request: a request on a kept-alive connection waits about
+    # 44 ms on both servers here (the first on a connection about 4 ms), a stall
+    # of the server stack (Nagle and delayed ACK, by the look of it) that would
+    # drown what is measured; see the report of issue 11.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        user = HttpUser(client, urls)
+        await user.open()
+        latencies: list[float] = []
+        for u in range(args.warmup + args.http_trips):
+            started = time.perf_counter_ns()
+            await user.post(u)
+            while not await user.poll():
+                pass
+            if u >= args.warmup:
+                latencies.append(time.perf_counter_ns() - started)
+        latencies.sort()
+        total = args.http_requests
+        started = time.perf_counter()
+
+        async def send() -> None:
+            for u in range(total):
+                await user.post(u)
+
+        sender = asyncio.ensure_future(send())
+        received = 0
+        while received < total:
+            received += await user.poll()
+        await sender
+        seconds = time.perf_counter() - started
+    return {
+        "p50_us": _percentile(latencies, 0.5) / 1000,
+        "p99_us": _percentile(latencies, 0.99) / 1000,
+        "commands_per_s": total / seconds,
+    }
+
+
 async def run(args: argparse.Namespace) -> None:
     private_pem, public_pem = generate_agent_key()
     with tempfile.TemporaryDirectory(prefix="asbp-cluster-") as tmp:
@@ -181,12 +281,21 @@ async def run(args: argparse.Namespace) -> None:
             await b.start()
             try:
                 rows: dict[str, list[dict[str, float]]] = {"one-broker": [], "two-brokers": []}
+                http: dict[str, list[dict[str, float]]] = {"http-one": [], "http-two": []}
+                on_a = a.url("/asbp").replace("ws://", "http://")
+                on_b = b.url("/asbp").replace("ws://", "http://")
                 for _ in range(args.repeats):
-                    rows["one-broker"].append(await measure(a, a, private_pem, args))
-                    rows["two-brokers"].append(await measure(a, b, private_pem, args))
+                    if not args.http_only:
+                        rows["one-broker"].append(await measure(a, a, private_pem, args))
+                        rows["two-brokers"].append(await measure(a, b, private_pem, args))
+                    http["http-one"].append(await measure_http([on_a], args))
+                    http["http-two"].append(await measure_http([on_a, on_b], args))
             finally:
                 await a.stop()
                 await b.stop()
+    report_http(http)
+    if args.http_only:
+        return
     print(f"{'layout':<12} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11} {'CPU us/trip':>12}")
     for name, samples in rows.items():
 
@@ -213,6 +322,23 @@ async def run(args: argparse.Namespace) -> None:
     )
 
 
+def report_http(http: dict[str, list[dict[str, float]]]) -> None:
+    print(f"{'HTTP layout':<12} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11}")
+    for name, samples in http.items():
+        print(
+            f"{name:<12} {statistics.median(s['p50_us'] for s in samples):>8.0f} "
+            f"{statistics.median(s['p99_us'] for s in samples):>8.0f} "
+            f"{statistics.median(s['commands_per_s'] for s in samples):>11.0f}"
+        )
+    pairs = list(zip(http["http-one"], http["http-two"], strict=True))
+    ratio = statistics.median(two["commands_per_s"] / one["commands_per_s"] for one, two in pairs)
+    added = statistics.median(two["p50_us"] - one["p50_us"] for one, two in pairs)
+    print(
+        f"\nHTTP alternating between two brokers / on one broker, Commands/s: {ratio:.2f}; "
+        f"added latency per Command (p50): {added:+.0f} us\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (3)")
@@ -220,6 +346,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100, help="warm-up round trips (100)")
     parser.add_argument("--requests", type=int, default=10000, help="pipelined requests (10000)")
     parser.add_argument("--window", type=int, default=100, help="requests outstanding (100)")
+    parser.add_argument("--http-trips", type=int, default=300, help="HTTP round trips (300)")
+    parser.add_argument("--http-requests", type=int, default=2000, help="HTTP Commands (2000)")
+    parser.add_argument("--http-only", action="store_true", help="only the HTTP layouts")
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
         sys.exit("bench/cluster.py needs redis-server on PATH")

@@ -26,7 +26,10 @@ from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.connections.addresses import AddressLimits
+from gateway.connections.channel_secret import digest as secret_digest
+from gateway.connections.channel_secret import new_secret
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.engines.base import Engine, EngineLimits
@@ -36,7 +39,7 @@ from gateway.eventlog.recorder import Recorder, Store
 from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.metrics.counts import RouterCounts
-from gateway.plane.base import Plane
+from gateway.plane.base import LogRetention, Plane
 from gateway.plane.census import BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
@@ -49,6 +52,7 @@ __all__ = [
     "create_event_log",
     "create_plane",
     "gateway_version",
+    "log_retention",
 ]
 
 
@@ -107,8 +111,14 @@ def create_plane(config: GatewayConfig, *, broker_id: str) -> Plane:
             broker_id=broker_id,
             lease=config.bus_lease,
             balance=config.bus_balance,
+            retention=log_retention(config),
         )
-    return MemoryPlane(broker_id, lease=config.bus_lease, balance=config.bus_balance)
+    return MemoryPlane(
+        broker_id,
+        lease=config.bus_lease,
+        balance=config.bus_balance,
+        retention=log_retention(config),
+    )
 
 
 def create_census(
@@ -136,6 +146,16 @@ def gateway_version() -> str:
         return metadata.version("asbp-gateway")
     except metadata.PackageNotFoundError:
         return "0.0.0+checkout"
+
+
+def log_retention(config: GatewayConfig) -> LogRetention:
+    """What each Channel's log keeps, from ``[channels]``."""
+    channels = config.channels
+    return LogRetention(
+        max_age=channels.log_max_age,
+        max_frames=channels.log_max_frames,
+        max_bytes=channels.log_max_bytes,
+    )
 
 
 def create_event_log(
@@ -323,6 +343,7 @@ class Broker:
         """Open a WebSocket Channel; its first Command tells the User-Agent its ``i``.
 
         ``address_key`` is what ``address_limits.admit`` returned, to count it under.
+        Its secret is made by :meth:`channel_secret`, when the greeting is sent.
         """
         limits = self.config.channels
         outbox = StreamOutbox(limits.outbox_frames, limits.outbox_bytes)
@@ -334,6 +355,13 @@ class Broker:
         self.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
         return channel, outbox
 
+    @staticmethod
+    def channel_secret(channel: Channel) -> str:
+        """Issue ``channel``'s secret; only its digest is kept, the caller tells the client."""
+        secret = new_secret()
+        channel.secret_digest = secret_digest(secret)
+        return secret
+
     def open_http_channel(
         self,
         remote: str,
@@ -341,22 +369,56 @@ class Broker:
         address: str | None = None,
         tls: bool = False,
         address_key: str | None = None,
-    ) -> tuple[Channel, Mailbox]:
-        """Open a stateless HTTP Channel with a mailbox for long-polls.
+    ) -> tuple[Channel, str]:
+        """Open a stateless HTTP Channel; returns it and its secret (for its client only).
 
+        On one broker its mailbox is a :class:`Mailbox`; on a bus of many, the
+        Channel's log in the plane, so any broker answers its requests.
         ``address_key`` is what ``address_limits.admit`` returned, to count it under.
         """
         limits = self.config.channels
-        mailbox = Mailbox(limits.outbox_frames, limits.outbox_bytes)
-        channel = self.channels.open(
-            ChannelKind.HTTP, mailbox, remote=remote, address_key=address_key
+        bus_wide = self.plane.spans_brokers
+        outbox: Mailbox | LogMailbox = (
+            LogMailbox(self.plane.channel_log)
+            if bus_wide
+            else Mailbox(limits.outbox_frames, limits.outbox_bytes)
         )
+        channel = self.channels.open(
+            ChannelKind.HTTP, outbox, remote=remote, address_key=address_key
+        )
+        secret = self.channel_secret(channel)
+        if isinstance(outbox, LogMailbox):
+            outbox.channel_id = channel.id
+            self.plane.channel_log.open(
+                channel.id, digest=channel.secret_digest, idle=limits.http_idle_timeout
+            )
         channel.access = _access(address, tls, channel_id=channel.id)
         self.router.channel_opened(channel)
         self.log.info(
             "channel.open", extra={"channel": channel.id, "remote": remote, "transport": "http"}
         )
-        return channel, mailbox
+        return channel, secret
+
+    def adopt_http_channel(
+        self, channel_id: str, digest: bytes, remote: str, *, address: str | None, tls: bool
+    ) -> Channel:
+        """Serve here an HTTP Channel another broker of the bus opened (its log is bus-wide).
+
+        The caller checked the client's secret against ``digest``, the log's.
+        """
+        channel = self.channels.adopt(
+            channel_id, ChannelKind.HTTP, LogMailbox(self.plane.channel_log, channel_id),
+            remote=remote,
+        )  # fmt: skip
+        if not channel.secret_digest:
+            channel.secret_digest = digest
+            channel.access = _access(address, tls, channel_id=channel.id)
+            self.router.channel_opened(channel)
+            self.log.info(
+                "channel.adopt",
+                extra={"channel": channel.id, "remote": remote, "transport": "http"},
+            )
+        return channel
 
     # -- access control ----------------------------------------------------------
 

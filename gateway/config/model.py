@@ -72,6 +72,15 @@ class ChannelLimits:
     long_poll_max_frames: int = 256
     #: Seconds without a request after which a stateless HTTP Channel expires.
     http_idle_timeout: float = 120.0
+    #: Seconds a Command routed to a Channel stays in its bus-wide log (the
+    #: routing plane's Channel log: an HTTP Channel's mailbox, and what a
+    #: WebSocket Channel that reconnects resumes) until its client has it; older
+    #: unacknowledged Commands are dropped and a resume reports the gap.
+    log_max_age: float = 600.0
+    #: Commands a Channel's log keeps at most; past it the oldest go first.
+    log_max_frames: int = 10_000
+    #: Bytes of Commands a Channel's log keeps at most (the newest is always kept).
+    log_max_bytes: int = 16 * MiB
     #: Seconds an HTTP request's body has, from its first byte to its last, on
     #: Hypercorn and Uvicorn alike. A body that stalls or arrives too slowly (a
     #: ``Content-Length`` larger than what is sent, chunks that never end) gets

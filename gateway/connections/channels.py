@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from asbp import ChannelId, FaultCode
 from gateway.acl import AccessContext
+from gateway.connections.channel_secret import matches
 from gateway.connections.flow import FlowGate
 from gateway.connections.outboxes import Outbox
 
@@ -74,6 +75,9 @@ class Channel:
     address_key: str | None = None
     #: Whether it may be read from now (flow control: gateway.connections.flow).
     gate: FlowGate = field(default_factory=FlowGate)
+    #: The digest of the Channel's secret (gateway.connections.channel_secret);
+    #: empty for a Channel with none (a proxy).
+    secret_digest: bytes = b""
 
 
 class ChannelRegistry:
@@ -99,7 +103,9 @@ class ChannelRegistry:
         #: Open Channels per client address key (only keys holding one).
         self._held: dict[str, int] = {}
         self._groups: dict[str, set[ChannelId]] = {}
-        self._tombstones: OrderedDict[ChannelId, FaultCode] = OrderedDict()
+        #: Why each recently closed HTTP Channel closed, and its secret's digest:
+        #: only its owner may learn it.
+        self._tombstones: OrderedDict[ChannelId, tuple[FaultCode, bytes]] = OrderedDict()
         #: Called when a group gains its first member here, and loses its last: the
         #: bus-wide directory learns which brokers hold members (gateway.plane).
         self.on_group_first: Callable[[str], object] | None = None
@@ -124,6 +130,32 @@ class ChannelRegistry:
         channel = Channel(channel_id, kind, outbox, remote, address_key=address_key)
         channel.gate.own = outbox
         self._channels[channel_id] = channel
+        self.opened += 1
+        if address_key is not None:
+            self._held[address_key] = self._held.get(address_key, 0) + 1
+        return channel
+
+    def adopt(
+        self,
+        channel_id: str,
+        kind: ChannelKind,
+        outbox: Outbox,
+        *,
+        remote: str = "",
+        address_key: str | None = None,
+    ) -> Channel:
+        """Hold here a Channel another broker of the bus opened, under its own identifier.
+
+        An HTTP Channel on a bus is served by whichever broker a request reaches
+        (gateway.transports.http): each keeps a Channel for it over the same log.
+        """
+        key = ChannelId(channel_id)
+        existing = self._channels.get(key)
+        if existing is not None:
+            return existing
+        channel = Channel(key, kind, outbox, remote, address_key=address_key)
+        channel.gate.own = outbox
+        self._channels[key] = channel
         self.opened += 1
         if address_key is not None:
             self._held[address_key] = self._held.get(address_key, 0) + 1
@@ -160,14 +192,20 @@ class ChannelRegistry:
         channel.groups.clear()
         channel.outbox.close()
         if channel.kind is ChannelKind.HTTP:
-            self._tombstones[channel.id] = channel.fault or FaultCode.UNKNOWN_CHANNEL
+            self._tombstones[channel.id] = (
+                channel.fault or FaultCode.UNKNOWN_CHANNEL,
+                channel.secret_digest,
+            )
             while len(self._tombstones) > TOMBSTONES:
                 self._tombstones.popitem(last=False)
         return True
 
-    def why_closed(self, channel_id: str) -> FaultCode | None:
-        """Why a recently closed HTTP Channel was closed, if it was."""
-        return self._tombstones.get(ChannelId(channel_id))
+    def why_closed(self, channel_id: str, secret: str | None) -> FaultCode | None:
+        """Why a recently closed HTTP Channel was closed, if it was and ``secret`` is its own."""
+        tombstone = self._tombstones.get(ChannelId(channel_id))
+        if tombstone is None or not matches(secret, tombstone[1]):
+            return None
+        return tombstone[0]
 
     def join(self, group: str, channels: Iterable[Channel]) -> None:
         """Add ``channels`` to ``group``."""

@@ -28,6 +28,16 @@ not local, so a Command whose target is here costs exactly what it did before
 the plane existed. When the plane reports that a broker it talked to is gone
 (``lost``), the router faults what that broker owed (2102).
 
+*The Channel log* (:class:`ChannelLog`, the plane's ``channel_log``) keeps, per
+Channel and bus-wide, an ordered and bounded retention of the Commands routed
+to it: numbered from 1 (the numbers HTTP long-polls acknowledge as
+``ASBP-Seq``), read after a number from any broker, acknowledged (trimmed),
+woken across brokers within milliseconds, expired when idle, and held to the
+bus's :class:`LogRetention` (time, Commands, bytes). What retention drops
+before it was acknowledged is reported as a gap (``LogRead.lost_through``), so
+a reader always knows what it missed. The log also keeps the digest of the
+Channel's secret, so that any broker can check a client's credential.
+
 Implementations: :mod:`gateway.plane.memory` (brokers in one process; a single
 broker by default, where the router never calls it at all) and
 :mod:`gateway.plane.redis` (many brokers on one Redis).
@@ -47,9 +57,12 @@ from gateway.engines.base import EngineUnavailable
 __all__ = [
     "DEFAULT_LEASE",
     "Balance",
+    "ChannelLog",
     "Envelope",
     "EnvelopeKind",
     "Inbound",
+    "LogRead",
+    "LogRetention",
     "Lost",
     "Plane",
     "PlaneUnavailable",
@@ -93,6 +106,9 @@ class EnvelopeKind(enum.Enum):
     SUBJECT_ANSWER = "n"
     #: ``s`` ended: ``frame`` is the notice for the agents that authenticated it.
     SUBJECT_END = "e"
+    #: A REQUEST from a Channel with a Channel log (an HTTP Channel on a bus): its
+    #: answers go into that log (``channel_log.append``), not back to ``origin``.
+    LOGGED_REQUEST = "h"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +125,79 @@ class Envelope:
     #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
     #: JOIN, LEAVE and GROUP: the groups.
     among: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LogRetention:
+    """What a Channel log keeps at most, bus-wide: the oldest Commands go first."""
+
+    #: Seconds a Command stays in the log unacknowledged.
+    max_age: float = 600.0
+    #: Commands per Channel.
+    max_frames: int = 10_000
+    #: Bytes of Commands per Channel (the newest Command is kept even if larger).
+    max_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """What a read of a Channel log found."""
+
+    #: ``(number, frame)`` after the number asked for, oldest first.
+    frames: tuple[tuple[int, bytes], ...]
+    #: The number of the newest Command ever appended (0: none).
+    last_seq: int
+    #: The newest number that retention dropped before it was acknowledged
+    #: (0: none): a reader that had read only up to a lower number lost
+    #: ``reader's number + 1 .. lost_through``.
+    lost_through: int
+
+
+class ChannelLog(Protocol):
+    """Per Channel, the Commands routed to it, bus-wide; see the module docstring.
+
+    Writes (``open``, ``append``, ``acknowledge``, ``drop``) are submitted at
+    once and return futures the caller need not await: routing never waits
+    for the log. A broker's writes reach the log in the order it made them, so
+    a read made after an append sees it.
+    """
+
+    @property
+    def retention(self) -> LogRetention:
+        """What every Channel's log keeps at most."""
+        ...
+
+    def open(self, channel_id: str, *, digest: bytes, idle: float) -> asyncio.Future[None]:
+        """Start the log of ``channel_id``, empty, holding the digest of its secret.
+
+        The log (and the Channel, bus-wide) expires after ``idle`` seconds without
+        an append, a read or a ``touch``.
+        """
+        ...
+
+    def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
+        """Append ``frame``; the future: its number, or 0 when no such log exists."""
+        ...
+
+    def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
+        """Forget every Command numbered ``through`` or less (the reader has them)."""
+        ...
+
+    def drop(self, channel_id: str) -> asyncio.Future[None]:
+        """Forget the log of ``channel_id`` altogether (the Channel closed)."""
+        ...
+
+    async def digest(self, channel_id: str) -> bytes | None:
+        """The digest given to ``open``, or None when no such log exists (it also touches it)."""
+        ...
+
+    async def read(self, channel_id: str, after: int, limit: int, wait: float) -> LogRead | None:
+        """Acknowledge through ``after``, then up to ``limit`` Commands numbered above it.
+
+        When there are none, waits up to ``wait`` seconds for one to be appended
+        at any broker. None when no such log exists (never opened, dropped or expired).
+        """
+        ...
 
 
 #: Called with each envelope that arrives for this broker, on the event loop.
@@ -143,6 +232,11 @@ class Plane(Protocol):
     @property
     def lease(self) -> float:
         """Seconds within which a dead broker's entries stop being found."""
+        ...
+
+    @property
+    def channel_log(self) -> ChannelLog:
+        """The bus-wide Channel logs (usable once the plane has started)."""
         ...
 
     async def start(self, inbound: Inbound, lost: Lost) -> None:

@@ -24,14 +24,17 @@ from typing import TypeVar
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
+    ChannelLog,
     Envelope,
     EnvelopeKind,
     Inbound,
+    LogRetention,
     Lost,
     PlaneUnavailable,
     pick_among,
     pick_least,
 )
+from gateway.plane.memory_log import LogStore, MemoryChannelLog
 
 __all__ = ["MemoryBus", "MemoryPlane"]
 
@@ -43,9 +46,16 @@ class MemoryBus:
 
     Args:
         clock: monotonic seconds, for the leases.
+        log_clock: seconds for the Channel logs' retention and idle expiry
+            (``clock`` by default).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        log_clock: Callable[[], float] | None = None,
+    ) -> None:
         self.clock = clock
         #: The bus's identifier (``Plane.bus_id``).
         self.identifier = uuid.uuid4().hex
@@ -62,6 +72,8 @@ class MemoryBus:
         self.loads: dict[str, dict[str, int]] = {}
         #: Group → the brokers holding members of it.
         self.groups: dict[str, set[str]] = {}
+        #: Every Channel's log (gateway.plane.memory_log).
+        self.logs = LogStore(log_clock or clock)
 
     def alive(self, broker_id: str) -> bool:
         """Whether ``broker_id`` holds a lease now."""
@@ -92,6 +104,7 @@ class MemoryPlane:
             its own, where this broker is alone.
         lease: seconds within which a broker that stops renewing drops out.
         balance: how ``forward_request`` picks among brokers (gateway.plane.base).
+        retention: what each Channel's log keeps at most.
     """
 
     def __init__(
@@ -101,6 +114,7 @@ class MemoryPlane:
         bus: MemoryBus | None = None,
         lease: float = DEFAULT_LEASE,
         balance: Balance = "in_flight",
+        retention: LogRetention | None = None,
     ) -> None:
         self._balance = balance
         self._broker_id = broker_id
@@ -112,6 +126,7 @@ class MemoryPlane:
         self._renewal: asyncio.Task[None] | None = None
         self._peers: set[str] = set()
         self._turns = itertools.count()
+        self._log = MemoryChannelLog(self._bus.logs, retention or LogRetention())
 
     @property
     def broker_id(self) -> str:
@@ -128,6 +143,10 @@ class MemoryPlane:
     @property
     def lease(self) -> float:
         return self._lease
+
+    @property
+    def channel_log(self) -> ChannelLog:
+        return self._log
 
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound
@@ -247,6 +266,8 @@ class MemoryPlane:
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         bus = self._bus
+        if envelope.kind is EnvelopeKind.CHANNEL and self._logged(channel_id, envelope):
+            return _done(self._broker_id)
         target = bus.channels.get(channel_id)
         if target is not None and not (bus.alive(target) and self._hand(target, envelope)):
             target = None
@@ -274,6 +295,12 @@ class MemoryPlane:
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         return _done(self._bus.alive(broker_id) and self._hand(broker_id, envelope))
+
+    def _logged(self, channel_id: str, envelope: Envelope) -> bool:
+        """A frame for a Channel with a log (an HTTP Channel on a bus) goes into it."""
+        if self._inbound is None:
+            raise PlaneUnavailable("the plane is not started")
+        return self._log.append(channel_id, envelope.frame).result() > 0
 
     def _hand(self, broker_id: str, envelope: Envelope) -> bool:
         """Deliver on the next loop turn, as a stream read would: never re-entrantly."""

@@ -28,6 +28,15 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
+*An HTTP Channel on a bus* has no home broker: any broker serves its client,
+and what is sent to it goes into its Channel log in the plane: its requests
+travel as ``LOGGED_REQUEST``, whose proxy at the serving broker appends to the
+log instead of forwarding to the origin, and ``forward_to_channel`` (an
+agent's ``d``) puts a frame for a Channel with a log there in the same call.
+So a request from it is not kept in flight here: the serving broker's books
+(2103, 2102 when its Tube closes) answer into the log. What such a
+Channel loses is 2102 when the *serving broker* dies: nobody is left to say it.
+
 *An agent's Command for a Channel elsewhere*: ``d`` is looked up and forwarded
 by the plane in one call; a Channel that exists nowhere on the bus gets the
 agent fault 2104 as a Command, with its ``u``.
@@ -70,6 +79,7 @@ from asbp import ApplicationAgentId, ChannelId, Command, FaultCode, ProtocolErro
 from asbp.fault_commands import fault_command
 from asbp.names import JOIN
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
+from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.plane.base import Envelope, EnvelopeKind, Plane, pick_among
@@ -96,14 +106,25 @@ MAX_PROXIES: Final = 65_536
 class ForwardingOutbox:
     """The outbox of a proxy Channel: every frame goes to the Channel's own broker."""
 
-    __slots__ = ("_broker", "_channel", "_closed", "_log", "_plane")
+    __slots__ = ("_broker", "_channel", "_closed", "_log", "_plane", "logged")
 
-    def __init__(self, plane: Plane, broker_id: str, channel_id: str, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        plane: Plane,
+        broker_id: str,
+        channel_id: str,
+        log: logging.Logger,
+        *,
+        logged: bool = False,
+    ) -> None:
         self._plane = plane
         self._broker = broker_id
         self._channel = channel_id
         self._log = log
         self._closed = False
+        #: The Channel has a Channel log (an HTTP Channel on a bus): frames go
+        #: there, whichever broker its client asks next, and survive its origin.
+        self.logged = logged
 
     @property
     def broker_id(self) -> str:
@@ -117,9 +138,21 @@ class ForwardingOutbox:
     def offer(self, frame: bytes) -> bool:
         if self._closed:
             return False
+        if self.logged:
+            self._plane.channel_log.append(self._channel, frame).add_done_callback(self._logged)
+            return True
         envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
         self._plane.send_to(self._broker, envelope).add_done_callback(self._sent)
         return True
+
+    def _logged(self, future: asyncio.Future[int]) -> None:
+        if future.cancelled() or (future.exception() is None and future.result()):
+            return
+        # The log expired or the bus is unreachable: only the operator can be told.
+        self._log.warning(
+            "plane.forward_lost",
+            extra={"channel": self._channel, "broker": self._broker},
+        )
 
     def _sent(self, future: asyncio.Future[bool]) -> None:
         if future.cancelled() or (future.exception() is None and future.result()):
@@ -226,9 +259,17 @@ class Remote:
         name = command.name
         assert name is not None
         command_id = command.command_id
-        if command_id is not None:
+        if command_id is not None and not isinstance(channel.outbox, LogMailbox):
+            # An HTTP Channel on a bus has no home broker: its answers, faults
+            # included, go from the serving broker straight into its log, so they
+            # never pass here to be matched (the serving broker keeps the books).
             self.waiting.start(channel, command_id, self._unplaced, name)
-        envelope = Envelope(EnvelopeKind.REQUEST, self.plane.broker_id, channel.id, frame, among)
+        kind = (
+            EnvelopeKind.LOGGED_REQUEST
+            if isinstance(channel.outbox, LogMailbox)
+            else EnvelopeKind.REQUEST
+        )
+        envelope = Envelope(kind, self.plane.broker_id, channel.id, frame, among)
         if prefer:
             placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
         else:
@@ -350,7 +391,12 @@ class Remote:
             )
         for channel_id, proxy in list(self._proxies.items()):
             outbox = proxy.outbox
-            if isinstance(outbox, ForwardingOutbox) and outbox.broker_id == broker_id:
+            # A logged proxy does not depend on its origin: its frames go to the log.
+            if (
+                isinstance(outbox, ForwardingOutbox)
+                and outbox.broker_id == broker_id
+                and not outbox.logged
+            ):
                 del self._proxies[channel_id]
                 outbox.close()
         if self.subjects is not None:
@@ -365,11 +411,11 @@ class Remote:
         """The proxy of a remote Channel this broker has served, if it still has it."""
         return self._proxies.get(ChannelId(channel_id))
 
-    def _proxy(self, channel_id: str, broker_id: str) -> Channel:
+    def _proxy(self, channel_id: str, broker_id: str, *, logged: bool = False) -> Channel:
         key = ChannelId(channel_id)
         proxy = self._proxies.get(key)
         if proxy is None or proxy.outbox.closed:
-            outbox = ForwardingOutbox(self.plane, broker_id, channel_id, self._log)
+            outbox = ForwardingOutbox(self.plane, broker_id, channel_id, self._log, logged=logged)
             proxy = Channel(key, ChannelKind.REMOTE, outbox, remote=broker_id)
             self._proxies[key] = proxy
             while len(self._proxies) > MAX_PROXIES:
@@ -606,7 +652,8 @@ class Remote:
                     self.plane.request_done(entry.name, envelope.origin)
 
     def _for_respondent(self, envelope: Envelope) -> None:
-        proxy = self._proxy(envelope.channel, envelope.origin)
+        logged = envelope.kind is EnvelopeKind.LOGGED_REQUEST
+        proxy = self._proxy(envelope.channel, envelope.origin, logged=logged)
         try:
             command = asbp.decode(envelope.frame, limits=self._limits)
         except ProtocolError as exc:

@@ -9,7 +9,9 @@ cannot drive a user's browser into the broker (secure by default):
   application/asbp`` causes) is answered ``204`` with the ``Access-Control-*``
   headers for an allowed origin, ``403`` for another.
 * ``POST`` and ``GET /asbp`` from an allowed origin carry
-  ``Access-Control-Allow-Origin`` (and expose ``ASBP-Last-Seq``); from any
+  ``Access-Control-Allow-Origin`` and ``Access-Control-Allow-Credentials``
+  (the Channel secret's cookie is a credential), and expose ``ASBP-Last-Seq``, ``ASBP-Lost``
+  and ``ASBP-Secret``; a request may carry ``ASBP-Secret``; from any
   other origin they are refused with ``403`` and fault 3201 before anything
   is read. The browser would hide the answer anyway, but a ``text/plain``
   POST needs no preflight: refusing it is what keeps a foreign page from
@@ -78,7 +80,8 @@ def _refused(origin: str) -> Response:
 def _cors_headers(origin: str) -> dict[str, str]:
     return {
         "access-control-allow-origin": origin,
-        "access-control-expose-headers": "ASBP-Last-Seq",
+        "access-control-expose-headers": "ASBP-Last-Seq, ASBP-Secret, ASBP-Lost",
+        "access-control-allow-credentials": "true",
         "vary": "Origin",
     }
 
@@ -96,7 +99,7 @@ async def preflight(request: Request) -> Response:
             **_cors_headers(origin),
             "allow": "GET, POST, OPTIONS",
             "access-control-allow-methods": "GET, POST",
-            "access-control-allow-headers": "content-type",
+            "access-control-allow-headers": "content-type, asbp-secret",
             "access-control-max-age": _MAX_AGE,
         },
     )

@@ -39,8 +39,11 @@ from asbp import Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
 from asbp.names import ACCEPTED, CHANNEL
 from gateway.connections.addresses import TooManyChannels
+from gateway.connections.channel_secret import HEADER, SECRET_KEY, cookie_name, matches
 from gateway.connections.channels import Channel, ChannelKind
+from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox
+from gateway.plane.base import PlaneUnavailable
 from gateway.routing.sniff import sniff_command_id
 
 if TYPE_CHECKING:
@@ -79,15 +82,14 @@ def _unfinished(status: int, message: str) -> Response:
     return response
 
 
-def _gone(broker: Broker, channel_id: str | None, command_id: int | None = None) -> Response:
-    why = broker.channels.why_closed(channel_id) if channel_id else None
+def _gone(
+    broker: Broker, channel_id: str, secret: str | None, command_id: int | None = None
+) -> Response:
+    """A closed Channel: why, to its owner only (the same answer as unknown to anyone else)."""
+    why = broker.channels.why_closed(channel_id, secret)
     if why is FaultCode.SLOW_CONSUMER:
         return _fault(why, "the Channel was closed: its mailbox filled up", command_id=command_id)
-    return _fault(
-        FaultCode.UNKNOWN_CHANNEL,
-        "no such Channel at this broker (unknown or expired); POST without 'i' to open one",
-        command_id=command_id,
-    )
+    return _refused(command_id)
 
 
 #: Bytes of an oversized request body read and thrown away before answering 413.
@@ -126,11 +128,82 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
     return None if too_large else b"".join(chunks)
 
 
-def _http_channel(broker: Broker, channel_id: str | None) -> Channel | None:
-    channel = broker.channels.get(channel_id) if channel_id else None
-    if channel is None or channel.kind is not ChannelKind.HTTP:
-        return None
-    return channel
+def _refused(command_id: int | None = None) -> Response:
+    """The one answer to an unknown Channel and to a wrong or missing secret alike.
+
+    Whoever holds only ``i`` must not learn whether the Channel exists.
+    """
+    return _fault(
+        FaultCode.UNKNOWN_CHANNEL,
+        "no such Channel for this secret (unknown, expired, or the secret is missing or"
+        f" wrong: send it as {HEADER} or its cookie); POST without 'i' to open one",
+        command_id=command_id,
+    )
+
+
+def _presented(request: Request, channel_id: str) -> str | None:
+    """The secret the request carries: its header, else the Channel's cookie."""
+    return request.headers.get(HEADER) or request.cookies.get(cookie_name(channel_id))
+
+
+async def _owned_channel(
+    broker: Broker, request: Request, channel_id: str | None, command_id: int | None = None
+) -> Channel | Response:
+    """The HTTP Channel ``channel_id`` if the request proves it owns it, else the answer.
+
+    On a bus, a Channel another broker opened is looked up in the plane's
+    Channel log (its secret's digest is there) and adopted here.
+    """
+    if not channel_id:
+        return _refused(command_id)
+    presented = _presented(request, channel_id)
+    channel = broker.channels.get(channel_id)
+    if channel is not None:
+        if channel.kind is not ChannelKind.HTTP or not matches(presented, channel.secret_digest):
+            return _refused(command_id)
+        return channel
+    if presented is None or not broker.plane.spans_brokers:
+        return _gone(broker, channel_id, presented, command_id)
+    try:
+        digest = await broker.plane.channel_log.digest(channel_id)
+    except PlaneUnavailable:
+        return _fault(
+            FaultCode.ENGINE_UNAVAILABLE,
+            "the bus is unreachable: send again in a moment",
+            command_id=command_id,
+            status=503,
+        )
+    if digest is None or not matches(presented, digest):
+        return _gone(broker, channel_id, presented, command_id)
+    client = request.client
+    return broker.adopt_http_channel(
+        channel_id,
+        digest,
+        f"{client.host}:{client.port}" if client else "",
+        address=client.host if client else None,
+        tls=request.url.scheme == "https",
+    )
+
+
+def _set_secret(response: Response, request: Request, channel_id: str, secret: str) -> None:
+    """Give the client the secret: a header for programs, a cookie for browsers.
+
+    The cookie is ``HttpOnly`` (no script reads it) and ``Secure``; a page of
+    another origin allowed by ``cors_origins`` gets ``SameSite=None`` (its
+    requests are cross-site), the broker's own pages ``Strict``.
+    """
+    origin = request.headers.get("origin")
+    host = request.headers.get("host")
+    cross = origin is not None and origin.split("://", 1)[-1].lower() != (host or "").lower()
+    response.headers[HEADER] = secret
+    response.set_cookie(
+        cookie_name(channel_id),
+        secret,
+        path=request.url.path,
+        httponly=True,
+        secure=True,
+        samesite="none" if cross else "strict",
+    )
 
 
 async def post(request: Request) -> Response:
@@ -177,17 +250,18 @@ async def post(request: Request) -> Response:
             if exc.retry_after is not None:
                 response.headers["Retry-After"] = str(exc.retry_after)
             return response
-        channel, _ = broker.open_http_channel(
+        channel, secret = broker.open_http_channel(
             remote,
             address=client.host if client else None,
             tls=request.url.scheme == "https",
             address_key=key,
         )
     else:
-        found = _http_channel(broker, channel_id)
-        if found is None:
-            return _gone(broker, channel_id, command_id)
+        found = await _owned_channel(broker, request, channel_id, command_id)
+        if isinstance(found, Response):
+            return found
         channel = found
+        secret = None
     channel.last_seen = time.monotonic()
     gate = channel.gate
     if gate.blocked:
@@ -206,12 +280,17 @@ async def post(request: Request) -> Response:
         gate.give_up()  # a destination that did not drain in all that time has stopped
     if command.name != CHANNEL:
         # The frame too: the router forwards it as it is where it can, and the
-        # event log takes the header's size from it.
+        # event log takes the header's size from it. Never the secret: it is
+        # not in the frame (the client sends it beside, as a header or cookie).
         broker.router.channel_command(channel, command, body)
     reply = Command(c=ACCEPTED, i=channel.id, b=broker.broker_id)
     if command_id is not None:
         reply = reply.with_keys(u=command_id)
-    return Response(asbp.encode(reply), media_type=MEDIA_TYPE)
+    if secret is None:
+        return Response(asbp.encode(reply), media_type=MEDIA_TYPE)
+    response = Response(asbp.encode(reply.with_keys(**{SECRET_KEY: secret})), media_type=MEDIA_TYPE)
+    _set_secret(response, request, channel.id, secret)
+    return response
 
 
 def _multipart(frames: list[tuple[int, bytes]]) -> tuple[bytes, str]:
@@ -263,10 +342,10 @@ async def poll(request: Request) -> Response:
     """``GET /asbp?i=..&after=..[&wait=..]``: the Channel's waiting Commands."""
     broker: Broker = request.state.broker
     params = request.query_params
-    channel_id = params.get("i")
-    channel = _http_channel(broker, channel_id)
-    if channel is None:
-        return _gone(broker, channel_id)
+    found = await _owned_channel(broker, request, params.get("i"))
+    if isinstance(found, Response):
+        return found
+    channel = found
     limits = broker.config.channels
     try:
         after = int(params.get("after", "0"))
@@ -274,18 +353,61 @@ async def poll(request: Request) -> Response:
     except ValueError:
         return _fault(FaultCode.INVALID_MESSAGE_FORMAT, "'after' and 'wait' must be numbers")
     wait = max(0.0, min(wait, limits.long_poll_timeout))
-    mailbox = channel.outbox
-    assert isinstance(mailbox, Mailbox)
     channel.last_seen = time.monotonic()
+    mailbox = channel.outbox
+    if isinstance(mailbox, LogMailbox):
+        return await _poll_log(request, broker, channel, after, wait)
+    assert isinstance(mailbox, Mailbox)
     frames = await _poll_until_gone(request, mailbox, after, wait, limits.long_poll_max_frames)
     channel.last_seen = time.monotonic()
     if not frames:
         if channel.closed:
-            return _gone(broker, channel.id)
+            return _gone(broker, channel.id, _presented(request, channel.id))
         return Response(status_code=204, headers={"ASBP-Last-Seq": str(mailbox.last_seq)})
+    return _frames(frames)
+
+
+def _frames(frames: list[tuple[int, bytes]]) -> Response:
     body, boundary = _multipart(frames)
     return Response(
         body,
         media_type=f'multipart/mixed; boundary="{boundary}"',
         headers={"ASBP-Last-Seq": str(frames[-1][0])},
     )
+
+
+async def _poll_log(
+    request: Request, broker: Broker, channel: Channel, after: int, wait: float
+) -> Response:
+    """A long-poll answered from the Channel's log in the plane (a bus of many brokers)."""
+    limit = broker.config.channels.long_poll_max_frames
+    reading = asyncio.ensure_future(broker.plane.channel_log.read(channel.id, after, limit, wait))
+    watching = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({reading, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+    if not reading.done():
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, PlaneUnavailable):
+            await reading
+        return Response(status_code=204)
+    channel.last_seen = time.monotonic()
+    try:
+        read = reading.result()
+    except PlaneUnavailable:
+        return _fault(
+            FaultCode.ENGINE_UNAVAILABLE,
+            "the bus is unreachable: poll again in a moment",
+            status=503,
+        )
+    if read is None:
+        return _refused()  # expired bus-wide
+    if not read.frames:
+        response = Response(status_code=204, headers={"ASBP-Last-Seq": str(read.last_seq)})
+    else:
+        response = _frames(list(read.frames))
+    if read.lost_through > after:
+        # Retention dropped Commands the client had not acknowledged: say which.
+        response.headers["ASBP-Lost"] = f"{after + 1}-{read.lost_through}"
+    return response

@@ -226,7 +226,10 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         return
     channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=key)
     router = broker.router
-    router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id))
+    # The greeting carries the Channel secret (docs/protocol.md, "The Channel
+    # secret"): this connection is the only place it is ever written.
+    secret = broker.channel_secret(channel)
+    router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id, secret=secret))
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame

@@ -8,12 +8,14 @@ import pytest
 
 import asbp
 from asbp import Command, decode, encode, names
+from asbp.header import RESERVED_KEYS
 
 #: Every Command-Name in asbp.names (the prefix and the subprotocol are not ones).
 COMMAND_NAMES = {
     attribute: getattr(names, attribute)
     for attribute in names.__all__
-    if attribute not in {"PREFIX", "MESSAGING", "BEARER_SUBPROTOCOL_PREFIX"}
+    if attribute
+    not in {"PREFIX", "MESSAGING", "BEARER_SUBPROTOCOL_PREFIX", "SECRET_KEY", "SECRET_HEADER"}
 }
 PROTOCOL_MD = Path(__file__).parents[2] / "docs" / "protocol.md"
 
@@ -46,6 +48,16 @@ def test_messaging_is_the_seven_topic_and_queue_names() -> None:
         names.NOTIFICATION,
         names.NOTICE,
     } == names.MESSAGING
+
+
+def test_the_secret_s_key_and_header_travel_as_they_are() -> None:
+    # The key is an ordinary header key, and its value (URL-safe base64) a plain value.
+    command = Command(c=names.ACCEPTED, **{names.SECRET_KEY: "aZ09-_" * 7 + "x"})
+    assert decode(encode(command)) == command
+    # The header name is an RFC 9110 token, and no reserved key stands for it.
+    assert names.SECRET_HEADER.isascii()
+    assert all(ch.isalnum() or ch == "-" for ch in names.SECRET_HEADER)
+    assert names.SECRET_KEY not in RESERVED_KEYS
 
 
 def test_the_bearer_prefix_is_a_websocket_subprotocol_token() -> None:

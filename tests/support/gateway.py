@@ -228,11 +228,18 @@ class HttpChannel:
     id: str = ""
     #: The highest ``ASBP-Seq`` read so far, sent back as ``after``.
     seen: int = 0
+    #: The Channel's secret, from ``asbp.accepted``; sent as ``ASBP-Secret``.
+    secret: str = ""
+
+    def _headers(self) -> dict[str, str]:
+        return {"ASBP-Secret": self.secret} if self.secret else {}
 
     async def post(self, frame: Command | bytes) -> tuple[int, Command]:
         body = asbp.encode(frame) if isinstance(frame, Command) else frame
         response = await self.client.post(
-            self.url, content=body, headers={"Content-Type": "application/asbp"}
+            self.url,
+            content=body,
+            headers={"Content-Type": "application/asbp", **self._headers()},
         )
         return response.status_code, decode(response.content)
 
@@ -242,12 +249,15 @@ class HttpChannel:
         assert reply.name == "asbp.accepted"
         assert reply.channel_id is not None
         self.id = reply.channel_id
+        secret = reply.get("secret")
+        assert isinstance(secret, str), reply
+        self.secret = secret
         return self
 
     async def poll_response(self, *, after: int | None = None, wait: float = 0) -> httpx.Response:
         params = {"i": self.id, "after": str(self.seen if after is None else after)}
         params["wait"] = f"{wait:g}"
-        return await self.client.get(self.url, params=params)
+        return await self.client.get(self.url, params=params, headers=self._headers())
 
     async def poll(
         self, *, after: int | None = None, wait: float = 5 * T

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 
-from gateway.plane.base import Envelope, Plane
+from gateway.plane.base import Envelope, LogRetention, Plane
 from gateway.plane.memory import MemoryBus, MemoryPlane
 
 __all__ = ["PLANES", "Broker", "Bus"]
@@ -41,21 +42,34 @@ class Bus:
         self.kind = kind
         self._redis_url = redis_url
         self._lease = lease
-        self._memory = MemoryBus()
+        #: Seconds added to the Channel logs' clocks: tests move time on with it.
+        self.skew = 0.0
+        self._memory = MemoryBus(log_clock=self.log_clock)
         self._prefix = f"test{next(_prefixes)}:"
         self._brokers: list[Broker] = []
 
-    async def join(self, broker_id: str, *, lease: float | None = None) -> Broker:
+    def log_clock(self) -> float:
+        """The Channel logs' clock: the wall clock, moved on by ``skew``."""
+        return time.time() + self.skew
+
+    async def join(
+        self, broker_id: str, *, lease: float | None = None, retention: LogRetention | None = None
+    ) -> Broker:
         lease = self._lease if lease is None else lease
         plane: MemoryPlane | Plane
         if self.kind == "memory":
-            plane = MemoryPlane(broker_id, bus=self._memory, lease=lease)
+            plane = MemoryPlane(broker_id, bus=self._memory, lease=lease, retention=retention)
         else:
             from gateway.plane.redis.plane import RedisPlane
 
             assert self._redis_url is not None
             plane = RedisPlane(
-                self._redis_url, broker_id=broker_id, lease=lease, prefix=self._prefix
+                self._redis_url,
+                broker_id=broker_id,
+                lease=lease,
+                prefix=self._prefix,
+                retention=retention,
+                clock=self.log_clock,
             )
         broker = Broker(plane)
         await plane.start(broker.inbound.put_nowait, broker.lost.put_nowait)

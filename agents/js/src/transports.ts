@@ -138,6 +138,11 @@ export function openLongPoll(
   wait: number,
 ): Transport {
   let channelId: string | undefined;
+  // The Channel secret from asbp.accepted: every later request presents it,
+  // because `i` alone proves nothing (docs/protocol.md, "The Channel secret").
+  // A header rather than the broker's HttpOnly cookie, so that it works the
+  // same in Node, React Native and pages of another origin.
+  let secret: string | undefined;
   let closed = false;
   let opened = false;
   let after = 0;
@@ -151,11 +156,12 @@ export function openLongPoll(
     stop.abort();
     events.close(opened, reason);
   };
+  const proof = (): Record<string, string> => (secret === undefined ? {} : { "asbp-secret": secret });
   const post = async (frame: Uint8Array<ArrayBuffer>): Promise<Response> =>
     fetchImpl(url, {
       method: "POST",
       body: frame,
-      headers: { "content-type": "application/asbp" },
+      headers: { "content-type": "application/asbp", ...proof() },
       signal: stop.signal,
     });
   // A POST's answer is the transport's own asbp.accepted, or a fault for what
@@ -170,6 +176,7 @@ export function openLongPoll(
       const response = await fetchImpl(`${url}?i=${channelId}&after=${after}&wait=${wait}`, {
         signal: stop.signal,
         cache: "no-store",
+        headers: proof(),
       });
       if (response.status === 204) {
         await response.arrayBuffer();
@@ -194,8 +201,11 @@ export function openLongPoll(
     const response = await post(new TextEncoder().encode("c=asbp.channel;"));
     const body = new Uint8Array(await response.arrayBuffer());
     if (!response.ok) throw new Error(`opening an HTTP Channel answered ${response.status}`);
-    channelId = decode(body, limits).get("i");
+    const accepted = decode(body, limits);
+    channelId = accepted.get("i");
+    secret = accepted.get("secret");
     if (channelId === undefined) throw new Error("the broker's answer carried no Channel-Identifier");
+    if (secret === undefined) throw new Error("the broker's answer carried no Channel secret");
     opened = true;
     events.open(channelId);
     await pollLoop();

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -47,13 +48,18 @@ from gateway.engines.redis.calls import script_command
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
+    ChannelLog,
     Envelope,
     EnvelopeKind,
     Inbound,
+    LogRetention,
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.log import RedisChannelLog
+from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
+    CHANNEL_CLOSED,
     DONE,
     FORWARD_CHANNEL,
     FORWARD_EACH,
@@ -87,6 +93,8 @@ SWEEP_BATCH: Final = 1000
 #: or not, can hold a line feed (draft §1.3.4.1), where a group name can hold ",".
 _SEPARATOR: Final = "\n"
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
+#: The ``k`` of a wake-up for a reader parked on a Channel log (gateway.plane.redis.log).
+_WAKE: Final = b"w"
 
 
 class _Future(Call):
@@ -189,6 +197,8 @@ class RedisPlane:
         prefix: the keys' prefix (tests use their own).
         sweep_batch: directory entries one script call forgets at most.
         balance: how ``forward_request`` picks among brokers (gateway.plane.base).
+        retention: what each Channel's log keeps at most.
+        clock: seconds since the epoch, for the Channel logs' times.
     """
 
     def __init__(
@@ -200,6 +210,8 @@ class RedisPlane:
         prefix: str = PREFIX,
         sweep_batch: int = SWEEP_BATCH,
         balance: Balance = "in_flight",
+        retention: LogRetention | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._balance = balance
         self._sweep_batch = sweep_batch
@@ -227,6 +239,14 @@ class RedisPlane:
         self._names: set[str] = set()
         self._groups: set[str] = set()
         self._peers: set[str] = set()
+        self._log = RedisChannelLog(
+            self._submit,
+            prefix=prefix,
+            broker_id=broker_id,
+            retention=retention or LogRetention(),
+            stream_max=STREAM_MAX,
+            clock=clock,
+        )
 
     @property
     def broker_id(self) -> str:
@@ -244,13 +264,17 @@ class RedisPlane:
     def lease(self) -> float:
         return self._lease
 
+    @property
+    def channel_log(self) -> ChannelLog:
+        return self._log
+
     # -- life cycle ------------------------------------------------------------
 
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound
         self._lost = lost
         self._client = Redis.from_url(self._url, decode_responses=False)
-        self._batcher = Batcher(self._client, SCRIPTS)
+        self._batcher = Batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
         try:
             await self._batcher.load_scripts()
             key = f"{self._prefix}bus"
@@ -291,6 +315,7 @@ class RedisPlane:
             with contextlib.suppress(asyncio.CancelledError, AttributeError, *CONNECTION_ERRORS):
                 await task
         self._inbound = None
+        self._log.wake_all()
 
     async def _disconnect(self) -> None:
         batcher, self._batcher = self._batcher, None
@@ -450,7 +475,11 @@ class RedisPlane:
                 ("HSET", f"{self._prefix}ch", channel_id, self._broker_id),
                 ("SADD", own, channel_id),
             ]
-        return [("HDEL", f"{self._prefix}ch", channel_id), ("SREM", own, channel_id)]
+        return [
+            script_command(
+                CHANNEL_CLOSED, (f"{self._prefix}ch", own), (channel_id, self._broker_id)
+            )
+        ]
 
     def _name_commands(self, name: str, *, serving: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}names:{self._broker_id}"
@@ -520,6 +549,10 @@ class RedisPlane:
         return self._submit(command, self._peer)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        if envelope.kind is EnvelopeKind.CHANNEL:
+            # A Channel with a log (an HTTP Channel) takes it there, in the same call.
+            command = self._log.log_or_forward(channel_id, envelope.frame, f"{self._prefix}ch")
+            return self._submit(command, self._peer)
         command = script_command(
             FORWARD_CHANNEL,
             (f"{self._prefix}ch",),
@@ -585,6 +618,8 @@ class RedisPlane:
 
     def _peer(self, reply: Any) -> str | None:
         broker_id = _text(reply)
+        if broker_id == "":
+            return self._broker_id  # into the Channel's log: no broker to watch
         if broker_id is not None:
             self._peers.add(broker_id)
         return broker_id
@@ -659,6 +694,9 @@ class RedisPlane:
         return connection
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"k") == _WAKE:
+            self._log.wake(fields.get(b"i", b"").decode())
+            return
         inbound = self._inbound
         kind = _KINDS.get(fields.get(b"k", b""))
         if inbound is None or kind is None:

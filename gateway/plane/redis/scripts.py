@@ -221,6 +221,18 @@ return {swept, 0}
 """,
 )
 
+#: KEYS: ch, chs:<self>; ARGV: channel, self. The directory entry dropped only if it
+#: is still this broker's: on a bus, several brokers serve one HTTP Channel, and
+#: the one that stops must not unlist it for the others.
+CHANNEL_CLOSED: Final = Script(
+    "plane_channel_closed",
+    """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+""",
+)
+
 SCRIPTS: Final = (
     REPORT,
     DONE,
@@ -230,4 +242,5 @@ SCRIPTS: Final = (
     SEND_TO,
     LEAVE,
     SWEEP,
+    CHANNEL_CLOSED,
 )

@@ -159,7 +159,7 @@ async def test_an_http_publisher_gets_429_with_2109_until_its_destination_drains
         gateway.url,
         content=b"c=asbp.publish,i=%s,destination=%s,u=6;m"
         % (publisher.id.encode(), TOPIC.encode()),
-        headers={"Content-Type": "application/asbp"},
+        headers={"Content-Type": "application/asbp", "ASBP-Secret": publisher.secret},
     )
     assert response.status_code == 429
     assert int(response.headers["retry-after"]) >= 1

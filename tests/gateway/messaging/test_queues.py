@@ -306,7 +306,14 @@ async def test_a_consumer_delivers_only_what_fits_the_outbox_bytes(
     assert sorted(n.body[0] for n in notes) == list(range(total))  # each once
     assert {len(n.body) for n in notes} == {LARGE}
     assert {n.get("deliveries") for n in notes} == {"1"}  # none released, none expired
-    assert broker.events.find("consumer.held_back", queue="large")  # the case under test
+    bus = await broker.call(lambda b: b.plane.spans_brokers)
+    if transport == "http" and bus:
+        # On a bus an HTTP Channel's mailbox is its Channel log in Redis, bounded by
+        # the log's retention (log_max_bytes), not by an outbox here: nothing is
+        # held back, and everything still arrives once (checked above).
+        assert not broker.events.find("consumer.held_back", queue="large")
+    else:
+        assert broker.events.find("consumer.held_back", queue="large")  # the case under test
     assert not broker.events.find("channel.slow_consumer")
     assert (await consumer.call("asbp.poll", destination="large")).get("count") == "0"
     assert consumer.pending() == []

@@ -89,13 +89,16 @@ def test_readme_shows_the_two_commands_first() -> None:
 
 def test_a_newcomer_gets_the_agents_reply_with_curl(demo: str) -> None:
     send = "curl -s -d 'c=echo,u=1;hello' http://127.0.0.1:8080/asbp"
-    poll = "curl -s 'http://127.0.0.1:8080/asbp?i="
+    poll = "curl -s -H 'ASBP-Secret: "
     assert send in README and poll in README
 
     accepted = _curl("-d", "c=echo,u=1;hello", f"{demo}/asbp")
-    match = re.fullmatch(r"c=asbp\.accepted,i=([0-9a-f]{32}),b=[^,;]+,u=1;", accepted)
+    match = re.fullmatch(
+        r"c=asbp\.accepted,i=([0-9a-f]{32}),b=[^,;]+,u=1,secret=([A-Za-z0-9_-]{43});", accepted
+    )
     assert match, accepted
-    answer = _curl(f"{demo}/asbp?i={match.group(1)}&wait={5 * T}")
+    secret = f"ASBP-Secret: {match.group(2)}"
+    answer = _curl("-H", secret, f"{demo}/asbp?i={match.group(1)}&wait={5 * T}")
     assert "ASBP-Seq: 1" in answer
     # curl output read as text: the parts' CRLFs arrive as newlines.
     assert "\nc=echo.reply,u=1,a=echo;hello\n" in answer

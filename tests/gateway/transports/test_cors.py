@@ -60,7 +60,7 @@ async def test_the_preflight_of_an_allowed_origin(gateway: Gateway) -> None:
     assert response.status_code == 204
     assert response.headers["access-control-allow-origin"] == APP
     assert response.headers["access-control-allow-methods"] == "GET, POST"
-    assert response.headers["access-control-allow-headers"] == "content-type"
+    assert response.headers["access-control-allow-headers"] == "content-type, asbp-secret"
     assert response.headers["vary"] == "Origin"
 
 
@@ -82,11 +82,18 @@ async def test_an_allowed_origin_sends_and_long_polls(gateway: Gateway) -> None:
     accepted = await client.post(gateway.url, content=b"c=asbp.ping,u=1;hi")
     assert accepted.status_code == 200
     assert accepted.headers["access-control-allow-origin"] == APP
+    assert accepted.headers["access-control-allow-credentials"] == "true"
+    # Another site's page: its requests are cross-site, so the cookie must be too.
+    cookie = accepted.headers["set-cookie"].lower()
+    assert "samesite=none" in cookie and "secure" in cookie and "httponly" in cookie
     channel = asbp.decode(accepted.content).channel_id
-    polled = await client.get(f"{gateway.url}?i={channel}&wait=5")
+    secret = accepted.headers["asbp-secret"]
+    polled = await client.get(f"{gateway.url}?i={channel}&wait=5", headers={"asbp-secret": secret})
     assert polled.status_code == 200
     assert polled.headers["access-control-allow-origin"] == APP
-    assert polled.headers["access-control-expose-headers"] == "ASBP-Last-Seq"
+    assert (
+        polled.headers["access-control-expose-headers"] == "ASBP-Last-Seq, ASBP-Secret, ASBP-Lost"
+    )
     assert b"c=asbp.pong,u=1;hi" in polled.content
 
 

@@ -71,7 +71,10 @@ async def test_conversation_with_httpx(
     assert accepted.name == "asbp.accepted"
     assert accepted.get("b") == BROKER_ID
     assert accepted.channel_id is not None
-    user = HttpChannel(client, gateway.url, accepted.channel_id)
+    secret = accepted.get("secret")
+    assert isinstance(secret, str) and len(secret) >= 22  # >= 128 random bits in base64
+    assert response.headers["asbp-secret"] == secret
+    user = HttpChannel(client, gateway.url, accepted.channel_id, secret=secret)
 
     # A Command for an agent, and one the broker answers itself.
     status, reply = await user.post(Command({"c": "echo", "i": user.id, "u": 1}, b"one"))
@@ -121,22 +124,25 @@ async def test_conversation_with_curl(
     assert int(headers["content-length"]) == len(body)
     channel_id = decode(body).channel_id
     assert channel_id is not None
+    proof = f"ASBP-Secret: {headers['asbp-secret']}"
 
     status, _, body = await run_curl(
-        flag, gateway.url, data=b"c=asbp.ping,u=3,i=%s;hi" % channel_id.encode()
+        flag, "-H", proof, gateway.url, data=b"c=asbp.ping,u=3,i=%s;hi" % channel_id.encode()
     )
     assert status == 200
     assert decode(body) == Command(c="asbp.accepted", i=channel_id, b=BROKER_ID, u=3)
 
     poll = f"{gateway.url}?i={channel_id}&after=0&wait={5 * T:g}"
-    status, headers, body = await run_curl(flag, poll)
+    status, headers, body = await run_curl(flag, "-H", proof, poll)
     assert status == 200
     assert headers["asbp-last-seq"] == "1"
     assert [
         (seq, decode(frame)) for seq, frame in parse_multipart(headers["content-type"], body)
     ] == [(1, Command({"c": "asbp.pong", "u": 3}, b"hi"))]
 
-    status, headers, body = await run_curl(flag, f"{gateway.url}?i={channel_id}&after=1&wait=0")
+    status, headers, body = await run_curl(
+        flag, "-H", proof, f"{gateway.url}?i={channel_id}&after=1&wait=0"
+    )
     assert (status, headers["asbp-last-seq"], body) == (204, "1", b"")
 
 
@@ -157,6 +163,7 @@ async def test_post_without_i_opens_a_new_channel_each_time(gateway: Gateway) ->
     assert (status, accepted.name, accepted.get("u")) == (200, "asbp.accepted", "9")
     assert accepted.channel_id not in (None, first.id, second.id)
     fresh.id = accepted.channel_id or ""
+    fresh.secret = str(accepted.get("secret"))
     assert await fresh.poll() == [(1, Command({"c": "asbp.pong", "u": 9}, b"x"))]
     # ...and nothing went to the others.
     assert await first.poll(wait=0) == []
@@ -301,7 +308,9 @@ async def _request_entered(gateway: Gateway) -> asyncio.Event:
 @pytest.mark.parametrize("query", ["after=x", "wait=soon"])
 async def test_non_numeric_after_or_wait_is_400(gateway: Gateway, query: str) -> None:
     user = await gateway.http_channel()
-    response = await user.client.get(f"{gateway.url}?i={user.id}&{query}")
+    response = await user.client.get(
+        f"{gateway.url}?i={user.id}&{query}", headers={"ASBP-Secret": user.secret}
+    )
     assert response.status_code == 400
     assert_fault(decode(response.content), 1201)
 

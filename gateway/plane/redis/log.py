@@ -1,0 +1,189 @@
+"""The Channel log on Redis: a stream per Channel, written through the plane's Batcher.
+
+Every operation is one script call (:mod:`gateway.plane.redis.log_scripts`)
+submitted to the plane's :class:`gateway.engines.redis.batch.Batcher`, so
+concurrent appends from a busy broker share one pipeline and the router,
+which only submits, never waits for Redis. A broker's calls reach Redis in
+the order it made them, so its read after its own append sees the append.
+
+A reader that finds nothing parks: the read script adds this broker to the
+log's waiting set in the same call that found it empty, and the next append,
+at any broker, XADDs a wake-up to this broker's inbound stream. The plane's
+reader (already blocked in XREAD on that stream) hands it to :meth:`wake`,
+which releases every local reader of that Channel to read again: one
+round trip plus one XREAD, a few milliseconds, and no connection held per
+parked reader. A waiter is registered locally *before* the read is sent, so
+a wake-up that overtakes the read's reply is not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from gateway.engines.redis.calls import script_command
+from gateway.plane.base import LogRead, LogRetention
+from gateway.plane.redis.log_scripts import (
+    LOG_ACK,
+    LOG_APPEND,
+    LOG_DIGEST,
+    LOG_DROP,
+    LOG_OPEN,
+    LOG_OR_FORWARD,
+    LOG_READ,
+)
+
+__all__ = ["RedisChannelLog", "Submit"]
+
+#: Submits one command to the plane's Batcher; the future is settled with
+#: ``convert(reply)``, or fails with PlaneUnavailable.
+Submit = Callable[[tuple[Any, ...], Callable[[Any], Any]], "asyncio.Future[Any]"]
+
+_NOTHING: Final[tuple[tuple[int, bytes], ...]] = ()
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def _none(reply: Any) -> None:
+    return None
+
+
+def _read(reply: Any) -> LogRead | None:
+    if reply is None:
+        return None
+    frames = tuple((int(reply[i]), bytes(reply[i + 1])) for i in range(2, len(reply), 2))
+    return LogRead(frames, int(reply[0]), int(reply[1]))
+
+
+class RedisChannelLog:
+    """The Channel logs of one bus on Redis, seen from one broker.
+
+    Args:
+        submit: the plane's way to its Batcher.
+        prefix: the plane's key prefix.
+        broker_id: this broker (where appends send wake-ups for its readers).
+        retention: what each log keeps at most.
+        stream_max: the cap of the brokers' inbound streams.
+        clock: seconds since the epoch (the scripts compare times from it).
+    """
+
+    def __init__(
+        self,
+        submit: Submit,
+        *,
+        prefix: str,
+        broker_id: str,
+        retention: LogRetention,
+        stream_max: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._submit = submit
+        self._prefix = prefix
+        self._broker_id = broker_id
+        self._retention = retention
+        self._stream_max = stream_max
+        self._clock = clock
+        self._limits = (
+            _ms(retention.max_age),
+            retention.max_frames,
+            retention.max_bytes,
+        )
+        #: Channel → the futures of this broker's readers parked on its log.
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+
+    @property
+    def retention(self) -> LogRetention:
+        return self._retention
+
+    def _keys(self, channel_id: str) -> tuple[str, str, str]:
+        tag = "{" + channel_id + "}"
+        prefix = self._prefix
+        return (f"{prefix}log:{tag}", f"{prefix}logs:{tag}", f"{prefix}logw:{tag}")
+
+    def _now(self) -> int:
+        return _ms(self._clock())
+
+    def open(self, channel_id: str, *, digest: bytes, idle: float) -> asyncio.Future[None]:
+        command = script_command(LOG_OPEN, self._keys(channel_id), (digest, _ms(idle), self._now()))
+        return self._submit(command, _none)
+
+    def _append_args(self, channel_id: str, frame: bytes) -> tuple[Any, ...]:
+        return (frame, self._now(), *self._limits, self._prefix, channel_id, self._stream_max)
+
+    def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
+        command = script_command(
+            LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
+        )
+        return self._submit(command, int)
+
+    def log_or_forward(self, channel_id: str, frame: bytes, directory: str) -> tuple[Any, ...]:
+        """The script call of ``forward_to_channel``: its log if it has one, else its broker."""
+        return script_command(
+            LOG_OR_FORWARD,
+            (*self._keys(channel_id), directory),
+            (*self._append_args(channel_id, frame), self._broker_id),
+        )
+
+    def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
+        command = script_command(LOG_ACK, self._keys(channel_id), (through, self._now()))
+        return self._submit(command, _none)
+
+    def drop(self, channel_id: str) -> asyncio.Future[None]:
+        command = script_command(
+            LOG_DROP, self._keys(channel_id), (self._prefix, channel_id, self._stream_max)
+        )
+        return self._submit(command, _none)
+
+    async def digest(self, channel_id: str) -> bytes | None:
+        command = script_command(LOG_DIGEST, self._keys(channel_id), (self._now(),))
+        reply = await self._submit(command, lambda reply: reply)
+        return bytes(reply) if reply is not None else None
+
+    async def read(self, channel_id: str, after: int, limit: int, wait: float) -> LogRead | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            remaining = deadline - loop.time()
+            waiter: asyncio.Future[None] = loop.create_future()
+            waiters = self._waiters.setdefault(channel_id, set())
+            waiters.add(waiter)
+            try:
+                command = script_command(
+                    LOG_READ,
+                    self._keys(channel_id),
+                    (
+                        max(after, 0),
+                        limit,
+                        self._broker_id if remaining > 0 else "",
+                        self._now(),
+                        *self._limits,
+                    ),
+                )
+                found: LogRead | None = await self._submit(command, _read)
+                if found is None or found.frames or remaining <= 0:
+                    return found
+                try:
+                    async with asyncio.timeout(remaining):
+                        await waiter
+                except TimeoutError:
+                    return found
+            finally:
+                waiters.discard(waiter)
+                if not waiters and self._waiters.get(channel_id) is waiters:
+                    del self._waiters[channel_id]
+                waiter.cancel()
+
+    def wake(self, channel_id: str) -> None:
+        """An append (or a drop) happened on ``channel_id``'s log: its readers read again."""
+        for waiter in self._waiters.get(channel_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def wake_all(self) -> None:
+        """Every parked reader reads again (the plane is closing: they find out)."""
+        for channel_id in list(self._waiters):
+            self.wake(channel_id)

@@ -1,0 +1,215 @@
+"""The Lua scripts of the Channel log on Redis: each operation is one atomic script call.
+
+Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
+
+- ``<prefix>log:{<i>}``: a hash. ``h`` the digest of the Channel's secret,
+  ``x`` the idle expiry and ``s`` the last use (milliseconds), ``n`` the
+  newest number, ``a`` acknowledged through, ``l`` the newest number dropped
+  unacknowledged (the gap), ``b`` the bytes the stream holds.
+- ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
+  ``n``: fields ``f`` (the frame) and ``t`` (when appended, ms). Explicit ids
+  make the stream's order the numbers' order, and a read after ``n`` one
+  XRANGE from ``0-<n+1>``.
+- ``<prefix>logw:{<i>}``: the brokers with a reader parked on the log. An
+  append XADDs a wake-up (``k=w``) to each one's inbound stream, which its
+  plane reads with XREAD BLOCK already, and empties the set: a woken reader
+  reads again and parks again if it must.
+
+Times come from the broker's clock in ARGV, as the engine's scripts do, so
+tests can move it; the keys also get a PEXPIRE a minute past their idle
+expiry as a backstop for logs nobody touches again.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gateway.engines.redis.scripts import Script
+
+__all__ = [
+    "LOG_ACK",
+    "LOG_APPEND",
+    "LOG_DIGEST",
+    "LOG_DROP",
+    "LOG_OPEN",
+    "LOG_OR_FORWARD",
+    "LOG_READ",
+    "LOG_SCRIPTS",
+]
+
+#: KEYS: meta, stream, waiting. The functions every script below shares.
+_PRELUDE: Final = """
+local meta, stream, waiting = KEYS[1], KEYS[2], KEYS[3]
+local function live(now)
+  local m = redis.call('HMGET', meta, 'x', 's')
+  if not m[1] then return false end
+  local idle = tonumber(m[1])
+  if tonumber(m[2]) + idle <= now then
+    redis.call('DEL', meta, stream, waiting)
+    return false
+  end
+  redis.call('HSET', meta, 's', now)
+  redis.call('PEXPIRE', meta, idle + 60000)
+  redis.call('PEXPIRE', stream, idle + 60000)
+  return true
+end
+local function seq(id) return tonumber(string.sub(id, 3)) end
+local function ack(through)
+  local m = redis.call('HMGET', meta, 'a', 'n')
+  local acked, last = tonumber(m[1]), tonumber(m[2])
+  if through > last then through = last end
+  if through <= acked then return end
+  local size = 0
+  for _, e in ipairs(redis.call('XRANGE', stream, '-', '0-' .. through)) do
+    size = size + #e[2][2]
+  end
+  redis.call('XTRIM', stream, 'MINID', '0-' .. (through + 1))
+  redis.call('HINCRBY', meta, 'b', -size)
+  redis.call('HSET', meta, 'a', through)
+end
+local function trim(now, max_age, max_frames, max_bytes)
+  local count = redis.call('XLEN', stream)
+  local m = redis.call('HMGET', meta, 'b', 'a')
+  local size, acked = tonumber(m[1]), tonumber(m[2])
+  local lost = 0
+  while count > 0 do
+    local head = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+    local over = count > max_frames or (count > 1 and size > max_bytes)
+    if not over and tonumber(head[2][4]) > now - max_age then break end
+    redis.call('XDEL', stream, head[1])
+    count = count - 1
+    size = size - #head[2][2]
+    local n = seq(head[1])
+    if n > acked then lost = n end
+  end
+  redis.call('HSET', meta, 'b', size)
+  if lost > 0 then redis.call('HSET', meta, 'l', lost) end
+end
+local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  local now = tonumber(at)
+  if not live(now) then return 0 end
+  local n = redis.call('HINCRBY', meta, 'n', 1)
+  redis.call('XADD', stream, '0-' .. n, 'f', frame, 't', at)
+  redis.call('HINCRBY', meta, 'b', #frame)
+  trim(now, tonumber(max_age), tonumber(max_frames), tonumber(max_bytes))
+  for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
+    redis.call('XADD', prefix .. 'in:' .. b, 'MAXLEN', '~', cap, '*',
+      'k', 'w', 'o', '', 'i', channel, 'g', '', 'f', '')
+  end
+  redis.call('DEL', waiting)
+  return n
+end
+"""
+
+#: ARGV: digest, idle ms, now ms.
+LOG_OPEN: Final = Script(
+    "log_open",
+    _PRELUDE
+    + """
+redis.call('DEL', meta, stream, waiting)
+redis.call('HSET', meta, 'h', ARGV[1], 'x', ARGV[2], 's', ARGV[3], 'n', 0, 'a', 0, 'l', 0, 'b', 0)
+redis.call('PEXPIRE', meta, tonumber(ARGV[2]) + 60000)
+return 1
+""",
+)
+
+#: ARGV: frame, now ms, max age ms, max frames, max bytes, plane prefix, channel,
+#: inbound stream cap. Returns the frame's number, 0 when there is no log.
+LOG_APPEND: Final = Script(
+    "log_append",
+    _PRELUDE
+    + """
+return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+""",
+)
+
+#: ``forward_to_channel`` (gateway.plane.redis.plane): into the Channel's log
+#: when it has one (an HTTP Channel on a bus: any broker serves its client, so
+#: the log is its only address), else to the live broker the directory lists
+#: for it. ARGV: frame, now ms, max age ms, max frames, max bytes, plane
+#: prefix, channel, inbound stream cap, self; KEYS[4]: the directory hash.
+#: Returns '' (logged), the broker, or false.
+LOG_OR_FORWARD: Final = Script(
+    "log_or_forward",
+    _PRELUDE
+    + """
+if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+  return ''
+end
+local target = redis.call('HGET', KEYS[4], ARGV[7])
+if not target or redis.call('EXISTS', ARGV[6] .. 'alive:' .. target) == 0 then return false end
+redis.call('XADD', ARGV[6] .. 'in:' .. target, 'MAXLEN', '~', ARGV[8], '*',
+  'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
+return target
+""",
+)
+
+#: ARGV: through, now ms.
+LOG_ACK: Final = Script(
+    "log_ack",
+    _PRELUDE
+    + """
+if live(tonumber(ARGV[2])) then ack(tonumber(ARGV[1])) end
+return 1
+""",
+)
+
+#: ARGV: after, limit, broker parking a reader ('' : none), now ms, max age ms,
+#: max frames, max bytes. Returns false when there is no log, else
+#: {newest number, gap, id, frame, id, frame, ...}.
+LOG_READ: Final = Script(
+    "log_read",
+    _PRELUDE
+    + """
+local now = tonumber(ARGV[4])
+if not live(now) then return false end
+local after = tonumber(ARGV[1])
+ack(after)
+trim(now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+local m = redis.call('HMGET', meta, 'n', 'l', 'x')
+local out = {tonumber(m[1]), tonumber(m[2])}
+for _, e in ipairs(redis.call('XRANGE', stream, '0-' .. (after + 1), '+', 'COUNT', ARGV[2])) do
+  out[#out + 1] = seq(e[1])
+  out[#out + 1] = e[2][2]
+end
+if #out == 2 and ARGV[3] ~= '' then
+  redis.call('SADD', waiting, ARGV[3])
+  redis.call('PEXPIRE', waiting, tonumber(m[3]) + 60000)
+end
+return out
+""",
+)
+
+#: ARGV: now ms. Returns the digest, or false when there is no log.
+LOG_DIGEST: Final = Script(
+    "log_digest",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return false end
+return redis.call('HGET', meta, 'h')
+""",
+)
+
+#: ARGV: plane prefix, channel, inbound stream cap: the log forgotten, its readers woken.
+LOG_DROP: Final = Script(
+    "log_drop",
+    _PRELUDE
+    + """
+for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
+  redis.call('XADD', ARGV[1] .. 'in:' .. b, 'MAXLEN', '~', ARGV[3], '*',
+    'k', 'w', 'o', '', 'i', ARGV[2], 'g', '', 'f', '')
+end
+redis.call('DEL', meta, stream, waiting)
+return 1
+""",
+)
+
+LOG_SCRIPTS: Final = (
+    LOG_OPEN,
+    LOG_APPEND,
+    LOG_ACK,
+    LOG_READ,
+    LOG_DIGEST,
+    LOG_DROP,
+    LOG_OR_FORWARD,
+)
