@@ -204,6 +204,7 @@ class HttpChannel:
             await previous.aclose()
         self._after = 0
         self._channel_id = None
+        self._secret = None  # the lost Channel's: a new one gets its own
         self._client = httpx.AsyncClient(
             verify=self._ssl if self._ssl is not None else True,
             timeout=httpx.Timeout(self._timeout),

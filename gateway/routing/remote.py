@@ -568,7 +568,7 @@ class Remote:
         kind = envelope.kind
         if kind is EnvelopeKind.CHANNEL:
             self._for_channel(envelope)
-        elif kind is EnvelopeKind.REQUEST:
+        elif kind is EnvelopeKind.REQUEST or kind is EnvelopeKind.LOGGED_REQUEST:
             self._for_respondent(envelope)
         elif kind is EnvelopeKind.GROUP:
             self._for_groups(envelope)
