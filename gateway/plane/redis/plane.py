@@ -14,11 +14,14 @@ A renewal that finds its own key gone (Redis lost the broker for longer than
 the lease, or restarted) announces everything again from the local copy.
 
 *Forwarding.* Each broker reads one inbound stream, ``in:<b>``, with XREAD
-BLOCK on a connection of its own, and trims what it read. A forward is one
-script call (:mod:`gateway.plane.redis.scripts`) that finds a live target and
-XADDs to its stream, so it costs one round trip, batched like the engine's
-calls (:class:`gateway.engines.redis.batch.Batcher`): under load, a hundred
-forwards share one pipeline. A stream rather than pub/sub because a stream
+BLOCK on a connection of its own, and trims what it read. A forward is two
+script calls (:mod:`gateway.plane.redis.scripts`): a lookup that finds a live
+target in the directory, then a send that XADDs to its stream if the lease
+beside the stream still holds. Two because on a Redis Cluster the directory and
+each stream sit in different slots (:mod:`gateway.plane.redis.keys`); the
+calls are batched like the engine's
+(:class:`gateway.engines.redis.batch.Batcher`, split by slot on a cluster):
+under load, a hundred forwards share one pipeline. A stream rather than pub/sub because a stream
 keeps what its reader has not read yet (a reader reconnecting after a blip
 loses nothing) and an XADD to a broker whose lease is gone is refused, so a
 forward to a dead broker faults instead of vanishing. The stream is capped
@@ -37,12 +40,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_future
 from gateway.engines.redis.calls import script_command
+from gateway.engines.redis.connection import Client, batcher, connect, node_connection, refresh
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Envelope,
@@ -51,6 +54,7 @@ from gateway.plane.base import (
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.scripts import (
     FORWARD_CHANNEL,
     FORWARD_REQUEST,
@@ -74,6 +78,9 @@ _BLOCK_MS: Final = 200
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
+#: Seconds to connect, and to wait for a reply, before the bus counts as unreachable.
+_CONNECT_TIMEOUT: Final = 5.0
+_COMMAND_TIMEOUT: Final = 10.0
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
 
@@ -137,7 +144,8 @@ class RedisPlane:
     """The routing plane of the brokers sharing one Redis; see the module docstring.
 
     Args:
-        url: the Redis (the engine's).
+        url: the Redis (the engine's): one Redis, or a Redis Cluster
+            (``redis+cluster://``, :mod:`gateway.engines.redis.connection`).
         broker_id: this broker's Broker-Identifier.
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
@@ -149,9 +157,13 @@ class RedisPlane:
         self._url = url
         self._broker_id = broker_id
         self._lease = lease
-        self._prefix = prefix
-        self._stream = f"{prefix}in:{broker_id}"
-        self._client: Redis | None = None
+        # Directory keys share one hash tag; each broker's stream has its own
+        # (gateway/plane/redis/keys.py).
+        self._prefix = directory_prefix(prefix)
+        self._stream_prefix = prefix
+        self._stream = stream_key(prefix, broker_id)
+        self._live = live_key(prefix, broker_id)
+        self._client: Client | None = None
         self._batcher: Batcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -179,13 +191,15 @@ class RedisPlane:
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound
         self._lost = lost
-        self._client = Redis.from_url(self._url, decode_responses=False)
-        self._batcher = Batcher(self._client, SCRIPTS)
+        self._client = connect(
+            self._url, connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT
+        )
+        self._batcher = batcher(self._client, SCRIPTS)
         try:
             await self._batcher.load_scripts()
             # A broker restarted with the same identifier starts clean: whatever
             # its previous life announced or was sent is gone with it.
-            await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+            await self._leave()
             await self._renew()
         except (EngineUnavailable, PlaneUnavailable) as exc:
             await self.close()
@@ -199,7 +213,7 @@ class RedisPlane:
         await self._halt()
         if self._batcher is not None and self._client is not None:
             with contextlib.suppress(PlaneUnavailable, EngineUnavailable):
-                await self._call(script_command(LEAVE, (), (self._prefix, self._broker_id)))
+                await self._leave()
         await self._disconnect()
 
     async def abandon(self) -> None:
@@ -227,6 +241,11 @@ class RedisPlane:
         if client is not None:
             await client.aclose()
 
+    async def _leave(self) -> None:
+        brokers = f"{self._prefix}brokers"
+        await self._call(script_command(LEAVE, (brokers,), (self._prefix, self._broker_id)))
+        await self._call(("DEL", self._stream, self._live))
+
     # -- the lease -------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
@@ -242,10 +261,16 @@ class RedisPlane:
         previous = await self._call(
             ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
         )
+        # The copy beside the stream, which sends check (another slot on a cluster).
+        await self._call(("SET", self._live, "1", "PX", int(self._lease * 500)))
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
-        await self._call(script_command(SWEEP, (), (prefix,)))
+        swept = await self._call(script_command(SWEEP, (f"{prefix}brokers",), (prefix,)))
+        for gone in swept:
+            name = gone.decode()
+            gone_stream = stream_key(self._stream_prefix, name)
+            await self._call(("DEL", gone_stream, live_key(self._stream_prefix, name)))
         peers = sorted(self._peers)
         if peers:
             alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
@@ -322,52 +347,74 @@ class RedisPlane:
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        command = script_command(
-            FORWARD_REQUEST,
-            (f"{self._prefix}name:{name}",),
+        lookup = script_command(
+            FORWARD_REQUEST, (f"{self._prefix}name:{name}",), (self._prefix, self._broker_id)
+        )
+        return self._forward(lookup, envelope)
+
+    def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        lookup = script_command(FORWARD_CHANNEL, (f"{self._prefix}ch",), (self._prefix, channel_id))
+        return self._forward(lookup, envelope, channel=channel_id)
+
+    def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
+        self._peers.add(broker_id)
+        return self._submit(self._send_command(broker_id, envelope), bool)
+
+    def _send_command(
+        self, broker_id: str, envelope: Envelope, channel: str | None = None
+    ) -> tuple[Any, ...]:
+        return script_command(
+            SEND_TO,
+            (stream_key(self._stream_prefix, broker_id), live_key(self._stream_prefix, broker_id)),
             (
-                self._prefix,
                 self._broker_id,
                 envelope.kind.value,
-                envelope.channel,
+                envelope.channel if channel is None else channel,
                 ",".join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
             ),
         )
-        return self._submit(command, self._peer)
 
-    def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        command = script_command(
-            FORWARD_CHANNEL,
-            (f"{self._prefix}ch",),
-            (
-                self._prefix,
-                self._broker_id,
-                envelope.kind.value,
-                channel_id,
-                envelope.frame,
-                STREAM_MAX,
-            ),
-        )
-        return self._submit(command, self._peer)
+    def _forward(
+        self, lookup: tuple[Any, ...], envelope: Envelope, channel: str | None = None
+    ) -> asyncio.Future[str | None]:
+        """Look the target up (the directory's slot), then send to its stream (its slot).
 
-    def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
-        command = script_command(
-            SEND_TO,
-            (),
-            (
-                self._prefix,
-                self._broker_id,
-                envelope.kind.value,
-                envelope.channel,
-                envelope.frame,
-                STREAM_MAX,
-                broker_id,
-            ),
-        )
-        self._peers.add(broker_id)
-        return self._submit(command, bool)
+        Two calls, chained by callbacks rather than a task: the send is submitted
+        as the lookup settles, so forwards keep the order they were made in.
+        """
+        result: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        found = self._submit(lookup, _text)
+
+        def sent(target: str, future: asyncio.Future[bool]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+            elif (error := future.exception()) is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(self._peer(target.encode()) if future.result() else None)
+
+        def looked_up(future: asyncio.Future[str | None]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            error = future.exception()
+            target = None if error is not None else future.result()
+            if error is not None:
+                result.set_exception(error)
+            elif target is None:
+                result.set_result(None)
+            else:
+                send = self._submit(self._send_command(target, envelope, channel), bool)
+                send.add_done_callback(lambda done: sent(target, done))
+
+        found.add_done_callback(looked_up)
+        return result
 
     def _peer(self, reply: Any) -> str | None:
         broker_id = _text(reply)
@@ -417,6 +464,11 @@ class RedisPlane:
                         with contextlib.suppress(*CONNECTION_ERRORS):
                             await connection.disconnect()
                         connection = None
+                    # A cluster moved the stream's slot (MOVED) or lost its
+                    # primary: learn the slot map again before reconnecting.
+                    if self._client is not None:
+                        with contextlib.suppress(Exception):
+                            await refresh(self._client)
                     # Redis is away: try again, backing off up to a second.
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
@@ -440,9 +492,7 @@ class RedisPlane:
 
     def _new_connection(self) -> AbstractConnection:
         assert self._client is not None
-        pool = self._client.connection_pool
-        connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
-        return connection
+        return node_connection(self._client, self._stream)
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
         inbound = self._inbound

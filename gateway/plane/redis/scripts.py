@@ -1,18 +1,21 @@
-"""The Lua scripts of the Redis plane: each lookup and its forward are one script call.
+"""The Lua scripts of the Redis plane: lookups in the directory, and sends to a stream.
 
-A forward must find its target and hand the envelope over atomically: a
-lookup, a round trip, then an XADD would cost two round trips and could write
-to the stream of a broker that died in between. So each forward is one
-script: it finds a live broker and XADDs to that broker's inbound stream, or
-returns nil.
+Keys (see :mod:`gateway.plane.redis.keys` for which share a slot and why):
+the directory's, all under the tagged prefix passed as ``ARGV[1]``:
+``alive:<b>`` (the lease), ``brokers`` (every broker that joined), ``ch``
+(Channel → broker), ``chs:<b>`` (a broker's Channels), ``name:<n>`` (brokers
+serving a Command-Name), ``names:<b>`` (a broker's Command-Names), ``turn``
+(the round-robin counter); and each broker's inbound stream with the copy of
+its lease beside it, in a slot of their own.
 
-Keys, all under the prefix passed as ``ARGV[1]`` (see
-:mod:`gateway.plane.redis.plane`): ``alive:<b>`` (the lease), ``brokers`` (every
-broker that joined), ``ch`` (Channel → broker), ``chs:<b>`` (a broker's
-Channels), ``name:<n>`` (brokers serving a Command-Name), ``names:<b>`` (a
-broker's Command-Names), ``in:<b>`` (a broker's inbound stream), ``turn`` (the
-round-robin counter). Stream entries carry ``k o i g f``: kind, origin broker,
-Channel, the ``among`` agents joined by ``,``, and the frame.
+A forward is two script calls: a lookup in the directory's slot that returns a
+live target, then a send in the target stream's slot that XADDs only if the
+target's lease (the copy beside its stream) still holds, so a forward to a
+broker that died in between is refused, never written where nobody reads. Every
+script declares its first key, so that a Redis Cluster runs it on the primary
+serving that slot; the keys it derives share that key's hash tag. Stream
+entries carry ``k o i g f``: kind, origin broker, Channel, the ``among``
+agents joined by ``,``, and the frame.
 """
 
 from __future__ import annotations
@@ -33,12 +36,12 @@ local function forget(prefix, b)
   for _, n in ipairs(redis.call('SMEMBERS', names)) do
     redis.call('HDEL', prefix .. 'name:' .. n, b)
   end
-  redis.call('DEL', chs, names, prefix .. 'in:' .. b, prefix .. 'alive:' .. b)
+  redis.call('DEL', chs, names, prefix .. 'alive:' .. b)
   redis.call('SREM', prefix .. 'brokers', b)
 end
 """
 
-#: ARGV: prefix, self, kind, channel, among, frame, maxlen; KEYS: name:<n>.
+#: KEYS: name:<n>; ARGV: prefix, self. A live broker serving the name, in turn.
 FORWARD_REQUEST: Final = Script(
     "plane_forward_request",
     """
@@ -51,38 +54,34 @@ for _, b in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 if #live == 0 then return false end
 table.sort(live)
-local target = live[(redis.call('INCR', prefix .. 'turn') % #live) + 1]
-redis.call('XADD', prefix .. 'in:' .. target, 'MAXLEN', '~', ARGV[7], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[5], 'f', ARGV[6])
-return target
+return live[(redis.call('INCR', prefix .. 'turn') % #live) + 1]
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen; KEYS: ch.
+#: KEYS: ch; ARGV: prefix, channel. The live broker holding the Channel.
 FORWARD_CHANNEL: Final = Script(
     "plane_forward_channel",
     """
-local target = redis.call('HGET', KEYS[1], ARGV[4])
+local target = redis.call('HGET', KEYS[1], ARGV[2])
 if not target or redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return false end
-redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', '', 'f', ARGV[5])
 return target
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, target.
+#: KEYS: the target's stream, the lease beside it; ARGV: self, kind, channel, among,
+#: frame, maxlen. 1 if added, 0 if the target's lease is gone.
 SEND_TO: Final = Script(
     "plane_send_to",
     """
-local target = ARGV[7]
-if redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return 0 end
-redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', '', 'f', ARGV[5])
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*',
+  'k', ARGV[2], 'o', ARGV[1], 'i', ARGV[3], 'g', ARGV[4], 'f', ARGV[5])
 return 1
 """,
 )
 
-#: ARGV: prefix, broker: that broker's entries dropped (it leaves, or joins afresh).
+#: KEYS: brokers; ARGV: prefix, broker: that broker's directory entries dropped (it
+#: leaves, or joins afresh). Its stream, in another slot, is deleted by the caller.
 LEAVE: Final = Script(
     "plane_leave",
     _FORGET
@@ -92,16 +91,17 @@ return 1
 """,
 )
 
-#: ARGV: prefix: every broker whose lease ran out forgotten; returns how many.
+#: KEYS: brokers; ARGV: prefix: every broker whose lease ran out forgotten; returns
+#: their identifiers, whose streams (in other slots) the caller deletes.
 SWEEP: Final = Script(
     "plane_sweep",
     _FORGET
     + """
-local swept = 0
+local swept = {}
 for _, b in ipairs(redis.call('SMEMBERS', ARGV[1] .. 'brokers')) do
   if redis.call('EXISTS', ARGV[1] .. 'alive:' .. b) == 0 then
     forget(ARGV[1], b)
-    swept = swept + 1
+    swept[#swept + 1] = b
   end
 end
 return swept

@@ -1,0 +1,121 @@
+"""``redis_url`` naming one Redis or a Redis Cluster: the URL read, the client made,
+and raw pipelines split by slot on a real cluster (tests/support/redis_cluster.py)."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+
+from gateway.config.errors import ConfigError
+from gateway.config.loading import load_config
+from gateway.engines.redis.batch import Batcher
+from gateway.engines.redis.cluster import ClusterBatcher, command_slot
+from gateway.engines.redis.cluster_url import is_cluster_url, parse_cluster_url
+from gateway.engines.redis.connection import batcher, connect, node_connection, refresh
+from gateway.engines.redis.scripts import Script
+from tests.support import T
+from tests.support.redis_cluster import RedisCluster
+
+pytestmark = pytest.mark.anyio
+
+ECHO_KEY = Script(
+    "test_echo_key", "if #KEYS == 0 then return 'anywhere' end return redis.call('GET', KEYS[1])"
+)
+
+
+def test_a_cluster_url_is_read() -> None:
+    address = parse_cluster_url("rediss+cluster://me:p%40ss@10.0.0.1:7000,[::1]:7001/0")
+    assert address.seeds == (("10.0.0.1", 7000), ("::1", 7001))
+    assert (address.username, address.password, address.tls) == ("me", "p@ss", True)
+    plain = parse_cluster_url("redis+cluster://h:1")
+    assert (plain.username, plain.password, plain.tls) == (None, None, False)
+    assert is_cluster_url("redis+cluster://h:1")
+    assert not is_cluster_url("redis://h:1/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://h:1", "not a"),
+        ("redis+cluster://h", "host:port"),
+        ("redis+cluster://h:x", "host:port"),
+        ("redis+cluster://h:1,", "host:port"),
+        ("redis+cluster://h:70000", "out of range"),
+        ("redis+cluster://h:1/2", "database 0"),
+    ],
+)
+def test_a_bad_cluster_url_is_refused(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_cluster_url(url)
+
+
+def test_the_configuration_takes_a_cluster_url_and_refuses_a_bad_one() -> None:
+    config = load_config(environ={"ASBP_REDIS_URL": "redis+cluster://a:7000,b:7001"})
+    assert config.redis_url == "redis+cluster://a:7000,b:7001"
+    with pytest.raises(ConfigError, match="host:port"):
+        load_config(environ={"ASBP_REDIS_URL": "redis+cluster://a"})
+
+
+def test_a_command_s_slot_is_its_first_key_s() -> None:
+    assert command_slot(("GET", "{x}a")) == command_slot(("SET", b"{x}b", 1))
+    assert command_slot(("EVALSHA", "sha", 1, "{x}c")) == command_slot(("GET", "{x}a"))
+    assert command_slot(("EVALSHA", "sha", 0)) is None
+    assert command_slot(("GET", 5)) == command_slot(("GET", "5"))
+
+
+async def test_one_redis_gets_the_plain_client() -> None:
+    client = connect("redis://127.0.0.1:1/0", connect_timeout=T, command_timeout=T)
+    try:
+        assert isinstance(client, redis.asyncio.Redis)
+        made = batcher(client, [])
+        assert type(made) is Batcher
+        assert node_connection(client, "k").port == 1
+        await refresh(client)  # nothing to reload
+    finally:
+        await client.aclose()
+
+
+async def test_a_pipeline_on_a_cluster_reaches_every_primary_in_order(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, ClusterClient)
+    made = batcher(client, [ECHO_KEY])
+    assert isinstance(made, ClusterBatcher)
+    try:
+        await made.load_scripts()
+        keys = [f"conn-test:{n}" for n in range(60)]
+        commands = [("SET", key, key) for key in keys]
+        commands += [("EVALSHA", ECHO_KEY.sha, 1, key) for key in keys]
+        commands += [("EVALSHA", ECHO_KEY.sha, 0)]  # no KEYS: any primary
+        replies = await made._pipeline(commands)
+        assert replies[: len(keys)] == [b"OK"] * len(keys)
+        assert replies[len(keys) : -1] == [key.encode() for key in keys]
+        assert replies[-1] == b"anywhere"
+        assert len({redis_cluster.primary_of(command_slot(c) or 0).port for c in commands}) == 3
+        connection = node_connection(client, keys[0])
+        assert connection.port == redis_cluster.primary_of(client.keyslot(keys[0])).port
+    finally:
+        await made.close()
+        await client.aclose()
+
+
+async def test_a_cluster_script_cache_is_reloaded_after_script_flush(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, ClusterClient)
+    made = batcher(client, [ECHO_KEY])
+    try:
+        await made.load_scripts()
+        for node in redis_cluster.nodes():
+            if node.primary:
+                async with redis.asyncio.Redis(host="127.0.0.1", port=node.port) as plain:
+                    await plain.script_flush()
+        assert await made._execute([("EVALSHA", ECHO_KEY.sha, 1, "absent")]) == [None]
+    finally:
+        await made.close()
+        await client.aclose()
