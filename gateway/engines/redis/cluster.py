@@ -10,7 +10,9 @@ what one script touches in one slot (a hash tag; docs/architecture.md).
 
 A command's slot is its first key's: ``EVALSHA sha numkeys key ...`` the first
 of its KEYS, any other command its first argument. A script without KEYS may
-run anywhere (redis-py does the same) and goes to the first primary.
+run anywhere (redis-py does the same) and goes to the first primary. ``WAIT``
+has no key: it goes where the command before it in the batch went, which is
+what it waits for (the plane follows each send with one).
 
 *Redirections and failures.* The slot map can be stale: a slot moved
 (``MOVED``), is moving (``ASK``: the command goes once more to the importing
@@ -108,8 +110,14 @@ class ClusterBatcher(Batcher):
         pause = _FIRST_PAUSE
         while True:
             groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+            previous: ClusterNode | None = None
             for index in todo:
-                node = asking.get(index) or self._node(commands[index])
+                command = commands[index]
+                if command[0] == "WAIT" and previous is not None:
+                    node = previous
+                else:
+                    node = asking.get(index) or self._node(command)
+                previous = node
                 groups.setdefault(node.name, (node, []))[1].append(index)
             results = await asyncio.gather(
                 *(
@@ -155,7 +163,7 @@ class ClusterBatcher(Batcher):
                 # Every seed away for now: the next round tries again.
                 with contextlib.suppress(*CONNECTION_ERRORS, ResponseError):
                     await self._cluster.nodes_manager.initialize()
-            todo = again
+            todo = sorted(again)  # a WAIT stays after the command it follows
 
     def _node(self, command: tuple[Any, ...]) -> ClusterNode:
         slot = command_slot(command)

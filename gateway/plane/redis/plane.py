@@ -45,6 +45,7 @@ from redis.asyncio.connection import AbstractConnection
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_future
 from gateway.engines.redis.calls import script_command
+from gateway.engines.redis.cluster_url import is_cluster_url
 from gateway.engines.redis.connection import Client, batcher, connect, node_connection, refresh
 from gateway.plane.base import (
     DEFAULT_LEASE,
@@ -78,6 +79,10 @@ _BLOCK_MS: Final = 200
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
+#: On a Redis Cluster, each send is followed by ``WAIT 1 <ms>`` on its primary: the
+#: forward is reported sent once the primary's replica has it too (or this many
+#: milliseconds passed), so a failover right after it does not lose it.
+REPLICA_WAIT_MS: Final = 1000
 #: Seconds to connect, and to wait for a reply, before the bus counts as unreachable.
 _CONNECT_TIMEOUT: Final = 5.0
 _COMMAND_TIMEOUT: Final = 10.0
@@ -85,17 +90,24 @@ _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 
 
 class _Future(Call):
-    """One script call whose reply ``convert`` turns into the future's result."""
+    """One script call whose reply ``convert`` turns into the future's result.
 
-    __slots__ = ("_command", "_convert", "future")
+    ``then``: commands written right after it whose replies are not the result
+    (the WAIT after a send on a cluster).
+    """
 
-    def __init__(self, command: tuple[Any, ...], convert: Any) -> None:
+    __slots__ = ("_command", "_convert", "_then", "future")
+
+    def __init__(
+        self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
+    ) -> None:
         self._command = command
         self._convert = convert
+        self._then = then
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
-        return (self._command,)
+        return (self._command, *self._then)
 
     def settle(self, replies: Sequence[Any]) -> None:
         reply = replies[0]
@@ -164,6 +176,7 @@ class RedisPlane:
         self._stream = stream_key(prefix, broker_id)
         self._live = live_key(prefix, broker_id)
         self._client: Client | None = None
+        self._after_send: tuple[tuple[Any, ...], ...] = ()
         self._batcher: Batcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -194,6 +207,9 @@ class RedisPlane:
         self._client = connect(
             self._url, connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT
         )
+        # A cluster's primaries have replicas to wait for (ClusterBatcher sends the
+        # WAIT to the primary of the command before it).
+        self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if is_cluster_url(self._url) else ()
         self._batcher = batcher(self._client, SCRIPTS)
         try:
             await self._batcher.load_scripts()
@@ -358,7 +374,7 @@ class RedisPlane:
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         self._peers.add(broker_id)
-        return self._submit(self._send_command(broker_id, envelope), bool)
+        return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
 
     def _send_command(
         self, broker_id: str, envelope: Envelope, channel: str | None = None
@@ -410,7 +426,9 @@ class RedisPlane:
             elif target is None:
                 result.set_result(None)
             else:
-                send = self._submit(self._send_command(target, envelope, channel), bool)
+                send = self._submit(
+                    self._send_command(target, envelope, channel), bool, self._after_send
+                )
                 send.add_done_callback(lambda done: sent(target, done))
 
         found.add_done_callback(looked_up)
@@ -422,8 +440,10 @@ class RedisPlane:
             self._peers.add(broker_id)
         return broker_id
 
-    def _submit(self, command: tuple[Any, ...], convert: Any) -> asyncio.Future[Any]:
-        call = _Future(command, convert)
+    def _submit(
+        self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
+    ) -> asyncio.Future[Any]:
+        call = _Future(command, convert, then)
         if self._batcher is None:
             call.fail(EngineUnavailable("the plane is not started"))
             return call.future
