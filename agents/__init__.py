@@ -29,6 +29,7 @@ from __future__ import annotations
 from agents.agent import AgentState, ApplicationAgent, TubeStatus
 from agents.backoff import Backoff
 from agents.credentials import AgentCredentialSource, generate_agent_key
+from agents.discovery import BrokerDiscovery, HostsFileResolver
 from agents.dispatch import HANDLER_FAILED
 from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
 from agents.respondent import Handler, Reply, Request
@@ -41,9 +42,11 @@ __all__ = [
     "AgentState",
     "ApplicationAgent",
     "Backoff",
+    "BrokerDiscovery",
     "ConnectionLost",
     "FaultError",
     "Handler",
+    "HostsFileResolver",
     "NotConnected",
     "Reply",
     "Request",
