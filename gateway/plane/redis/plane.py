@@ -14,12 +14,12 @@ A renewal that finds its own key gone (Redis lost the broker for longer than
 the lease, or restarted) announces everything again from the local copy.
 
 *Forwarding.* Each broker reads one inbound stream, ``in:<b>``, with XREAD
-BLOCK on a connection of its own, and trims what it read. A forward is two
-script calls (:mod:`gateway.plane.redis.scripts`): a lookup that finds a live
-target in the directory, then a send that XADDs to its stream if the lease
-beside the stream still holds. Two because on a Redis Cluster the directory and
-each stream sit in different slots (:mod:`gateway.plane.redis.keys`); the
-calls are batched like the engine's
+BLOCK on a connection of its own, and trims what it read. On one Redis a
+forward is one script call (:mod:`gateway.plane.redis.scripts`) that finds a
+live target and XADDs to its stream; on a Redis Cluster, where the directory
+and each stream sit in different slots (:mod:`gateway.plane.redis.keys`), it is
+two: a lookup in the directory, then a send that XADDs if the lease beside the
+stream still holds. The calls are batched like the engine's
 (:class:`gateway.engines.redis.batch.Batcher`, split by slot on a cluster):
 under load, a hundred forwards share one pipeline. A stream rather than pub/sub because a stream
 keeps what its reader has not read yet (a reader reconnecting after a blip
@@ -177,6 +177,7 @@ class RedisPlane:
         self._live = live_key(prefix, broker_id)
         self._client: Client | None = None
         self._after_send: tuple[tuple[Any, ...], ...] = ()
+        self._cluster = is_cluster_url(url)
         self._batcher: Batcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -209,7 +210,8 @@ class RedisPlane:
         )
         # A cluster's primaries have replicas to wait for (ClusterBatcher sends the
         # WAIT to the primary of the command before it).
-        self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if is_cluster_url(self._url) else ()
+        self._cluster = is_cluster_url(self._url)
+        self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if self._cluster else ()
         self._batcher = batcher(self._client, SCRIPTS)
         try:
             await self._batcher.load_scripts()
@@ -363,13 +365,37 @@ class RedisPlane:
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        lookup = script_command(
-            FORWARD_REQUEST, (f"{self._prefix}name:{name}",), (self._prefix, self._broker_id)
-        )
+        keys = (f"{self._prefix}name:{name}",)
+        if not self._cluster:  # one script finds the target and sends (scripts.py)
+            args = (
+                self._prefix,
+                self._broker_id,
+                self._stream_prefix,
+                envelope.kind.value,
+                envelope.channel,
+                ",".join(envelope.among),
+                envelope.frame,
+                STREAM_MAX,
+            )
+            return self._submit(script_command(FORWARD_REQUEST, keys, args), self._peer)
+        lookup = script_command(FORWARD_REQUEST, keys, (self._prefix, self._broker_id))
         return self._forward(lookup, envelope)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        lookup = script_command(FORWARD_CHANNEL, (f"{self._prefix}ch",), (self._prefix, channel_id))
+        keys = (f"{self._prefix}ch",)
+        if not self._cluster:
+            args = (
+                self._prefix,
+                channel_id,
+                self._stream_prefix,
+                self._broker_id,
+                envelope.kind.value,
+                ",".join(envelope.among),
+                envelope.frame,
+                STREAM_MAX,
+            )
+            return self._submit(script_command(FORWARD_CHANNEL, keys, args), self._peer)
+        lookup = script_command(FORWARD_CHANNEL, keys, (self._prefix, channel_id))
         return self._forward(lookup, envelope, channel=channel_id)
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:

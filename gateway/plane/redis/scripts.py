@@ -8,10 +8,14 @@ serving a Command-Name), ``names:<b>`` (a broker's Command-Names), ``turn``
 (the round-robin counter); and each broker's inbound stream with the copy of
 its lease beside it, in a slot of their own.
 
-A forward is two script calls: a lookup in the directory's slot that returns a
-live target, then a send in the target stream's slot that XADDs only if the
-target's lease (the copy beside its stream) still holds, so a forward to a
-broker that died in between is refused, never written where nobody reads. Every
+On a Redis Cluster a forward is two script calls: a lookup in the directory's
+slot that returns a live target, then a send in the target stream's slot that
+XADDs only if the target's lease (the copy beside its stream) still holds, so a
+forward to a broker that died in between is refused, never written where nobody
+reads. On one Redis, where a script may touch any key, the lookup is given the
+envelope too (ARGV beyond the first two) and sends it itself: one round trip
+per forward, as before the cluster (bench/cluster.py measured the second trip
+at about a third of the two-broker throughput). Every
 script declares its first key, so that a Redis Cluster runs it on the primary
 serving that slot; the keys it derives share that key's hash tag. Stream
 entries carry ``k o i g f``: kind, origin broker, Channel, the ``among``
@@ -25,6 +29,16 @@ from typing import Final
 from gateway.engines.redis.scripts import Script
 
 __all__ = ["FORWARD_CHANNEL", "FORWARD_REQUEST", "LEAVE", "SCRIPTS", "SEND_TO", "SWEEP"]
+
+_SEND: Final = """
+local function send(stream_prefix, target, origin, kind, channel, among, frame, maxlen)
+  local stream = '{' .. stream_prefix .. 'in:' .. target .. '}'
+  if redis.call('EXISTS', stream .. 'live') == 0 then return false end
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+    'k', kind, 'o', origin, 'i', channel, 'g', among, 'f', frame)
+  return true
+end
+"""
 
 _FORGET: Final = """
 local function forget(prefix, b)
@@ -41,10 +55,12 @@ local function forget(prefix, b)
 end
 """
 
-#: KEYS: name:<n>; ARGV: prefix, self. A live broker serving the name, in turn.
+#: KEYS: name:<n>; ARGV: prefix, self[, stream prefix, kind, channel, among, frame,
+#: maxlen]. A live broker serving the name, in turn; with the envelope, sent to it.
 FORWARD_REQUEST: Final = Script(
     "plane_forward_request",
-    """
+    _SEND
+    + """
 local prefix = ARGV[1]
 local live = {}
 for _, b in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -54,16 +70,23 @@ for _, b in ipairs(redis.call('HKEYS', KEYS[1])) do
 end
 if #live == 0 then return false end
 table.sort(live)
-return live[(redis.call('INCR', prefix .. 'turn') % #live) + 1]
+local target = live[(redis.call('INCR', prefix .. 'turn') % #live) + 1]
+if #ARGV > 2 and not send(ARGV[3], target, ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+then return false end
+return target
 """,
 )
 
-#: KEYS: ch; ARGV: prefix, channel. The live broker holding the Channel.
+#: KEYS: ch; ARGV: prefix, channel[, stream prefix, self, kind, among, frame, maxlen].
+#: The live broker holding the Channel; with the envelope, sent to it.
 FORWARD_CHANNEL: Final = Script(
     "plane_forward_channel",
-    """
+    _SEND
+    + """
 local target = redis.call('HGET', KEYS[1], ARGV[2])
 if not target or redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return false end
+if #ARGV > 2 and not send(ARGV[3], target, ARGV[4], ARGV[5], ARGV[2], ARGV[6], ARGV[7], ARGV[8])
+then return false end
 return target
 """,
 )
