@@ -106,19 +106,29 @@ class ClusterBatcher(Batcher):
         replies: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
         asking: dict[int, ClusterNode] = {}
+        #: WAITs answered by a later WAIT on the same primary (see below).
+        followers: dict[int, int] = {}
         deadline = time.monotonic() + REDIRECT_DEADLINE
         pause = _FIRST_PAUSE
         while True:
             groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+            waits: dict[str, list[int]] = {}
             previous: ClusterNode | None = None
             for index in todo:
                 command = commands[index]
                 if command[0] == "WAIT" and previous is not None:
-                    node = previous
-                else:
-                    node = asking.get(index) or self._node(command)
+                    # One WAIT at the end of a primary's pipeline waits for every
+                    # write before it: the others of the batch share its reply.
+                    waits.setdefault(previous.name, []).append(index)
+                    continue
+                node = asking.get(index) or self._node(command)
                 previous = node
                 groups.setdefault(node.name, (node, []))[1].append(index)
+            for name, indices in waits.items():
+                *shared, last = indices
+                groups[name][1].append(last)
+                for index in shared:
+                    followers[index] = last
             results = await asyncio.gather(
                 *(
                     # ASKING before a command for a slot the node owns changes nothing.
@@ -151,12 +161,12 @@ class ClusterBatcher(Batcher):
                             asking[index] = target
                             again.append(index)
             if not again:
-                return replies
+                return _shared(replies, followers)
             if time.monotonic() >= deadline:
                 # Callers read a reply starting CLUSTERDOWN as "Redis is unavailable".
                 for index in again:
                     replies[index] = ResponseError(f"CLUSTERDOWN {replies[index]}")
-                return replies
+                return _shared(replies, followers)
             if any(i not in asking for i in again):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _MAX_PAUSE)
@@ -205,3 +215,9 @@ class ClusterBatcher(Batcher):
         finally:
             node.release(connection)
         return replies
+
+
+def _shared(replies: list[Any], followers: dict[int, int]) -> list[Any]:
+    for index, last in followers.items():
+        replies[index] = replies[last]
+    return replies

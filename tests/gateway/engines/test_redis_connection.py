@@ -70,7 +70,9 @@ async def test_one_redis_gets_the_plain_client() -> None:
         assert isinstance(client, redis.asyncio.Redis)
         made = batcher(client, [])
         assert type(made) is Batcher
-        assert node_connection(client, "k").port == 1
+        plain = node_connection(client, "k")
+        assert isinstance(plain, redis.asyncio.Connection)
+        assert plain.port == 1
         await refresh(client)  # nothing to reload
     finally:
         await client.aclose()
@@ -87,7 +89,7 @@ async def test_a_pipeline_on_a_cluster_reaches_every_primary_in_order(
     try:
         await made.load_scripts()
         keys = [f"conn-test:{n}" for n in range(60)]
-        commands = [("SET", key, key) for key in keys]
+        commands: list[tuple[object, ...]] = [("SET", key, key) for key in keys]
         commands += [("EVALSHA", ECHO_KEY.sha, 1, key) for key in keys]
         commands += [("EVALSHA", ECHO_KEY.sha, 0)]  # no KEYS: any primary
         replies = await made._pipeline(commands)
@@ -96,6 +98,7 @@ async def test_a_pipeline_on_a_cluster_reaches_every_primary_in_order(
         assert replies[-1] == b"anywhere"
         assert len({redis_cluster.primary_of(command_slot(c) or 0).port for c in commands}) == 3
         connection = node_connection(client, keys[0])
+        assert isinstance(connection, redis.asyncio.Connection)
         assert connection.port == redis_cluster.primary_of(client.keyslot(keys[0])).port
     finally:
         await made.close()
@@ -116,6 +119,28 @@ async def test_a_cluster_script_cache_is_reloaded_after_script_flush(
                 async with redis.asyncio.Redis(host="127.0.0.1", port=node.port) as plain:
                     await plain.script_flush()
         assert await made._execute([("EVALSHA", ECHO_KEY.sha, 1, "absent")]) == [None]
+    finally:
+        await made.close()
+        await client.aclose()
+
+
+async def test_waits_after_writes_to_one_primary_share_one_wait(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, ClusterClient)
+    made = batcher(client, [])
+    try:
+        await made.load_scripts()
+        keys = [f"wait-test:{n}" for n in range(30)]
+        commands: list[tuple[object, ...]] = []
+        for key in keys:
+            commands += [("SET", key, key), ("WAIT", 1, 5000)]
+        replies = await made._pipeline(commands)
+        assert replies[0::2] == [b"OK"] * len(keys)
+        # Every write reached its primary's replica: each WAIT answers 1.
+        assert replies[1::2] == [1] * len(keys)
     finally:
         await made.close()
         await client.aclose()
