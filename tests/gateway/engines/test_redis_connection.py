@@ -144,3 +144,43 @@ async def test_waits_after_writes_to_one_primary_share_one_wait(
     finally:
         await made.close()
         await client.aclose()
+
+
+async def command(client: redis.asyncio.Redis, *args: object) -> object:
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]  # upstream
+
+
+async def test_a_command_for_a_slot_being_migrated_follows_ask_to_the_importing_primary(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, ClusterClient)
+    made = batcher(client, [])
+    key = "ask-test:{moving}"
+    slot = command_slot(("GET", key))
+    assert slot is not None
+    source = redis_cluster.primary_of(slot)
+    target = next(n for n in redis_cluster.nodes() if n.primary and n.node_id != source.node_id)
+    try:
+        await made.load_scripts()
+        async with (
+            redis.asyncio.Redis(port=source.port) as old,
+            redis.asyncio.Redis(port=target.port) as new,
+        ):
+            await command(new, "CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+            await command(old, "CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+            # The key is not at the source: it answers ASK, and the write lands at the target.
+            assert await made._pipeline([("SET", key, "v"), ("GET", key)]) == [b"OK", b"v"]
+            assert await command(new, "ASKING") is True
+            assert await new.get(key) == b"v"
+            for node in redis_cluster.nodes():
+                if node.primary:
+                    async with redis.asyncio.Redis(port=node.port) as each:
+                        await command(each, "CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        # The slot map moved on: MOVED is followed too.
+        assert await made._pipeline([("GET", key)]) == [b"v"]
+    finally:
+        await made.close()
+        await client.aclose()
+        redis_cluster.flush()
