@@ -77,14 +77,22 @@ class ClusterBatcher(Batcher):
         client: the cluster client (its slot map and node connections are used).
         scripts: every script the calls use, loaded on every primary.
         max_calls: the most calls in one batch.
+        redirect_deadline: seconds a command keeps being sent again (see the
+            module docstring).
     """
 
     def __init__(
-        self, client: RedisCluster, scripts: Sequence[Script], *, max_calls: int = 512
+        self,
+        client: RedisCluster,
+        scripts: Sequence[Script],
+        *,
+        max_calls: int = 512,
+        redirect_deadline: float = REDIRECT_DEADLINE,
     ) -> None:
         # Batcher's own client is used only by the two methods overridden here.
         super().__init__(client, scripts, max_calls=max_calls)  # type: ignore[arg-type]
         self._cluster = client
+        self._redirect_deadline = redirect_deadline
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script on every primary.
@@ -108,7 +116,7 @@ class ClusterBatcher(Batcher):
         asking: dict[int, ClusterNode] = {}
         #: WAITs answered by a later WAIT on the same primary (see below).
         followers: dict[int, int] = {}
-        deadline = time.monotonic() + REDIRECT_DEADLINE
+        deadline = time.monotonic() + self._redirect_deadline
         pause = _FIRST_PAUSE
         while True:
             groups: dict[str, tuple[ClusterNode, list[int]]] = {}

@@ -3,13 +3,17 @@ and raw pipelines split by slot on a real cluster (tests/support/redis_cluster.p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
+from redis.exceptions import ResponseError
 
 from gateway.config.errors import ConfigError
 from gateway.config.loading import load_config
-from gateway.engines.redis.batch import Batcher
+from gateway.engines.base import EngineUnavailable
+from gateway.engines.redis.batch import Batcher, reply_error
 from gateway.engines.redis.cluster import ClusterBatcher, command_slot
 from gateway.engines.redis.cluster_url import is_cluster_url, parse_cluster_url
 from gateway.engines.redis.connection import batcher, connect, node_connection, refresh
@@ -184,3 +188,36 @@ async def test_a_command_for_a_slot_being_migrated_follows_ask_to_the_importing_
         await made.close()
         await client.aclose()
         redis_cluster.flush()
+
+
+async def test_a_slot_nobody_serves_fails_its_calls_as_unavailable_and_no_others(
+    tmp_path: Path,
+) -> None:
+    with RedisCluster(tmp_path) as cluster:
+        client = connect(cluster.url, connect_timeout=T, command_timeout=5 * T)
+        assert isinstance(client, ClusterClient)
+        made = ClusterBatcher(client, [], redirect_deadline=0.5)
+        try:
+            await made.load_scripts()
+            keys = [f"gone-test:{n}" for n in range(30)]
+            lost = cluster.primary_of(command_slot(("GET", keys[0])) or 0)
+            on_lost = {
+                key: cluster.primary_of(command_slot(("GET", key)) or 0).port == lost.port
+                for key in keys
+            }
+            # The primary and its replica both gone: no failover can serve its slots.
+            for node in cluster.nodes():
+                if node.node_id == lost.node_id or node.primary_id == lost.node_id:
+                    cluster.server(node.port).kill()
+            replies = await made._pipeline([("SET", key, key) for key in keys])
+            for key, reply in zip(keys, replies, strict=True):
+                if on_lost[key]:
+                    assert isinstance(reply, Exception)
+                    assert isinstance(reply_error(ResponseError(str(reply))), EngineUnavailable)
+                else:
+                    assert reply == b"OK"  # the other primaries' calls are unaffected
+            assert any(on_lost.values())
+            assert not all(on_lost.values())
+        finally:
+            await made.close()
+            await client.aclose()
