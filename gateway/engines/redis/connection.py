@@ -35,7 +35,7 @@ from gateway.engines.redis.batch import Batcher
 from gateway.engines.redis.cluster_url import is_cluster_url, parse_cluster_url
 from gateway.engines.redis.scripts import Script
 
-__all__ = ["Client", "batcher", "connect", "node_connection", "refresh"]
+__all__ = ["Client", "batcher", "broadcast_connection", "connect", "node_connection", "refresh"]
 
 #: What :func:`connect` returns.
 Client: TypeAlias = Redis | RedisCluster
@@ -98,6 +98,22 @@ def node_connection(client: Client, key: str | bytes) -> AbstractConnection:
     pool = client.connection_pool
     connection = pool.connection_class(**pool.connection_kwargs)
     return connection
+
+
+def broadcast_connection(client: Client, attempt: int) -> AbstractConnection:
+    """A new connection for classic pub/sub, which every node of a cluster repeats.
+
+    On a cluster any node will do, so successive ``attempt``s go round every
+    node the client knows (replicas too): a subscriber whose node died finds a
+    live one without waiting for the slot map to change. One Redis: its pool's.
+    """
+    if isinstance(client, RedisCluster):
+        nodes = sorted(client.get_nodes(), key=lambda node: node.name)
+        if nodes:
+            node = nodes[attempt % len(nodes)]
+            connection: AbstractConnection = node.connection_class(**node.connection_kwargs)
+            return connection
+    return node_connection(client, b"")
 
 
 async def refresh(client: Client) -> None:

@@ -159,7 +159,7 @@ from gateway.engines.redis.codec import (
     split_receipt,
     unpack_topic,
 )
-from gateway.engines.redis.connection import Client, batcher, connect, node_connection
+from gateway.engines.redis.connection import Client, batcher, broadcast_connection, connect
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
 from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
@@ -230,6 +230,7 @@ class RedisEngine:
         self._notice_listeners: list[NoticeListener] = []
         self._keys_cache: dict[str, QueueKeys] = {}
         self._client: Client | None = None
+        self._pubsub_attempts = 0
         self._batcher: Batcher | None = None
         self._subscriber: Subscriber | None = None
         self._wakeups: Wakeups | None = None
@@ -569,7 +570,10 @@ class RedisEngine:
 
     def _new_connection(self) -> AbstractConnection:
         assert self._client is not None
-        return node_connection(self._client, _TOPICS_BYTES)
+        # Classic pub/sub: on a cluster any node will do, and each reconnection
+        # tries the next, so a dead node is not tried for ever.
+        self._pubsub_attempts += 1
+        return broadcast_connection(self._client, self._pubsub_attempts)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         if channel.startswith(_WAKE_BYTES):
