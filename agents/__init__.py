@@ -39,6 +39,7 @@ from agents.agent import AgentState, ApplicationAgent, TubeStatus
 from agents.backoff import Backoff
 from agents.broker_agent import BrokerAgent
 from agents.credentials import AgentCredentialSource, generate_agent_key
+from agents.discovery import BrokerDiscovery, HostsFileResolver
 from agents.dispatch import HANDLER_FAILED
 from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
 from agents.intermediary import Downstream, IntermediaryAgent, forward_to
@@ -54,6 +55,7 @@ __all__ = [
     "ApplicationAgent",
     "Backoff",
     "BrokerAgent",
+    "BrokerDiscovery",
     "ChannelEvent",
     "ChannelEventKind",
     "ChannelLost",
@@ -61,6 +63,7 @@ __all__ = [
     "Downstream",
     "FaultError",
     "Handler",
+    "HostsFileResolver",
     "IntermediaryAgent",
     "NotConnected",
     "Reconnect",

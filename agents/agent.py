@@ -8,7 +8,10 @@ An :class:`ApplicationAgent` holds three things and wires them together:
   can be added and removed at run time (§2.7: "Application-Agents MUST be
   able to add or remove Command-Respondents at runtime");
 * one :class:`~agents.tube.TubeLink` per broker URL (§3.1.1: every agent is
-  wired to several brokers at once, and each link reconnects on its own);
+  wired to several brokers at once, and each link reconnects on its own):
+  the URLs given, and with a :class:`~agents.discovery.BrokerDiscovery`, one
+  per address its name resolves to, re-resolved on an interval: a Tube is
+  opened to each broker that appears and let go of when it disappears;
 * a **dispatcher** (``agents.dispatch``) that runs handlers, at most
   ``max_concurrency`` at once, and turns their results into answers.
 
@@ -47,6 +50,7 @@ from agents import control
 from agents.addressing import ChannelMemory
 from agents.backoff import Backoff
 from agents.credentials import AgentCredentialSource
+from agents.discovery import BrokerDiscovery
 from agents.dispatch import Dispatcher
 from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
 from agents.respondent import Handler, RespondentTable
@@ -96,6 +100,9 @@ class ApplicationAgent:
         identity: the agent's identity; must match ``credentials``.
         credentials: mints a fresh credential for every connection attempt.
         urls: the brokers' Tube endpoints (``wss://host/tube``), one Tube each.
+        discovery: follow the brokers behind a name (the headless
+            ``asbp-broker-peers`` Service): one Tube per address it resolves
+            to, kept in step every ``discovery.interval`` seconds.
         ssl: TLS context for ``wss://`` URLs; None uses the system's defaults.
         backoff: delays between reconnect attempts.
         max_concurrency: handlers running at once; later requests wait their
@@ -105,23 +112,24 @@ class ApplicationAgent:
         logger: where to log; ``logging.getLogger("asbp.agent")`` by default.
 
     Raises:
-        ValueError: no URLs, a non-positive ``max_concurrency``, or an
-            ``identity`` other than the credentials'.
+        ValueError: no URLs and no discovery, a non-positive ``max_concurrency``,
+            or an ``identity`` other than the credentials'.
     """
 
     def __init__(
         self,
         identity: str,
         credentials: AgentCredentialSource,
-        urls: Sequence[str],
+        urls: Sequence[str] = (),
         *,
+        discovery: BrokerDiscovery | None = None,
         ssl: ssl_module.SSLContext | None = None,
         backoff: Backoff | None = None,
         max_concurrency: int = 100,
         timeout: float = 10.0,
         logger: logging.Logger | None = None,
     ) -> None:
-        if isinstance(urls, str) or not urls:
+        if isinstance(urls, str) or not (urls or discovery):
             raise ValueError("urls must be a non-empty sequence of broker Tube URLs")
         if identity != credentials.identity:
             raise ValueError(
@@ -147,22 +155,30 @@ class ApplicationAgent:
         self._state = AgentState.NEW
         #: Set once :meth:`start` has started the Tubes.
         self.started = asyncio.Event()
-        self._links = [
-            TubeLink(
-                url,
-                credentials,
-                ssl=ssl,
-                backoff=backoff or Backoff(),
-                timeout=timeout,
-                logger=self._log,
-                on_open=self._on_open,
-                on_command=self._dispatcher.dispatch,
-            )
-            for url in urls
-        ]
+        self._credentials = credentials
+        self._ssl = ssl
+        self._backoff = backoff
+        self._discovery = discovery
+        self._follower: asyncio.Task[None] | None = None
+        #: The Tubes to discovered brokers, by URL (also in ``_links``).
+        self._discovered: dict[str, TubeLink] = {}
+        self._links = [self._new_link(url) for url in urls]
 
     def __repr__(self) -> str:
         return f"<ApplicationAgent {self.identity!r} {self._state.value}>"
+
+    def _new_link(self, url: str, server_hostname: str | None = None) -> TubeLink:
+        return TubeLink(
+            url,
+            self._credentials,
+            ssl=self._ssl,
+            backoff=self._backoff or Backoff(),
+            timeout=self._timeout,
+            logger=self._log,
+            on_open=self._on_open,
+            on_command=self._dispatcher.dispatch,
+            server_hostname=server_hostname,
+        )
 
     # -- Respondents ---------------------------------------------------------
 
@@ -225,7 +241,7 @@ class ApplicationAgent:
 
     @property
     def tubes(self) -> tuple[TubeStatus, ...]:
-        """One snapshot per broker URL, in the order given."""
+        """One snapshot per broker URL: those given, in order, then discovered ones."""
         result = []
         for link in self._links:
             session = link.session
@@ -255,7 +271,24 @@ class ApplicationAgent:
         self._state = AgentState.RUNNING
         for link in self._links:
             link.start()
+        if self._discovery is not None:
+            self._follower = asyncio.create_task(
+                self._follow(self._discovery), name=f"asbp-discovery {self._discovery.url}"
+            )
         self.started.set()
+
+    async def wait_tubes(
+        self, predicate: Callable[[tuple[TubeStatus, ...]], bool], timeout: float | None = None
+    ) -> None:
+        """Wait until ``predicate(self.tubes)`` holds (checked at every change).
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            while not predicate(self.tubes):
+                changed = self._changed
+                await changed.wait()
 
     async def wait_registered(self, timeout: float | None = None) -> None:
         """Wait until every Tube is open and every Respondent registered on it.
@@ -299,6 +332,8 @@ class ApplicationAgent:
             return
         self._state = AgentState.CLOSING
         self._dispatcher.accepting = False
+        if self._follower is not None:
+            await _cancel({self._follower})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -502,6 +537,41 @@ class ApplicationAgent:
             if session is None or session.closed or not wanted <= session.registered:
                 return False
         return True
+
+    async def _follow(self, discovery: BrokerDiscovery) -> None:
+        """Keep one Tube per broker behind the name: resolve, apply, wait, again."""
+        while True:
+            try:
+                urls = await discovery.resolve()
+            except OSError as exc:
+                # Keep the Tubes there are: a name missing for a moment (or DNS
+                # down) must not cut the agent off.
+                self._log.warning("discovery %s: cannot resolve: %s", discovery.host, exc)
+            else:
+                self._follow_urls(urls, discovery.host)
+            await asyncio.sleep(discovery.interval)
+
+    def _follow_urls(self, urls: list[str], host: str) -> None:
+        if self._state is not AgentState.RUNNING:
+            return
+        if not urls:
+            self._log.warning("discovery %s: no brokers; keeping the Tubes there are", host)
+            return
+        wanted = set(urls)
+        for url in urls:
+            if url not in self._discovered:
+                link = self._new_link(url, server_hostname=host)
+                self._discovered[url] = link
+                self._links.append(link)
+                link.start()
+                self._log.info("discovery %s: broker %s joined", host, url)
+        for url in list(self._discovered):
+            if url not in wanted:
+                link = self._discovered.pop(url)
+                self._links.remove(link)
+                self._spawn_control(link.stop())
+                self._log.info("discovery %s: broker %s left", host, url)
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -267,6 +267,8 @@ class TubeLink:
         on_open: awaited in its own task once a session is greeted (the agent
             registers its Respondents there); the session is open meanwhile.
         on_command: every Command that answers no pending call.
+        server_hostname: the name TLS verifies the broker's certificate against,
+            when ``url`` names an address (a discovered broker: agents.discovery).
     """
 
     def __init__(
@@ -280,8 +282,10 @@ class TubeLink:
         logger: logging.Logger,
         on_open: OnOpen,
         on_command: OnCommand,
+        server_hostname: str | None = None,
     ) -> None:
         self.url = url
+        self._server_hostname = server_hostname
         self._credentials = credentials
         self._ssl = ssl
         self._backoff = backoff
@@ -371,6 +375,12 @@ class TubeLink:
             how,
         )
 
+    def _tls_name(self) -> dict[str, Any]:
+        """``server_hostname`` for a discovered broker's ``wss://`` address, else nothing."""
+        if self._server_hostname is not None and self.url.startswith("wss:"):
+            return {"server_hostname": self._server_hostname}
+        return {}
+
     async def _connect_once(self) -> None:
         """Dial, greet and serve one connection until it ends."""
         websocket = await connect(
@@ -378,6 +388,7 @@ class TubeLink:
             additional_headers=self._credentials.headers(),
             subprotocols=[SUBPROTOCOL],
             ssl=self._ssl if self.url.startswith("wss:") else None,
+            **self._tls_name(),
             open_timeout=self._timeout,
             close_timeout=self._timeout,
         )

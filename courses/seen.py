@@ -17,12 +17,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
-import redis.asyncio
+from gateway.engines.redis.connection import Client, connect
 
 __all__ = ["MemorySeen", "RedisSeen", "Seen"]
 
 #: Key prefix of :class:`RedisSeen`.
 PREFIX: Final = "asbp:course:seen:"
+#: Seconds to connect to Redis, and to wait for a reply.
+_TIMEOUT: Final = 5.0
 
 
 class Seen(Protocol):
@@ -80,10 +82,14 @@ class MemorySeen:
 
 
 class RedisSeen:
-    """In Redis: one key per id, expiring with the window; survives a restart."""
+    """In Redis: one key per id, expiring with the window; survives a restart.
+
+    One key per call, so a Redis Cluster (``redis+cluster://``) serves it as well
+    as one Redis: the client comes from the one connection factory.
+    """
 
     def __init__(self, url: str, window: float) -> None:
-        self._client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(url)
+        self._client: Client = connect(url, connect_timeout=_TIMEOUT, command_timeout=_TIMEOUT)
         self._window_ms = max(1, int(window * 1000))
 
     async def claim(self, peer: str, crossing_id: str) -> bool:

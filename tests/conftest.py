@@ -9,9 +9,12 @@ picks a profile by name and wins over both.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
+from tests.support.redis_cluster import RedisCluster
 
 settings.register_profile(
     "ci", max_examples=2000, deadline=None, derandomize=False, print_blob=True
@@ -26,3 +29,12 @@ settings.load_profile(
 def anyio_backend() -> str:
     """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """One private six-node Redis Cluster for the session, started by the first test
+    that asks for it (tests/support/redis_cluster.py); tests that break it (failover,
+    slot migration) start their own."""
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster

@@ -36,6 +36,7 @@ from gateway.app import create_app
 from gateway.config import CONFIG_ENV_VAR, add_arguments, load_config
 from gateway.config.fields import settings
 from gateway.config.model import GatewayConfig
+from gateway.engines.redis.cluster_url import parse_cluster_url
 from gateway.messaging.service import STOP_GRACE
 from gateway.metrics.catalogue import METRICS
 from gateway.ops.cli import main as cli_main
@@ -441,7 +442,8 @@ def test_the_config_map_loads_as_the_brokers_configuration(tmp_path: Path) -> No
 
 def test_every_asbp_variable_exists() -> None:
     known = {setting.env for setting in settings()} | {CONFIG_ENV_VAR}
-    for path in [*K8S.iterdir(), ROOT / "docs" / "kubernetes.md"]:
+    files = [path for path in K8S.rglob("*") if path.is_file()]
+    for path in [*files, ROOT / "docs" / "kubernetes.md"]:
         used = env_names(path.read_text())
         assert used <= known, f"{path.name}: no such variables {sorted(used - known)}"
     assert "ASBP_BROKER_ID" in env_names((K8S / "broker-deployment.yaml").read_text())
@@ -583,8 +585,8 @@ def test_redis_keeps_an_fsynced_aof_on_its_volume() -> None:
 
 def test_the_docs_describe_every_file() -> None:
     docs = (ROOT / "docs" / "kubernetes.md").read_text()
-    for path in K8S.iterdir():
-        assert f"k8s/{path.name}" in docs, path.name
+    for path in K8S.rglob("*"):
+        assert f"{path.relative_to(ROOT).as_posix()}" in docs, path.name
     assert "(kubernetes.md)" in (ROOT / "docs" / "index.md").read_text()
     assert "(spark.md)" in docs
 
@@ -656,3 +658,106 @@ def test_prometheus_finds_the_brokers_metrics_where_the_app_serves_them() -> Non
     ]
     assert [s["metadata"]["name"] for s in services] == ["asbp-broker-peers"]
     assert endpoint["port"] in {p["name"] for p in services[0]["spec"]["ports"]}
+
+
+# -- the Redis Cluster overlay (k8s/overlays/redis-cluster/) --------------------------
+
+OVERLAY = K8S / "overlays" / "redis-cluster"
+
+
+def overlay(name: str) -> dict[str, Any]:
+    (document,) = YamlSubset.documents((OVERLAY / name).read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def cluster_redis_options() -> dict[str, str]:
+    (container,) = overlay("redis-cluster-patch.yaml")["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_the_overlay_lists_every_file_and_patches_objects_of_the_base() -> None:
+    kustomization = overlay("kustomization.yaml")
+    assert (
+        kustomization["namespace"]
+        == YamlSubset((K8S / "kustomization.yaml").read_text()).parse()["namespace"]
+    )
+    assert "../../" in kustomization["resources"]
+    listed = {r for r in kustomization["resources"] if r != "../../"}
+    listed |= {patch["path"] for patch in kustomization["patches"]}
+    present = {p.name for p in OVERLAY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present, "kustomization.yaml and the overlay's files disagree"
+    base = {(m["kind"], m["metadata"]["name"]) for m in manifests()}
+    for patch in kustomization["patches"]:
+        document = overlay(patch["path"])
+        assert (document["kind"], document["metadata"]["name"]) in base, patch["path"]
+    for resource in listed - {patch["path"] for patch in kustomization["patches"]}:
+        document = overlay(resource)
+        assert (document["kind"], document["metadata"]["name"]) not in base, resource
+
+
+def test_every_cluster_node_keeps_the_base_s_durability_and_announces_its_name() -> None:
+    base = redis()["spec"]["template"]["spec"]["containers"][0]["args"]
+    options = cluster_redis_options()
+    for flag, value in zip(base[::2], base[1::2], strict=True):
+        assert options[flag] == value, flag  # every option of the base, unchanged
+    assert options["--cluster-enabled"] == "yes"
+    # nodes.conf on the volume, so that a node keeps its identity across restarts.
+    assert options["--cluster-config-file"].startswith(options["--dir"] + "/")
+    assert options["--cluster-announce-hostname"] == "$(POD_NAME).asbp-redis"
+    assert options["--cluster-preferred-endpoint-type"] == "hostname"
+    patch = overlay("redis-cluster-patch.yaml")
+    assert patch["spec"]["replicas"] == 6
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    assert {port["containerPort"] for port in container["ports"]} == {6379, 16379}
+    assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_the_create_job_forms_three_primaries_with_a_replica_each_once() -> None:
+    job = overlay("redis-cluster-create-job.yaml")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    (mount,) = container["volumeMounts"]
+    (volume,) = job["spec"]["template"]["spec"]["volumes"]
+    assert mount["name"] == volume["name"]
+    script_map = overlay("redis-cluster-create-script.yaml")
+    assert volume["configMap"]["name"] == script_map["metadata"]["name"]
+    (name,) = script_map["data"]
+    assert container["command"] == ["sh", f"{mount['mountPath']}/{name}"]
+    script = script_map["data"][name]
+    assert "--cluster-replicas 1" in script
+    assert "cluster_state:ok" in script  # a formed cluster is left alone
+    assert script.count("asbp-redis-$n.asbp-redis") == 1
+    assert "0 1 2 3 4 5" in script
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    policy = overlay("redis-networkpolicy-patch.yaml")
+    admitted = [
+        selector["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+        for rule in policy["spec"]["ingress"]
+        for selector in rule["from"]
+    ]
+    assert labels["app.kubernetes.io/name"] in admitted
+    assert "asbp-redis" in admitted  # the cluster bus between nodes
+    assert "asbp-broker" in admitted
+
+
+def test_the_brokers_name_the_cluster_and_the_configuration_takes_it(tmp_path: Path) -> None:
+    (container,) = overlay("broker-redis-url-patch.yaml")["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == broker_container()["name"]
+    (variable,) = container["env"]
+    assert variable["name"] == "ASBP_REDIS_URL"
+    url = variable["value"]
+    address = parse_cluster_url(url)
+    assert {host for host, _ in address.seeds} <= {f"asbp-redis-{n}.asbp-redis" for n in range(6)}
+    environ = install(tmp_path) | {"ASBP_REDIS_URL": url}
+    overrides = vars(flags(broker_container()["args"]))
+    overrides["config"] = f"{tmp_path}{config_path()}"
+    config = load_config(argparse.Namespace(**overrides), environ=environ)
+    assert config.redis_url == url
+
+
+def test_redis_nodes_are_disrupted_one_at_a_time() -> None:
+    pdb = overlay("redis-pdb.yaml")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == redis()["spec"]["selector"]["matchLabels"]

@@ -27,6 +27,7 @@ from gateway.acl.toml_lines import key_lines
 from gateway.config.errors import ConfigError
 from gateway.config.fields import AGENTS, Setting, setting_names
 from gateway.config.text import mask_url, or_list, suggest, toml_key
+from gateway.engines.redis.cluster_url import CLUSTER_SCHEMES, parse_cluster_url
 
 __all__ = ["BROKER_ID_PATTERN", "check_across", "check_value"]
 
@@ -37,7 +38,7 @@ BROKER_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # The broker's own Command-Names (asbp.names.PREFIX); an
 # Authenticate-Command there could never reach an agent.
 _RESERVED_COMMAND_PREFIX: Final = "asbp."
-_REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
+_REDIS_SCHEMES: Final = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 # Tables whose numbers are sizes, counts or durations: zero or less means nothing.
 _POSITIVE_TABLES: Final = ("limits", "channels", "tubes", "messaging", "event_log", "metrics")
 
@@ -77,6 +78,11 @@ def check_value(setting: Setting, value: object, source: str) -> None:
                 source=source,
                 key=key,
             )
+        if scheme in CLUSTER_SCHEMES:
+            try:
+                parse_cluster_url(value)
+            except ValueError as exc:
+                raise ConfigError(f"{exc} in {mask_url(value)!r}", source=source, key=key) from exc
 
 
 def check_across(

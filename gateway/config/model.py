@@ -254,7 +254,10 @@ class GatewayConfig:
     data_dir: Path = Path(".asbp")
     #: The topic and queue engine.
     engine: EngineName = "memory"
-    #: Redis for the ``redis`` engine.
+    #: Redis for the ``redis`` engine (and the routing plane and event log that
+    #: follow it): ``redis://host:port/db``, ``rediss://`` (TLS), ``unix://``; or a
+    #: Redis Cluster, ``redis+cluster://host:port,host:port`` (``rediss+cluster://``
+    #: for TLS): any reachable node gives the client the slot map (docs/kubernetes.md).
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Seconds within which a broker that dies drops out of the bus-wide routing
     #: plane (``redis`` engine: the plane follows the engine): its Channels and

@@ -17,6 +17,11 @@ of a core; one argument per event to a script call, about half a microsecond
 nothing: the split moves to Redis, where it costs less than the ``XADD`` itself.
 A chunk keeps Redis busy for about a millisecond.
 
+On a Redis Cluster (``redis+cluster://``) the stream is one key, so it lives in
+one slot on one primary: every script call declares it, and the cluster client
+sends the pipeline there. The event log is one ordered stream for the Spark
+jobs; spreading it over slots would give up that order.
+
 This store has its own connection, built from the broker's ``redis_url``. When
 Redis cannot be reached, ``write`` raises and the recorder counts the batch as
 lost; the next batch tries again. The timeouts below bound how long one batch
@@ -28,10 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
+from gateway.engines.redis.connection import Client, connect
 from gateway.eventlog.schema import STREAM_FIELD, STREAM_KEY
 
 __all__ = ["STREAM_KEY", "StreamStore"]
@@ -71,14 +73,10 @@ class StreamStore:
         self.key = key
         self.max_events = max_events
         # Connects on first use, so a broker starts while Redis is down.
-        self._client: Redis = Redis.from_url(
-            url,
-            decode_responses=False,
-            # One retry, at once: a pooled connection that Redis closed while idle
-            # (a restart) fails on first use and the retry takes a fresh one.
-            retry=Retry(NoBackoff(), 1),
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=COMMAND_TIMEOUT,
+        # One Redis or a cluster, as the engine connects (one retry on a connection
+        # that Redis closed while idle; a cluster follows its slot map).
+        self._client: Client = connect(
+            url, connect_timeout=CONNECT_TIMEOUT, command_timeout=COMMAND_TIMEOUT
         )
 
     async def write(self, chunks: Sequence[bytes], count: int) -> None:

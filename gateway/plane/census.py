@@ -30,16 +30,17 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 import msgspec
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.engines.redis.connection import Client, connect
 from gateway.plane.base import PlaneUnavailable
+from gateway.plane.redis.keys import directory_prefix
 
 __all__ = ["BrokerCard", "Census", "Describe", "LocalCensus", "RedisCensus"]
 
 _log = logging.getLogger("asbp.plane")
 
-#: Seconds one census call to Redis may take.
+#: Seconds one census call to Redis may take (and to connect).
 _TIMEOUT: Final = 5.0
 
 
@@ -111,11 +112,14 @@ class RedisCensus:
     """The brokers of a bus on Redis, from the plane's directory and their cards.
 
     Args:
-        url: the plane's Redis.
+        url: the plane's Redis: one Redis, or a Redis Cluster (``redis+cluster://``).
         broker_id: this broker's Broker-Identifier.
         describe: this broker's card, now.
         lease: the plane's lease (``bus_lease``).
-        prefix: the plane's key prefix (gateway.plane.redis.plane.PREFIX).
+        prefix: the plane's key prefix (gateway.plane.redis.plane.PREFIX); the
+            census reads the directory under its hash tag, and keeps the cards
+            there too (gateway.plane.redis.keys), so that on a Redis Cluster one
+            pipeline to one primary reads them all.
         log: where a card that cannot be read, or written, is reported.
     """
 
@@ -134,8 +138,8 @@ class RedisCensus:
         self._broker_id = broker_id
         self._describe = describe
         self._lease = lease
-        self._prefix = prefix
-        self._client: Redis | None = None
+        self._prefix = directory_prefix(prefix)
+        self._client: Client | None = None
         self._keeper: asyncio.Task[None] | None = None
 
     @property
@@ -143,7 +147,7 @@ class RedisCensus:
         return True
 
     async def start(self) -> None:
-        self._client = Redis.from_url(self._url, decode_responses=False, socket_timeout=_TIMEOUT)
+        self._client = connect(self._url, connect_timeout=_TIMEOUT, command_timeout=_TIMEOUT)
         try:
             await self._write_card()
         except PlaneUnavailable:
@@ -197,7 +201,7 @@ class RedisCensus:
     def _card_key(self, broker_id: str) -> str:
         return f"{self._prefix}card:{broker_id}"
 
-    def _redis(self) -> Redis:
+    def _redis(self) -> Client:
         if self._client is None:
             raise PlaneUnavailable("the census is not started")
         return self._client

@@ -48,14 +48,23 @@ def build(engine_kind: str, request: pytest.FixtureRequest) -> Build:
     # only, and the memory tests still run.
     from gateway.engines.redis.engine import RedisEngine
 
-    server: RedisServer = request.getfixturevalue("redis_server")
-    client = redis.Redis.from_url(server.url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
+    # Not in ENGINES yet: the queue scripts touch keys of several slots until the
+    # engine's keys are hash-tagged (docs/kubernetes.md, "Redis Cluster"); add it
+    # there then, and every conformance test runs on the session's cluster.
+    if engine_kind == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        url = cluster.url
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = redis.Redis.from_url(server.url)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+        url = server.url
     return lambda limits, clock, broker_id: RedisEngine(
-        server.url, broker_id=broker_id, limits=limits, clock=clock
+        url, broker_id=broker_id, limits=limits, clock=clock
     )
 
 

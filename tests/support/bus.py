@@ -1,4 +1,5 @@
-"""Helpers for tests of one bus across brokers: the plane's directory in Redis, User-Agents.
+"""Helpers for tests of one bus across brokers: the plane's directory in Redis (one
+Redis or a Redis Cluster), User-Agents.
 
 ``until_in_directory`` waits on keyspace notifications, never a poll: a change
 cannot fall between a look and the wait.
@@ -6,25 +7,60 @@ cannot fall between a look and the wait.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from asbp import Command, decode
+from gateway.engines.redis.connection import Client
+from gateway.engines.redis.connection import connect as connect_redis
+from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX
 from tests.support.timing import T
 
-__all__ = ["frame", "open_with_id", "until_in_directory"]
+__all__ = ["DIRECTORY", "client_for", "flush", "frame", "open_with_id", "until_in_directory"]
+
+#: Where the plane's directory keys are (their hash tag included).
+DIRECTORY = directory_prefix(PREFIX)
+
+
+def client_for(redis_url: str) -> Client:
+    """A client for one Redis or a Redis Cluster (``redis+cluster://``)."""
+    return connect_redis(redis_url, connect_timeout=T, command_timeout=5 * T)
+
+
+async def flush(redis_url: str) -> None:
+    """Every key gone, on each primary of a cluster."""
+    client = client_for(redis_url)
+    try:
+        if isinstance(client, redis.asyncio.RedisCluster):
+            await client.flushall(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
+        else:
+            await client.flushall()
+    finally:
+        await client.aclose()
 
 
 async def until_in_directory(redis_url: str, key: str, field: str, present: bool = True) -> None:
     """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    full_key = PREFIX + key
-    try:
+    client = client_for(redis_url)
+    full_key = DIRECTORY + key
+    pubsub: Any
+    if isinstance(client, redis.asyncio.RedisCluster):
+        # A cluster node notifies only its own clients of its own keys.
+        await client.initialize()
+        node = client.get_node_from_key(full_key)
+        assert node is not None
+        await client.config_set("notify-keyspace-events", "KA", target_nodes=node)
+        pubsub = client.pubsub(node=node)
+        db = 0
+    else:
         await client.config_set("notify-keyspace-events", "KA")
+        pubsub = client.pubsub()
         db = client.connection_pool.connection_kwargs.get("db", 0)
+    try:
         await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
         with anyio.fail_after(5 * T):
             while bool(await client.hexists(full_key, field)) != present:

@@ -2,8 +2,8 @@
 
 :class:`Bus` builds planes of one kind (``memory``: one shared
 :class:`gateway.plane.memory.MemoryBus`; ``redis``: one Redis under a key prefix
-of the test's own) and closes them; :class:`Broker` is one plane with what it
-received and which peers it lost.
+of the test's own; ``redis-cluster``: the same on a Redis Cluster) and closes
+them; :class:`Broker` is one plane with what it received and which peers it lost.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gateway.plane.memory import MemoryBus, MemoryPlane
 
 __all__ = ["PLANES", "Broker", "Bus"]
 
-PLANES = ("memory", "redis")
+PLANES = ("memory", "redis", "redis-cluster")
 _prefixes = itertools.count()
 
 

@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, Self
@@ -54,14 +55,21 @@ class RedisServer:
         appendonly: enable the AOF with ``appendfsync always``, so every acknowledged
             write survives :meth:`kill` and :meth:`restart`.
         executable: the program to look up on ``PATH``.
+        options: more ``redis-server`` arguments (a cluster node's, say), appended.
     """
 
     def __init__(
-        self, directory: Path, *, appendonly: bool = False, executable: str = "redis-server"
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = False,
+        executable: str = "redis-server",
+        options: Sequence[str] = (),
     ) -> None:
         self.directory = directory
         self.appendonly = appendonly
         self.executable = executable
+        self.options = tuple(options)
         self.port = free_port(_HOST)
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -83,6 +91,11 @@ class RedisServer:
         if self._process is None:
             raise RedisServerError("redis-server is not running")
         return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the server was started and has not been stopped or killed by us."""
+        return self._process is not None
 
     @property
     def log(self) -> tuple[str, ...]:
@@ -177,7 +190,7 @@ class RedisServer:
             command += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             command += ["--appendonly", "no"]
-        return command
+        return command + list(self.options)
 
     def _drain(self, stdout: IO[bytes], ready: threading.Event, settled: threading.Event) -> None:
         with stdout:

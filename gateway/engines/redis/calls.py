@@ -52,8 +52,10 @@ KEY_PREFIX: Final = "asbp:"
 REGISTRY: Final = KEY_PREFIX + "queues"
 #: Virtual queues: full name -> pattern (a hash).
 VQUEUES: Final = KEY_PREFIX + "vqueues"
-#: Bumped when a virtual queue is declared.
-VQ_VERSION: Final = KEY_PREFIX + "vqueues:version"
+#: Bumped when a virtual queue is declared. Its hash tag is the whole name of
+#: VQUEUES, so that on a Redis Cluster the two share a slot (the scripts that
+#: read the virtual queues read both).
+VQ_VERSION: Final = "{" + VQUEUES + "}:version"
 #: The topic channel every engine subscribes to.
 TOPICS: Final = KEY_PREFIX + "topics"
 #: Prefix of a broker's notice channel (then the broker id).
@@ -61,7 +63,9 @@ NOTICES: Final = KEY_PREFIX + "notices:"
 #: Prefix of a queue's wake-up channel (then the queue name).
 WAKE: Final = KEY_PREFIX + "wake:"
 #: Queues by when they next need the sweep (a sorted set; see gateway.engines.redis.engine).
-EXPIRY: Final = KEY_PREFIX + "expiry"
+#: Tagged like VQ_VERSION: a topic publication's script touches both, so on a Redis
+#: Cluster a publication that feeds no virtual queue stays in one slot.
+EXPIRY: Final = "{" + VQUEUES + "}:expiry"
 #: Entries a fetch script may look at beyond ``count`` (expired, delayed, discarded).
 FETCH_SLACK: Final = 1000
 #: Messages per enqueue, or receipts per ack, in one script call (merged calls are split).

@@ -11,13 +11,13 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
 
     asbp:queues              set     every queue and virtual queue (max_queues)
     asbp:vqueues             hash    virtual queue full name -> pattern
-    asbp:vqueues:version     string  bumped when a virtual queue is declared
+    {asbp:vqueues}:version   string  bumped when a virtual queue is declared
     asbp:q:Q:s0 .. s9        stream  the messages of priority 0..9; group "asbp"
     asbp:q:Q:l0 .. l9        zset    leases: one batch per fetch call ("<tag>") by deadline (ms)
     asbp:q:Q:lb              hash    "<priority>:<tag>" -> the batch's lease tokens
     asbp:q:Q:dl              zset    delayed messages (msgpack of the fields) by not_before
     asbp:q:Q:wt              string  set while a consumer waits for Q
-    asbp:expiry              zset    queues by when they next need the sweep
+    {asbp:vqueues}:expiry    zset    queues by when they next need the sweep
     channels: asbp:topics, asbp:notices:<broker id>, asbp:wake:Q
 
 Every suffix has two characters, so no two queues' keys can collide whatever
@@ -124,8 +124,11 @@ by itself, and per-channel names would pile up forever. The ``consumer``
 argument of ``fetch`` is therefore not stored; receipts, not names, identify
 leases.
 
-Limits: Redis Cluster is not supported (the scripts touch several queues' keys,
-which may sit in different slots); a single Redis, or one behind Sentinel, is.
+Limits: on a Redis Cluster (``redis+cluster://``) the engine connects and
+routes each script call to the primary of its first key's slot
+(:mod:`gateway.engines.redis.cluster`), but the scripts touch several queues'
+keys, which may sit in different slots: what that leaves failing is listed in
+docs/kubernetes.md. A single Redis, or one behind Sentinel, is fully supported.
 """
 
 from __future__ import annotations
@@ -137,11 +140,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.engines.base import (
     Delivery,
@@ -179,6 +178,7 @@ from gateway.engines.redis.codec import (
     receipt_token,
     unpack_topic,
 )
+from gateway.engines.redis.connection import Client, batcher, broadcast_connection, connect
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
 from gateway.engines.redis.inspection import Inspector
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
@@ -249,7 +249,8 @@ class RedisEngine:
         self._topic_listeners: list[TopicListener] = []
         self._notice_listeners: list[NoticeListener] = []
         self._keys_cache: dict[str, QueueKeys] = {}
-        self._client: Redis | None = None
+        self._client: Client | None = None
+        self._pubsub_attempts = 0
         self._batcher: Batcher | None = None
         self._subscriber: Subscriber | None = None
         self._wakeups: Wakeups | None = None
@@ -269,21 +270,13 @@ class RedisEngine:
         Raises:
             EngineUnavailable: Redis cannot be reached.
         """
-        client: Redis = Redis.from_url(
-            self._url,
-            decode_responses=False,
-            # One retry, at once: a pooled connection that Redis closed while
-            # idle (a restart) fails on first use and the retry takes a fresh one.
-            # Not after a timeout: a Redis that is there but silent (stopped, a
-            # stalled disk) would make every call wait twice the command timeout
-            # before its caller hears 2005.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=COMMAND_TIMEOUT,
+        # One Redis or a cluster (``redis+cluster://``): gateway/engines/redis/connection.py.
+        client = connect(
+            self._url, connect_timeout=CONNECT_TIMEOUT, command_timeout=COMMAND_TIMEOUT
         )
         self._loop = asyncio.get_running_loop()
         self._client = client
-        self._batcher = Batcher(client, SCRIPTS)
+        self._batcher = batcher(client, SCRIPTS)
         subscriber = Subscriber(
             self._new_connection,
             self._on_message,
@@ -616,9 +609,10 @@ class RedisEngine:
 
     def _new_connection(self) -> AbstractConnection:
         assert self._client is not None
-        pool = self._client.connection_pool
-        connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
-        return connection
+        # Classic pub/sub: on a cluster any node will do, and each reconnection
+        # tries the next, so a dead node is not tried for ever.
+        self._pubsub_attempts += 1
+        return broadcast_connection(self._client, self._pubsub_attempts)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         if channel.startswith(_WAKE_BYTES):

@@ -5,7 +5,7 @@ Theory of operation
 A fetch removes the expired messages it meets; the *sweep* removes
 the others, so that a queue nobody consumes still loses its expired messages
 (and their publishers get the EXPIRED notice) near their expiration, as the
-memory engine's periodic sweep does. ``asbp:expiry`` holds every queue with
+memory engine's periodic sweep does. ``{asbp:vqueues}:expiry`` holds every queue with
 something in it, scored by the earliest time its sweep could find work: a
 message's expiration, a delayed message's due time, the end of a lease (the
 lease decides until then: a message that expired while leased leaves when its
@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 
 class Sweeper:
-    """Sweeps the queues the ``asbp:expiry`` index says are due, on a timer.
+    """Sweeps the queues the ``{asbp:vqueues}:expiry`` index says are due, on a timer.
 
     Args:
         submit: hands a call to the engine's batcher and returns its future (so a

@@ -15,6 +15,12 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
   plane reads with XREAD BLOCK already, and empties the set: a woken reader
   reads again and parks again if it must.
 
+Brokers' inbound streams and leases are named as gateway/plane/redis/keys.py
+names them (``{<prefix>in:<b>}``, ``{<prefix>}alive:<b>``). A wake-up or a
+forward touches another broker's stream from the log's slot, so on a Redis
+Cluster these scripts would cross slots: HTTP Channels on a cluster are not
+served by any broker yet (docs/kubernetes.md).
+
 Times come from the broker's clock in ARGV, as the engine's scripts do, so
 tests can move it; the keys also get a PEXPIRE a minute past their idle
 expiry as a backstop for logs nobody touches again.
@@ -93,7 +99,7 @@ local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel
   redis.call('HINCRBY', meta, 'b', #frame)
   trim(now, tonumber(max_age), tonumber(max_frames), tonumber(max_bytes))
   for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
-    redis.call('XADD', prefix .. 'in:' .. b, 'MAXLEN', '~', cap, '*',
+    redis.call('XADD', '{' .. prefix .. 'in:' .. b .. '}', 'MAXLEN', '~', cap, '*',
       'k', 'w', 'o', '', 'i', channel, 'g', '', 'f', '')
   end
   redis.call('DEL', waiting)
@@ -137,8 +143,9 @@ if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
   return ''
 end
 local target = redis.call('HGET', KEYS[4], ARGV[7])
-if not target or redis.call('EXISTS', ARGV[6] .. 'alive:' .. target) == 0 then return false end
-redis.call('XADD', ARGV[6] .. 'in:' .. target, 'MAXLEN', '~', ARGV[8], '*',
+if not target then return false end
+if redis.call('EXISTS', '{' .. ARGV[6] .. '}alive:' .. target) == 0 then return false end
+redis.call('XADD', '{' .. ARGV[6] .. 'in:' .. target .. '}', 'MAXLEN', '~', ARGV[8], '*',
   'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
 return target
 """,
@@ -196,7 +203,7 @@ LOG_DROP: Final = Script(
     _PRELUDE
     + """
 for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
-  redis.call('XADD', ARGV[1] .. 'in:' .. b, 'MAXLEN', '~', ARGV[3], '*',
+  redis.call('XADD', '{' .. ARGV[1] .. 'in:' .. b .. '}', 'MAXLEN', '~', ARGV[3], '*',
     'k', 'w', 'o', '', 'i', ARGV[2], 'g', '', 'f', '')
 end
 redis.call('DEL', meta, stream, waiting)

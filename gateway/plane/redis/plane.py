@@ -14,11 +14,14 @@ A renewal that finds its own key gone (Redis lost the broker for longer than
 the lease, or restarted) announces everything again from the local copy.
 
 *Forwarding.* Each broker reads one inbound stream, ``in:<b>``, with XREAD
-BLOCK on a connection of its own, and trims what it read. A forward is one
-script call (:mod:`gateway.plane.redis.scripts`) that finds a live target and
-XADDs to its stream, so it costs one round trip, batched like the engine's
-calls (:class:`gateway.engines.redis.batch.Batcher`): under load, a hundred
-forwards share one pipeline. A stream rather than pub/sub because a stream
+BLOCK on a connection of its own, and trims what it read. On one Redis a
+forward is one script call (:mod:`gateway.plane.redis.scripts`) that finds a
+live target and XADDs to its stream; on a Redis Cluster, where the directory
+and each stream sit in different slots (:mod:`gateway.plane.redis.keys`), it is
+two: a lookup in the directory, then a send that XADDs if the lease beside the
+stream still holds. The calls are batched like the engine's
+(:class:`gateway.engines.redis.batch.Batcher`, split by slot on a cluster):
+under load, a hundred forwards share one pipeline. A stream rather than pub/sub because a stream
 keeps what its reader has not read yet (a reader reconnecting after a blip
 loses nothing) and an XADD to a broker whose lease is gone is refused, so a
 forward to a dead broker faults instead of vanishing. The stream is capped
@@ -39,12 +42,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_future
 from gateway.engines.redis.calls import script_command
+from gateway.engines.redis.cluster_url import is_cluster_url
+from gateway.engines.redis.connection import Client, batcher, connect, node_connection, refresh
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
@@ -56,6 +60,7 @@ from gateway.plane.base import (
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
@@ -92,23 +97,37 @@ SWEEP_BATCH: Final = 1000
 #: Between the ``among`` agents or groups of a stream entry: no header value, quoted
 #: or not, can hold a line feed (draft §1.3.4.1), where a group name can hold ",".
 _SEPARATOR: Final = "\n"
+#: On a Redis Cluster, each send is followed by ``WAIT 1 <ms>`` on its primary: the
+#: forward is reported sent once the primary's replica has it too (or this many
+#: milliseconds passed), so a failover right after it does not lose it.
+REPLICA_WAIT_MS: Final = 1000
+#: Seconds to connect, and to wait for a reply, before the bus counts as unreachable.
+_CONNECT_TIMEOUT: Final = 5.0
+_COMMAND_TIMEOUT: Final = 10.0
 _KINDS: Final = {kind.value.encode(): kind for kind in EnvelopeKind}
 #: The ``k`` of a wake-up for a reader parked on a Channel log (gateway.plane.redis.log).
 _WAKE: Final = b"w"
 
 
 class _Future(Call):
-    """One script call whose reply ``convert`` turns into the future's result."""
+    """One script call whose reply ``convert`` turns into the future's result.
 
-    __slots__ = ("_command", "_convert", "future")
+    ``then``: commands written right after it whose replies are not the result
+    (the WAIT after a send on a cluster).
+    """
 
-    def __init__(self, command: tuple[Any, ...], convert: Any) -> None:
+    __slots__ = ("_command", "_convert", "_then", "future")
+
+    def __init__(
+        self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
+    ) -> None:
         self._command = command
         self._convert = convert
+        self._then = then
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
-        return (self._command,)
+        return (self._command, *self._then)
 
     def settle(self, replies: Sequence[Any]) -> None:
         reply = replies[0]
@@ -187,11 +206,16 @@ def _text(reply: Any) -> str | None:
     return reply.decode() if isinstance(reply, bytes) else None
 
 
+def _names(reply: Any) -> tuple[str, ...]:
+    return tuple(b.decode() for b in reply)
+
+
 class RedisPlane:
     """The routing plane of the brokers sharing one Redis; see the module docstring.
 
     Args:
-        url: the Redis (the engine's).
+        url: the Redis (the engine's): one Redis, or a Redis Cluster
+            (``redis+cluster://``, :mod:`gateway.engines.redis.connection`).
         broker_id: this broker's Broker-Identifier.
         lease: seconds within which a dead broker drops out of every lookup.
         prefix: the keys' prefix (tests use their own).
@@ -226,9 +250,15 @@ class RedisPlane:
         self._url = url
         self._broker_id = broker_id
         self._lease = lease
-        self._prefix = prefix
-        self._stream = f"{prefix}in:{broker_id}"
-        self._client: Redis | None = None
+        # Directory keys share one hash tag; each broker's stream has its own
+        # (gateway/plane/redis/keys.py).
+        self._prefix = directory_prefix(prefix)
+        self._stream_prefix = prefix
+        self._stream = stream_key(prefix, broker_id)
+        self._live = live_key(prefix, broker_id)
+        self._client: Client | None = None
+        self._after_send: tuple[tuple[Any, ...], ...] = ()
+        self._cluster = is_cluster_url(url)
         self._batcher: Batcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -273,8 +303,14 @@ class RedisPlane:
     async def start(self, inbound: Inbound, lost: Lost) -> None:
         self._inbound = inbound
         self._lost = lost
-        self._client = Redis.from_url(self._url, decode_responses=False)
-        self._batcher = Batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
+        self._client = connect(
+            self._url, connect_timeout=_CONNECT_TIMEOUT, command_timeout=_COMMAND_TIMEOUT
+        )
+        # A cluster's primaries have replicas to wait for (ClusterBatcher sends the
+        # WAIT to the primary of the command before it).
+        self._cluster = is_cluster_url(self._url)
+        self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if self._cluster else ()
+        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
         try:
             await self._batcher.load_scripts()
             key = f"{self._prefix}bus"
@@ -340,6 +376,8 @@ class RedisPlane:
         previous = await self._call(
             ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
         )
+        # The copy beside the stream, which sends check (another slot on a cluster).
+        await self._call(("SET", self._live, "1", "PX", int(self._lease * 500)))
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
@@ -354,10 +392,14 @@ class RedisPlane:
                         self._lost(peer)
 
     async def _leave(self) -> None:
-        """Drop this broker's entries, a batch per script call."""
-        leave = script_command(LEAVE, (), (self._prefix, self._broker_id, self._sweep_batch))
+        """Drop this broker's entries, a batch per script call, then its stream
+        (in a slot of its own on a cluster, so not in the script)."""
+        brokers = (f"{self._prefix}brokers",)
+        args = (self._prefix, self._broker_id, self._sweep_batch)
+        leave = script_command(LEAVE, brokers, args)
         while not await self._call(leave):
             pass
+        await self._call(("DEL", self._stream, self._live))
 
     async def sweep(self) -> int:
         """Forget every broker whose lease ran out, a batch per script call.
@@ -365,11 +407,23 @@ class RedisPlane:
         Returns:
             How many brokers were forgotten whole.
         """
-        sweep = script_command(SWEEP, (), (self._prefix, self._sweep_batch))
+        sweep = script_command(
+            SWEEP, (f"{self._prefix}brokers",), (self._prefix, self._sweep_batch)
+        )
         swept = 0
         while True:
-            done, more = await self._call(sweep)
-            swept += int(done)
+            gone, more = await self._call(sweep)
+            for broker_id in _names(gone):
+                # Its stream and the lease beside it: another slot on a cluster.
+                stream_prefix = self._stream_prefix
+                await self._call(
+                    (
+                        "DEL",
+                        stream_key(stream_prefix, broker_id),
+                        live_key(stream_prefix, broker_id),
+                    )
+                )
+            swept += len(gone)
             if not more:
                 return swept
 
@@ -508,8 +562,10 @@ class RedisPlane:
 
     def written(self) -> asyncio.Future[None]:
         # The batcher sends calls in the order submitted, announcements included,
-        # so a PING answered means every announcement before it was written.
-        return self._submit(("PING",), lambda reply: None)
+        # so a read answered after them means every announcement before it was
+        # written. A directory key, not a PING: on a cluster the read goes to the
+        # directory's primary, behind the announcements on the same connection.
+        return self._submit(("EXISTS", f"{self._prefix}bus"), lambda reply: None)
 
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = _text(await self._call(("HGET", f"{self._prefix}ch", channel_id)))
@@ -532,41 +588,36 @@ class RedisPlane:
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        command = script_command(
-            FORWARD_REQUEST,
-            (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}"),
-            (
-                self._prefix,
-                self._broker_id,
+        keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
+        lookup = (self._prefix, self._broker_id, self._balance)
+        if not self._cluster:  # one script finds the target and sends (scripts.py)
+            args = (
+                *lookup,
+                self._stream_prefix,
                 envelope.kind.value,
                 envelope.channel,
                 _SEPARATOR.join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
-                self._balance,
-            ),
-        )
-        return self._submit(command, self._peer)
+            )
+            return self._submit(script_command(FORWARD_REQUEST, keys, args), self._peer)
+        return self._forward(script_command(FORWARD_REQUEST, keys, lookup), envelope)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        if envelope.kind is EnvelopeKind.CHANNEL:
+        if envelope.kind is EnvelopeKind.CHANNEL and not self._cluster:
             # A Channel with a log (an HTTP Channel) takes it there, in the same call.
+            # (On a cluster the log, the directory and the target's stream are in
+            # three slots: HTTP Channels there stay with one broker for now.)
             command = self._log.log_or_forward(channel_id, envelope.frame, f"{self._prefix}ch")
             return self._submit(command, self._peer)
-        command = script_command(
-            FORWARD_CHANNEL,
-            (f"{self._prefix}ch",),
-            (
-                self._prefix,
-                self._broker_id,
-                envelope.kind.value,
-                channel_id,
-                envelope.frame,
-                STREAM_MAX,
-                _SEPARATOR.join(envelope.among),
-            ),
-        )
-        return self._submit(command, self._peer)
+        keys = (f"{self._prefix}ch",)
+        # The lookup writes a JOIN's groups into the directory too (scripts.py).
+        lookup = (self._prefix, channel_id, envelope.kind.value, _SEPARATOR.join(envelope.among))
+        if not self._cluster:
+            args = (*lookup, self._stream_prefix, self._broker_id, envelope.frame, STREAM_MAX)
+            return self._submit(script_command(FORWARD_CHANNEL, keys, args), self._peer)
+        lookup_command = script_command(FORWARD_CHANNEL, keys, lookup)
+        return self._forward(lookup_command, envelope, channel=channel_id)
 
     def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
         return self._forward_each((f"{self._prefix}name:{name}",), envelope)
@@ -578,43 +629,130 @@ class RedisPlane:
     def _forward_each(
         self, keys: tuple[str, ...], envelope: Envelope
     ) -> asyncio.Future[tuple[str, ...]]:
-        command = script_command(
-            FORWARD_EACH,
-            keys,
-            (
+        if not self._cluster:  # one script finds every target and sends to each
+            args = (
                 self._prefix,
                 self._broker_id,
+                self._stream_prefix,
                 envelope.kind.value,
                 envelope.channel,
                 envelope.frame,
                 STREAM_MAX,
                 _SEPARATOR.join(envelope.among),
-            ),
+            )
+            return self._submit(script_command(FORWARD_EACH, keys, args), self._targets)
+        # On a cluster: the lookup (the directory's slot), then a send per target
+        # (each stream's slot), submitted together as the lookup settles.
+        result: asyncio.Future[tuple[str, ...]] = asyncio.get_running_loop().create_future()
+        found = self._submit(
+            script_command(FORWARD_EACH, keys, (self._prefix, self._broker_id)), _names
         )
-        return self._submit(command, self._targets)
+
+        def looked_up(future: asyncio.Future[tuple[str, ...]]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            if (error := future.exception()) is not None:
+                result.set_exception(error)
+                return
+            targets = future.result()
+            if not targets:
+                result.set_result(())
+                return
+            sends = [
+                self._submit(self._send_command(target, envelope), bool, self._after_send)
+                for target in targets
+            ]
+            gathered = asyncio.gather(*sends, return_exceptions=True)
+
+            def sent(done: asyncio.Future[list[Any]]) -> None:
+                if result.done():
+                    return
+                if done.cancelled():
+                    result.cancel()
+                    return
+                replies = done.result()
+                errors = [r for r in replies if isinstance(r, BaseException)]
+                if errors:
+                    result.set_exception(errors[0])
+                    return
+                reached = tuple(t for t, ok in zip(targets, replies, strict=True) if ok)
+                self._peers.update(reached)
+                result.set_result(reached)
+
+            gathered.add_done_callback(sent)
+
+        found.add_done_callback(looked_up)
+        return result
 
     def _targets(self, reply: Any) -> tuple[str, ...]:
-        targets = tuple(b.decode() for b in reply)
+        targets = _names(reply)
         self._peers.update(targets)
         return targets
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
-        command = script_command(
+        self._peers.add(broker_id)
+        return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
+
+    def _send_command(
+        self, broker_id: str, envelope: Envelope, channel: str | None = None
+    ) -> tuple[Any, ...]:
+        return script_command(
             SEND_TO,
-            (),
+            (stream_key(self._stream_prefix, broker_id), live_key(self._stream_prefix, broker_id)),
             (
-                self._prefix,
                 self._broker_id,
                 envelope.kind.value,
-                envelope.channel,
+                envelope.channel if channel is None else channel,
+                _SEPARATOR.join(envelope.among),
                 envelope.frame,
                 STREAM_MAX,
-                broker_id,
-                _SEPARATOR.join(envelope.among),
             ),
         )
-        self._peers.add(broker_id)
-        return self._submit(command, bool)
+
+    def _forward(
+        self, lookup: tuple[Any, ...], envelope: Envelope, channel: str | None = None
+    ) -> asyncio.Future[str | None]:
+        """Look the target up (the directory's slot), then send to its stream (its slot).
+
+        Two calls, chained by callbacks rather than a task: the send is submitted
+        as the lookup settles, so forwards keep the order they were made in.
+        """
+        result: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        found = self._submit(lookup, _text)
+
+        def sent(target: str, future: asyncio.Future[bool]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+            elif (error := future.exception()) is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(self._peer(target.encode()) if future.result() else None)
+
+        def looked_up(future: asyncio.Future[str | None]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            error = future.exception()
+            target = None if error is not None else future.result()
+            if error is not None:
+                result.set_exception(error)
+            elif target is None:
+                result.set_result(None)
+            else:
+                send = self._submit(
+                    self._send_command(target, envelope, channel), bool, self._after_send
+                )
+                send.add_done_callback(lambda done: sent(target, done))
+
+        found.add_done_callback(looked_up)
+        return result
 
     def _peer(self, reply: Any) -> str | None:
         broker_id = _text(reply)
@@ -624,8 +762,10 @@ class RedisPlane:
             self._peers.add(broker_id)
         return broker_id
 
-    def _submit(self, command: tuple[Any, ...], convert: Any) -> asyncio.Future[Any]:
-        call = _Future(command, convert)
+    def _submit(
+        self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
+    ) -> asyncio.Future[Any]:
+        call = _Future(command, convert, then)
         if self._batcher is None:
             call.fail(EngineUnavailable("the plane is not started"))
             return call.future
@@ -666,6 +806,11 @@ class RedisPlane:
                         with contextlib.suppress(*CONNECTION_ERRORS):
                             await connection.disconnect()
                         connection = None
+                    # A cluster moved the stream's slot (MOVED) or lost its
+                    # primary: learn the slot map again before reconnecting.
+                    if self._client is not None:
+                        with contextlib.suppress(Exception):
+                            await refresh(self._client)
                     # Redis is away: try again, backing off up to a second.
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
@@ -689,9 +834,7 @@ class RedisPlane:
 
     def _new_connection(self) -> AbstractConnection:
         assert self._client is not None
-        pool = self._client.connection_pool
-        connection: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
-        return connection
+        return node_connection(self._client, self._stream)
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
         if fields.get(b"k") == _WAKE:

@@ -1,18 +1,27 @@
-"""The Lua scripts of the Redis plane: each lookup and its forward are one script call.
+"""The Lua scripts of the Redis plane: lookups in the directory, and sends to a stream.
 
-A forward must find its target and hand the envelope over atomically: a
-lookup, a round trip, then an XADD would cost two round trips and could write
-to the stream of a broker that died in between. So each forward is one
-script: it finds a live broker and XADDs to that broker's inbound stream, or
-returns nil.
+Keys (see :mod:`gateway.plane.redis.keys` for which share a slot and why):
+the directory's, all under the tagged prefix passed as ``ARGV[1]``:
+``alive:<b>`` (the lease), ``brokers`` (every broker that joined), ``ch``
+(Channel → broker), ``chs:<b>`` (a broker's Channels), ``name:<n>`` (brokers
+serving a Command-Name, each with its Commands in flight), ``fwd:<n>``
+(requests forwarded to each of them), ``names:<b>`` (a broker's
+Command-Names), ``grp:<g>`` (brokers holding members of a group), ``grps:<b>``
+(a broker's groups), ``turn`` (the round-robin counter); and each broker's
+inbound stream with the copy of its lease beside it, in a slot of their own.
 
-Keys, all under the prefix passed as ``ARGV[1]`` (see
-:mod:`gateway.plane.redis.plane`): ``alive:<b>`` (the lease), ``brokers`` (every
-broker that joined), ``ch`` (Channel → broker), ``chs:<b>`` (a broker's
-Channels), ``name:<n>`` (brokers serving a Command-Name), ``names:<b>`` (a
-broker's Command-Names), ``in:<b>`` (a broker's inbound stream), ``turn`` (the
-round-robin counter). Stream entries carry ``k o i g f``: kind, origin broker,
-Channel, the ``among`` agents (or groups) joined by line feeds, and the frame.
+On a Redis Cluster a forward is two script calls: a lookup in the directory's
+slot that returns a live target (or targets), then a send in each target
+stream's slot that XADDs only if the target's lease (the copy beside its
+stream) still holds, so a forward to a broker that died in between is refused,
+never written where nobody reads. On one Redis, where a script may touch any
+key, the lookup is given the envelope too (ARGV beyond the lookup's own) and
+sends it itself: one round trip per forward, as before the cluster
+(bench/cluster.py measured the second trip at about a third of the two-broker
+throughput). Every script declares its first key, so that a Redis Cluster runs
+it on the primary serving that slot; the keys it derives share that key's hash
+tag. Stream entries carry ``k o i g f``: kind, origin broker, Channel, the
+``among`` agents (or groups) joined by line feeds, and the frame.
 """
 
 from __future__ import annotations
@@ -33,10 +42,21 @@ __all__ = [
     "SWEEP",
 ]
 
+_SEND: Final = """
+local function send(stream_prefix, target, origin, kind, channel, among, frame, maxlen)
+  local stream = '{' .. stream_prefix .. 'in:' .. target .. '}'
+  if redis.call('EXISTS', stream .. 'live') == 0 then return false end
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+    'k', kind, 'o', origin, 'i', channel, 'g', among, 'f', frame)
+  return true
+end
+"""
+
 _FORGET: Final = """
--- Forgets at most ``budget`` entries of broker ``b``; returns what is left of the
--- budget, and whether ``b`` is gone whole. A broker that held a million Channels
--- is swept over many calls, so no single call holds Redis for long.
+-- Forgets at most ``budget`` directory entries of broker ``b``; returns what is
+-- left of the budget, and whether ``b`` is gone whole. A broker that held a
+-- million Channels is swept over many calls, so no single call holds Redis for
+-- long. Its stream, in another slot on a cluster, is deleted by the caller.
 local function forget(prefix, b, budget)
   local chs = prefix .. 'chs:' .. b
   local names = prefix .. 'names:' .. b
@@ -62,19 +82,21 @@ local function forget(prefix, b, budget)
     budget = budget - #held
   end
   if redis.call('EXISTS', chs, names, grps) > 0 then return budget, false end
-  redis.call('DEL', prefix .. 'in:' .. b, prefix .. 'alive:' .. b)
+  redis.call('DEL', prefix .. 'alive:' .. b)
   redis.call('SREM', prefix .. 'brokers', b)
   return budget, true
 end
 """
 
-#: ARGV: prefix, self, kind, channel, among, frame, maxlen, balance; KEYS: name:<n>,
-#: whose values are each broker's Commands in flight for the name, and fwd:<n>. ``in_flight``:
-#: the least loaded live broker (ties in turn), whose count goes up by one at
-#: once, so a burst spreads before the next report; ``turns``: each in turn.
+#: KEYS: name:<n>, whose values are each broker's Commands in flight for the name,
+#: and fwd:<n>; ARGV: prefix, self, balance[, stream prefix, kind, channel, among,
+#: frame, maxlen]. ``in_flight``: the least loaded live broker (ties in turn), whose
+#: count goes up by one at once, so a burst spreads before the next report;
+#: ``turns``: each in turn. With the envelope (one Redis), sent to it.
 FORWARD_REQUEST: Final = Script(
     "plane_forward_request",
-    """
+    _SEND
+    + """
 local prefix = ARGV[1]
 local live = {}
 local loads = {}
@@ -90,32 +112,37 @@ if #live == 0 then return false end
 table.sort(live)
 local turn = redis.call('INCR', prefix .. 'turn')
 local target = live[(turn % #live) + 1]
-if ARGV[8] == 'in_flight' then
+if ARGV[3] == 'in_flight' then
   for k = 1, #live - 1 do
     local b = live[((turn + k) % #live) + 1]
     if loads[b] < loads[target] then target = b end
   end
+end
+if #ARGV > 3 and not send(ARGV[4], target, ARGV[2], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+then return false end
+if ARGV[3] == 'in_flight' then
   redis.call('HINCRBY', KEYS[1], target, 1)
   redis.call('HINCRBY', KEYS[2], target, 1)
 end
-redis.call('XADD', prefix .. 'in:' .. target, 'MAXLEN', '~', ARGV[7], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[5], 'f', ARGV[6])
 return target
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: ch. A JOIN
-#: (kind ``j``) also writes the target into each group's directory entry, so a
-#: GROUP forwarded after it finds the target before the target has read the join.
+#: KEYS: ch; ARGV: prefix, channel, kind, among[, stream prefix, self, frame,
+#: maxlen]. The live broker holding the Channel; with the envelope (one Redis),
+#: sent to it. A JOIN (kind ``j``) also writes the target into each group's
+#: directory entry, so a GROUP forwarded after it finds the target before the
+#: target has read the join.
 FORWARD_CHANNEL: Final = Script(
     "plane_forward_channel",
-    """
-local target = redis.call('HGET', KEYS[1], ARGV[4])
+    _SEND
+    + """
+local target = redis.call('HGET', KEYS[1], ARGV[2])
 if not target or redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return false end
-redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[7], 'f', ARGV[5])
+if #ARGV > 4 and not send(ARGV[5], target, ARGV[6], ARGV[3], ARGV[2], ARGV[4], ARGV[7], ARGV[8])
+then return false end
 if ARGV[3] == 'j' then
-  for g in string.gmatch(ARGV[7], '[^\\n]+') do
+  for g in string.gmatch(ARGV[4], '[^\\n]+') do
     redis.call('HSET', ARGV[1] .. 'grp:' .. g, target, '1')
     redis.call('SADD', ARGV[1] .. 'grps:' .. target, g)
   end
@@ -124,12 +151,14 @@ return target
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, among; KEYS: hashes whose
-#: fields are brokers (``grp:<g>`` per group, or ``name:<n>``). To every live
-#: broker in any of them but this one, once; returns them.
+#: KEYS: hashes whose fields are brokers (``grp:<g>`` per group, or ``name:<n>``);
+#: ARGV: prefix, self[, stream prefix, kind, channel, frame, maxlen, among]. Every
+#: live broker in any of them but this one, once; with the envelope (one Redis),
+#: sent to each, and only those it was sent to returned.
 FORWARD_EACH: Final = Script(
     "plane_forward_each",
-    """
+    _SEND
+    + """
 local seen = {}
 local targets = {}
 for _, key in ipairs(KEYS) do
@@ -137,9 +166,8 @@ for _, key in ipairs(KEYS) do
     if b ~= ARGV[2] and not seen[b] then
       seen[b] = true
       if redis.call('EXISTS', ARGV[1] .. 'alive:' .. b) == 1 then
-        targets[#targets + 1] = b
-        redis.call('XADD', ARGV[1] .. 'in:' .. b, 'MAXLEN', '~', ARGV[6], '*',
-          'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[7], 'f', ARGV[5])
+        if #ARGV <= 2 or send(ARGV[3], b, ARGV[2], ARGV[4], ARGV[5], ARGV[8], ARGV[6], ARGV[7])
+        then targets[#targets + 1] = b end
       end
     end
   end
@@ -148,22 +176,22 @@ return targets
 """,
 )
 
-#: ARGV: prefix, self, kind, channel, frame, maxlen, target, among.
+#: KEYS: the target's stream, the lease beside it; ARGV: self, kind, channel, among,
+#: frame, maxlen. 1 if added, 0 if the target's lease is gone.
 SEND_TO: Final = Script(
     "plane_send_to",
     """
-local target = ARGV[7]
-if redis.call('EXISTS', ARGV[1] .. 'alive:' .. target) == 0 then return 0 end
-redis.call('XADD', ARGV[1] .. 'in:' .. target, 'MAXLEN', '~', ARGV[6], '*',
-  'k', ARGV[3], 'o', ARGV[2], 'i', ARGV[4], 'g', ARGV[8], 'f', ARGV[5])
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*',
+  'k', ARGV[2], 'o', ARGV[1], 'i', ARGV[3], 'g', ARGV[4], 'f', ARGV[5])
 return 1
 """,
 )
 
-#: ARGV: broker, in flight there, requests it read since it started serving the name;
 #: KEYS: name:<n>, fwd:<n> (requests forwarded to each broker since it started
-#: serving it). The count becomes what is in flight plus what is on its way, and only
-#: while the broker serves the name.
+#: serving it); ARGV: broker, in flight there, requests it read since it started
+#: serving the name. The count becomes what is in flight plus what is on its way,
+#: and only while the broker serves the name.
 REPORT: Final = Script(
     "plane_report",
     """
@@ -175,7 +203,7 @@ return load
 """,
 )
 
-#: ARGV: broker, how many; KEYS: name:<n>: that many fewer in flight there, if it
+#: KEYS: name:<n>; ARGV: broker, how many: that many fewer in flight there, if it
 #: still serves the name (an HINCRBY alone would bring back a broker that stopped).
 DONE: Final = Script(
     "plane_done",
@@ -187,8 +215,9 @@ return 0
 """,
 )
 
-#: ARGV: prefix, broker, batch: at most ``batch`` of that broker's entries dropped
-#: (it leaves, or joins afresh); returns 1 once all are gone, 0 if some are left.
+#: KEYS: brokers; ARGV: prefix, broker, batch: at most ``batch`` of that broker's
+#: directory entries dropped (it leaves, or joins afresh); returns 1 once all are
+#: gone, 0 if some are left. Its stream, in another slot, is deleted by the caller.
 LEAVE: Final = Script(
     "plane_leave",
     _FORGET
@@ -199,22 +228,23 @@ return 0
 """,
 )
 
-#: ARGV: prefix, batch: at most ``batch`` entries of brokers whose lease ran out
-#: forgotten; returns how many such brokers are gone whole and whether entries
-#: are left over for another call ``{swept, more}``.
+#: KEYS: brokers; ARGV: prefix, batch: at most ``batch`` entries of brokers whose
+#: lease ran out forgotten; returns ``{swept, more}``: the identifiers of the
+#: brokers gone whole (whose streams, in other slots, the caller deletes) and
+#: whether entries are left over for another call.
 SWEEP: Final = Script(
     "plane_sweep",
     _FORGET
     + """
 local budget = tonumber(ARGV[2])
-local swept = 0
+local swept = {}
 for _, b in ipairs(redis.call('SMEMBERS', ARGV[1] .. 'brokers')) do
   if redis.call('EXISTS', ARGV[1] .. 'alive:' .. b) == 0 then
     if budget <= 0 then return {swept, 1} end
     local gone
     budget, gone = forget(ARGV[1], b, budget)
     if not gone then return {swept, 1} end
-    swept = swept + 1
+    swept[#swept + 1] = b
   end
 end
 return {swept, 0}

@@ -14,9 +14,13 @@ import redis.asyncio
 
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from gateway.plane.redis.plane import PREFIX
+from gateway.plane.redis.keys import directory_prefix
+from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
 from tests.support import RedisServer, T, serve_app_async
 from tests.support.gateway import Gateway, GatewayFactory
+
+#: Where the plane's directory (and the census's cards) are, hash tag included.
+PREFIX = directory_prefix(PLANE_PREFIX)
 
 pytestmark = pytest.mark.anyio
 

@@ -52,7 +52,14 @@ class BrokerProcess:
 
 @contextlib.asynccontextmanager
 async def broker_process(
-    redis_url: str, directory: Path, *, ack_timeout: float, prefetch: int, settings: str = ""
+    redis_url: str,
+    directory: Path,
+    *,
+    ack_timeout: float,
+    prefetch: int,
+    settings: str = "",
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> AsyncIterator[BrokerProcess]:
     """``python -m gateway --engine redis`` on a free port; stopped with SIGTERM at the end.
 
@@ -62,6 +69,9 @@ async def broker_process(
         ack_timeout: its ``[messaging] ack_timeout``: the leases it takes last this long.
         prefetch: its ``[messaging] prefetch``: unacknowledged messages per subscriber.
         settings: top-level TOML lines before the tables (``bus_lease = 1.5``).
+        host: the loopback address to listen on (brokers behind one name use
+            127.0.0.2, 127.0.0.3, ... on one port).
+        port: the port; 0 picks a free one.
     """
     directory.mkdir(parents=True)
     config = directory / "broker.toml"
@@ -72,7 +82,7 @@ async def broker_process(
         sys.executable, "-m", "gateway",
         "--config", str(config),
         "--engine", "redis", "--redis-url", redis_url,
-        "--host", "127.0.0.1", "--port", "0",
+        "--host", host, "--port", str(port),
         "--data-dir", str(directory),
         "--log-format", "json",
         cwd=ROOT,

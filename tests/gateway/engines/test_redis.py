@@ -33,6 +33,7 @@ from gateway.engines.base import (
     Message,
     NoticeEvent,
 )
+from gateway.engines.redis.calls import EXPIRY
 from gateway.engines.redis.codec import parse_receipt, receipt, split_receipt
 from gateway.engines.redis.engine import SWEEP_BUDGET, RedisEngine
 from tests.support import RedisServer, T
@@ -413,7 +414,7 @@ async def test_the_sweep_removes_what_no_fetch_meets(make: Make, client: Redis) 
     await notices.wait_count(1)
     assert [n.message_id for n in notices.items] == [ready.id]
     # When the lease ends: start + 10, to the millisecond the lease is scored in.
-    assert await client.zscore("asbp:expiry", QUEUE) == delivery.deadline
+    assert await client.zscore(EXPIRY, QUEUE) == delivery.deadline
     assert start + 10 - 0.001 < delivery.deadline <= start + 10
 
     clock.advance(5)
@@ -423,14 +424,14 @@ async def test_the_sweep_removes_what_no_fetch_meets(make: Make, client: Redis) 
         leased.id, QUEUE, NoticeEvent.EXPIRED, address, clock()
     )
     assert await engine.ack(QUEUE, [delivery.receipt]) == 0
-    assert await client.zscore("asbp:expiry", QUEUE) == start + 20  # when the delayed one is due
+    assert await client.zscore(EXPIRY, QUEUE) == start + 20  # when the delayed one is due
 
     clock.advance(20)
     await engine.sweep()  # due, and expired by then: it leaves instead of joining its stream
     await notices.wait_count(3)
     assert [n.event for n in notices.items] == [NoticeEvent.EXPIRED] * 3
     assert await engine.depth(QUEUE) == 0
-    assert await client.zcard("asbp:expiry") == 0  # nothing left to watch: memory stays bounded
+    assert await client.zcard(EXPIRY) == 0  # nothing left to watch: memory stays bounded
 
 
 async def test_a_released_message_is_swept_when_it_expired(make: Make) -> None:

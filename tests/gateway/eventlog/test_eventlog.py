@@ -29,6 +29,7 @@ from asbp.eventlog import EVENT_FIELDS
 from gateway.broker import Broker
 from gateway.config import ConfigError, add_arguments, load_config
 from gateway.config.model import EventLogConfig
+from gateway.engines.redis.connection import connect
 from gateway.eventlog.files import FileStore
 from gateway.eventlog.recorder import CHUNK, Recorder
 from gateway.eventlog.schema import (
@@ -42,6 +43,7 @@ from gateway.eventlog.schema import (
 from gateway.eventlog.stream import StreamStore
 from tests.support import RedisServer, T
 from tests.support.gateway import AGENTS, BROKER_ID, Gateway, GatewayFactory, assert_fault
+from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -771,3 +773,58 @@ def test_event_log_table_in_the_file(tmp_path: Path) -> None:
     path.write_text('[event_log]\nmode = "on"\nfile_bytes = 4096\nfiles = 2\n')
     config = load_config({"config": str(path)}, environ={})
     assert config.event_log == EventLogConfig(file_bytes=4096, files=2)
+
+
+# --------------------------------------------------------------------------
+# The Redis Stream on a Redis Cluster
+
+
+async def cluster_entries(url: str) -> Entries:
+    """The stream's entries on a cluster, oldest first (the client follows the slot)."""
+    client = cluster_client(url)
+    try:
+        return cast(Entries, await client.xrange(STREAM_KEY))
+    finally:
+        await client.aclose()
+
+
+def cluster_client(url: str) -> redis.asyncio.RedisCluster:
+    client = connect(url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, redis.asyncio.RedisCluster)
+    return client
+
+
+async def test_on_a_cluster_a_batch_of_chunks_becomes_entries_in_order(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    store = StreamStore(redis_cluster.url, max_events=100_000)
+    recorder = Recorder(store, broker_id="b1", log=logging.getLogger("test.eventlog"))
+    recorder.start()
+    try:
+        count = 2 * CHUNK + 7
+        for n in range(count):
+            record(recorder, n)
+        await asyncio.wait_for(recorder.flush(), 5 * T)
+    finally:
+        await recorder.stop()
+    entries = await cluster_entries(redis_cluster.url)
+    assert recorder.written == count
+    assert [Event.from_json(f[STREAM_FIELD]).command for _, f in entries] == [
+        f"c{n}" for n in range(count)
+    ]
+
+
+async def test_on_a_cluster_the_redis_engine_logs_to_the_stream(
+    make_gateway: GatewayFactory, redis_cluster: RedisCluster
+) -> None:
+    redis_cluster.flush()
+    gateway = await make_gateway(engine="redis", redis_url=redis_cluster.url)
+    agent = await gateway.tube(serves=("echo",))
+    user = await gateway.channel()
+    await user.send(b"c=echo,u=1;hi")
+    await agent.recv()
+    await flush(gateway)
+    events = [Event.from_json(f[STREAM_FIELD]) for _, f in await cluster_entries(redis_cluster.url)]
+    echo = only(events, command="echo")
+    assert (echo.broker, echo.source, echo.destination) == (BROKER_ID, user.id, "billing")

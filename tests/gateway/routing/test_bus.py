@@ -1,5 +1,9 @@
 """One bus across brokers: two brokers on one private redis-server route to each other.
 
+Every test runs twice: on one ``redis-server``, and on a private six-node Redis
+Cluster (tests/support/redis_cluster.py), where the plane's directory sits in one
+slot and each broker's inbound stream in its own (gateway/plane/redis/keys.py).
+
 The brokers are real servers (Hypercorn, each in its own thread and event loop, or
 ``python -m gateway`` processes where a test kills one), the User-Agents real
 WebSockets and the Application-Agent the SDK's, connected to broker B only. What
@@ -13,6 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -24,6 +29,9 @@ from asbp import Command, FaultCode, decode
 from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
+from gateway.engines.redis.connection import Client
+from gateway.engines.redis.connection import connect as connect_redis
+from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import (
     abandon,
@@ -33,6 +41,7 @@ from tests.gateway.engines._broker_process import (
 )
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
+from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -41,10 +50,36 @@ LEASE = 1.5
 CREDENTIALS: dict[int, AgentCredentialSource] = {}
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+#: Where the directory's keys are (their hash tag included).
+DIRECTORY = directory_prefix(PREFIX)
+
+
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def redis_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One private redis-server for the module, or the session's Redis Cluster."""
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url
+        return
     with RedisServer(tmp_path_factory.mktemp("bus-redis")) as server:
-        yield server
+        yield server.url
+
+
+def client_for(redis_url: str) -> Client:
+    return connect_redis(redis_url, connect_timeout=T, command_timeout=5 * T)
+
+
+async def flush(redis_url: str) -> None:
+    client = client_for(redis_url)
+    try:
+        if isinstance(client, redis.asyncio.RedisCluster):
+            await client.flushall(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
+        else:
+            await client.flushall()
+    finally:
+        await client.aclose()
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
@@ -74,12 +109,22 @@ async def until_in_directory(redis_url: str, key: str, field: str, present: bool
     Woken by the key's keyspace notifications, subscribed to before each look, so a
     change cannot fall between a look and the wait.
     """
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    full_key = PREFIX + key
-    try:
+    client = client_for(redis_url)
+    full_key = DIRECTORY + key
+    pubsub: Any
+    if isinstance(client, redis.asyncio.RedisCluster):
+        # A cluster node notifies only its own clients of its own keys.
+        await client.initialize()
+        node = client.get_node_from_key(full_key)
+        assert node is not None
+        await client.config_set("notify-keyspace-events", "KA", target_nodes=node)
+        pubsub = client.pubsub(node=node)
+        db = 0
+    else:
         await client.config_set("notify-keyspace-events", "KA")
+        pubsub = client.pubsub()
         db = client.connection_pool.connection_kwargs.get("db", 0)
+    try:
         await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
         with anyio.fail_after(5 * T):
             while bool(await client.hexists(full_key, field)) != present:
@@ -106,12 +151,9 @@ async def open_with_id(url: str) -> tuple[ClientConnection, str]:
 
 @pytest.fixture
 async def bus(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_url: str
 ) -> AsyncIterator[tuple[RunningServer, RunningServer, ApplicationAgent]]:
-    redis_url = redis_server.url
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushall()
-    await client.aclose()
+    await flush(redis_url)
     credentials = make_credentials(tmp_path)
     async with (
         broker(tmp_path, "broker-a", redis_url) as a,
@@ -154,12 +196,12 @@ async def test_a_channel_on_one_broker_reaches_a_respondent_on_another(
 
 
 async def test_an_agent_reaches_a_channel_on_another_broker(
-    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_url: str
 ) -> None:
     a, _, agent = bus
     connection, identifier = await open_with_id(a.ws_url + "/asbp")
     try:
-        await until_in_directory(redis_server.url, "ch", identifier)
+        await until_in_directory(redis_url, "ch", identifier)
         # Delivered: the broker answers with silence, so confirm waits it out and returns.
         await agent.send(Command({"c": "news", "d": identifier, "u": 3}, b"extra"), confirm=0.5 * T)
         news = await frame(connection)
@@ -179,7 +221,7 @@ async def test_a_channel_that_exists_nowhere_gets_the_agent_fault_2104(
 
 
 async def test_a_respondent_leaving_on_its_broker_faults_2102_across_the_bus(
-    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_url: str
 ) -> None:
     a, b, _ = bus
     arrived, released = asyncio.Event(), asyncio.Event()
@@ -194,7 +236,7 @@ async def test_a_respondent_leaving_on_its_broker_faults_2102_across_the_bus(
     connection = await open_channel(a.ws_url + "/asbp")
     try:
         async with holder:
-            await until_in_directory(redis_server.url, "name:hold", "broker-b")
+            await until_in_directory(redis_url, "name:hold", "broker-b")
             await connection.send("c=hold,u=9;x")
             with anyio.fail_after(5 * T):
                 await arrived.wait()
@@ -211,12 +253,9 @@ async def test_a_respondent_leaving_on_its_broker_faults_2102_across_the_bus(
 
 
 async def test_a_killed_brokers_entries_expire_and_its_waiters_get_2102(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_url: str
 ) -> None:
-    redis_url = redis_server.url
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushall()
-    await client.aclose()
+    await flush(redis_url)
     credentials = make_credentials(tmp_path, "slow")
     settings = (
         f"bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
@@ -262,9 +301,9 @@ async def test_a_killed_brokers_entries_expire_and_its_waiters_get_2102(
 
 
 async def directory_broker(redis_url: str, channel: str) -> str:
-    client = redis.asyncio.Redis.from_url(redis_url)
+    client = client_for(redis_url)
     try:
-        value = await client.hget(PREFIX + "ch", channel)
+        value = await client.hget(DIRECTORY + "ch", channel)
     finally:
         await client.aclose()
     assert value is not None
@@ -272,9 +311,17 @@ async def directory_broker(redis_url: str, channel: str) -> str:
 
 
 async def live_brokers(redis_url: str) -> set[str]:
-    client = redis.asyncio.Redis.from_url(redis_url)
+    client = client_for(redis_url)
     try:
-        keys = await client.keys(PREFIX + "alive:*")
+        # The leases share the directory's slot, so one node holds every one.
+        keys = await client.keys(DIRECTORY + "alive:*", target_nodes=await _directory_node(client))
     finally:
         await client.aclose()
     return {(k.decode() if isinstance(k, bytes) else k).rsplit(":", 1)[1] for k in keys}
+
+
+async def _directory_node(client: Client) -> Any:
+    if isinstance(client, redis.asyncio.RedisCluster):
+        await client.initialize()
+        return client.get_node_from_key(DIRECTORY + "ch")
+    return None

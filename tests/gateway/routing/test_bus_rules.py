@@ -1,6 +1,9 @@
-"""The routing rules of docs/protocol.md §Routing across three brokers on one real redis-server.
+"""The routing rules of docs/protocol.md §Routing across three brokers on one real
+redis-server, and again on a private six-node Redis Cluster.
 
-Three Hypercorn brokers share a private redis-server; the User-Agents are real
+Three Hypercorn brokers share a private redis-server (or the session's Redis
+Cluster, tests/support/redis_cluster.py, where the plane's directory sits in one
+slot and each broker's stream in its own); the User-Agents are real
 WebSockets and the Application-Agents the SDK's, each holding one Tube to one
 broker only: an agent needs one Tube to reach the whole bus.
 """
@@ -15,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from agents import AgentCredentialSource, ApplicationAgent, FaultError, Request
@@ -24,11 +26,11 @@ from asbp.fault_commands import read_fault
 from gateway.acl import load_acl
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import frame, open_with_id, until_in_directory
+from tests.support.bus import DIRECTORY, client_for, flush, frame, open_with_id, until_in_directory
+from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -45,10 +47,17 @@ condition = { always = true }
 """
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def redis_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A private redis-server for the module, or the session's Redis Cluster."""
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url
+        return
     with RedisServer(tmp_path_factory.mktemp("bus-rules-redis")) as server:
-        yield server
+        yield server.url
 
 
 @dataclass
@@ -91,11 +100,8 @@ def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
 
 
 @pytest.fixture
-async def bus(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Bus]:
-    redis_url = redis_server.url
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushall()
-    await client.aclose()
+async def bus(tmp_path: Path, redis_url: str) -> AsyncIterator[Bus]:
+    await flush(redis_url)
     credentials = make_credentials(tmp_path)
     async with contextlib.AsyncExitStack() as stack:
         brokers = [
@@ -119,7 +125,7 @@ def echo_agent(bus: Bus, at: int) -> ApplicationAgent:
 
 async def test_register_is_accepted_only_once_every_broker_finds_the_name(bus: Bus) -> None:
     agent = echo_agent(bus, 1)
-    client = redis.asyncio.Redis.from_url(bus.redis_url)
+    client = client_for(bus.redis_url)
     connection, _ = await bus.channel(0)
     try:
         async with agent:
@@ -131,7 +137,7 @@ async def test_register_is_accepted_only_once_every_broker_finds_the_name(bus: B
                 agent.add_respondent(f"late{n}", answer)
                 await agent.wait_registered(5 * T)
                 # The acceptance came after the directory write: no window for 2101.
-                assert await client.hexists(PREFIX + f"name:late{n}", "broker-b")
+                assert await client.hexists(DIRECTORY + f"name:late{n}", "broker-b")
                 await connection.send(f"c=late{n},u={n};")
                 reply = await frame(connection)
                 assert (reply.name, reply.command_id, reply.body) == (
@@ -459,11 +465,9 @@ async def test_signing_in_where_nobody_on_the_bus_serves_it_faults_2101(bus: Bus
 
 
 async def test_a_subjects_commands_fault_when_the_broker_of_its_agent_is_killed(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_url: str
 ) -> None:
-    client = redis.asyncio.Redis.from_url(redis_server.url)
-    await client.flushall()
-    await client.aclose()
+    await flush(redis_url)
     credentials = make_credentials(tmp_path)
     settings = (
         f"bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
@@ -471,7 +475,7 @@ async def test_a_subjects_commands_fault_when_the_broker_of_its_agent_is_killed(
         f"[agents.echo]\npublic_key = {str(tmp_path / 'echo.pem')!r}\n"
         "serves = ['.*', 'auth.login']\n"
     )
-    url = redis_server.url
+    url = redis_url
     async with (
         broker_process(url, tmp_path / "a", ack_timeout=30, prefetch=8, settings=settings) as a,
         broker_process(url, tmp_path / "b", ack_timeout=30, prefetch=8, settings=settings) as b,

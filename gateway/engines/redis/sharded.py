@@ -1,0 +1,309 @@
+"""Sharded pub/sub on a Redis Cluster: SSUBSCRIBE per primary, followed as slots move.
+
+Why sharded: a classic ``PUBLISH`` on a cluster is repeated to every node
+(redis/redis#2672), so the cluster's pub/sub throughput is one node's however
+many it has. ``SPUBLISH`` goes to the primary serving the channel's slot (and
+its replicas) only; a subscriber ``SSUBSCRIBE``s there. A channel is a key as
+far as slots go, so the channels must be spread over slots, or every message
+lands on one primary and the others idle (centrifugal/centrifuge#554):
+:func:`shard_channels` names ``count`` channels for one purpose, each with a
+hash tag that puts it in a different slot, and :func:`shard_of` picks the one a
+name belongs to (the same name, the same channel: per-name order is kept).
+
+:class:`ShardedSubscriber` has the interface of
+:class:`gateway.engines.redis.pubsub.Subscriber` (``start``, ``join``,
+``leave``, ``close``, and ``on_message(channel, data)``) and holds one
+connection per primary that serves a wanted channel.
+
+*Slots move.* When a slot migrates or its primary fails over, Redis tells the
+subscribers of its channels nothing useful: it sends an unannounced
+``sunsubscribe`` (the slot left the node), or the connection drops (the
+primary died), or a new ``SSUBSCRIBE`` is answered ``MOVED``. Each of those
+makes the subscriber reload the slot map and subscribe the channel again where
+it lives now, with backoff until that works, then call ``on_reconnect`` (the
+engine wakes its waiters, since wake-ups may have been lost meanwhile). Several
+clients got exactly this wrong (StackExchange.Redis#2969, node-redis#3098): a
+subscriber that treats an unannounced ``sunsubscribe`` as final goes silent for
+good. What was published while a channel was being moved is lost, as for any
+pub/sub subscriber that is offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
+from gateway.engines.base import EngineUnavailable
+from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
+
+__all__ = ["ShardedSubscriber", "shard_channels", "shard_of"]
+
+_log = logging.getLogger(__name__)
+
+_SMESSAGE: Final = b"smessage"
+_SSUBSCRIBE: Final = b"ssubscribe"
+_SUNSUBSCRIBE: Final = b"sunsubscribe"
+#: First and longest pause between attempts to place a moved channel again.
+_RETRY_DELAY: Final = 0.05
+_MAX_RETRY_DELAY: Final = 1.0
+
+
+def shard_channels(base: str, count: int) -> list[bytes]:
+    """``count`` channels ``base{0}`` ... whose hash tags put them in different slots."""
+    names: list[bytes] = []
+    slots: set[int] = set()
+    tag = 0
+    while len(names) < count:
+        name = f"{base}{{{tag}}}".encode()
+        slot = key_slot(name)
+        if slot not in slots:
+            slots.add(slot)
+            names.append(name)
+        tag += 1
+    return names
+
+
+def shard_of(channels: list[bytes], name: str | bytes) -> bytes:
+    """The channel of ``channels`` that ``name`` is published on (stable across runs)."""
+    raw = name.encode() if isinstance(name, str) else name
+    return channels[zlib.crc32(raw) % len(channels)]
+
+
+class _NodeLink:
+    """One subscribed connection to one primary, and the channels held on it."""
+
+    def __init__(self, owner: ShardedSubscriber, node: ClusterNode) -> None:
+        self.owner = owner
+        self.node = node
+        self.channels: set[bytes] = set()
+        self.confirming: dict[bytes, asyncio.Future[None]] = {}
+        self.connection: AbstractConnection | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self.lock = asyncio.Lock()
+
+    async def subscribe(self, channel: bytes) -> None:
+        async with self.lock:
+            if self.connection is None:
+                connection = self.node.connection_class(**self.node.connection_kwargs)
+                await connection.connect()  # type: ignore[no-untyped-call]  # upstream
+                self.connection = connection
+                self.reader = asyncio.get_running_loop().create_task(self._read(connection))
+            confirming = self.confirming.get(channel)
+            if confirming is None:
+                confirming = asyncio.get_running_loop().create_future()
+                self.confirming[channel] = confirming
+                await self.connection.send_command("SSUBSCRIBE", channel, check_health=False)
+        await asyncio.shield(confirming)
+        self.channels.add(channel)
+
+    async def unsubscribe(self, channel: bytes) -> None:
+        self.channels.discard(channel)
+        async with self.lock:
+            if self.connection is not None:
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await self.connection.send_command("SUNSUBSCRIBE", channel, check_health=False)
+
+    async def close(self) -> None:
+        reader, self.reader = self.reader, None
+        connection, self.connection = self.connection, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *CONNECTION_ERRORS):
+                await reader
+        if connection is not None:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await connection.disconnect()
+        self._fail_confirming(EngineUnavailable("the Redis pub/sub connection is closed"))
+
+    def _fail_confirming(self, error: BaseException) -> None:
+        confirming, self.confirming = self.confirming, {}
+        for future in confirming.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # each waiter gets its own raise
+
+    async def _read(self, connection: AbstractConnection) -> None:
+        try:
+            while True:
+                try:
+                    reply: Any = await connection.read_response(push_request=True)
+                except ResponseError as exc:
+                    # MOVED to an SSUBSCRIBE: the slot map was stale. Its joiner hears
+                    # it and places the channel again (after reloading the map).
+                    self._fail_confirming(exc)
+                    continue
+                if not isinstance(reply, list) or not reply:
+                    continue
+                kind = reply[0]
+                if kind == _SMESSAGE:
+                    self.owner._deliver(reply[1], reply[2])
+                elif kind == _SSUBSCRIBE:
+                    confirming = self.confirming.pop(reply[1], None)
+                    if confirming is not None and not confirming.done():
+                        confirming.set_result(None)
+                elif kind == _SUNSUBSCRIBE:
+                    channel = reply[1]
+                    # Ours (leave) or the slot's (it moved): only a wanted one goes back.
+                    if channel in self.channels and self.owner.wants(channel):
+                        self.channels.discard(channel)
+                        self.owner._moved(self, {channel})
+        except CONNECTION_ERRORS as exc:
+            _log.warning("Redis shard pub/sub to %s lost: %s", self.node.name, exc)
+            self._fail_confirming(unavailable(exc))
+            channels, self.channels = set(self.channels), set()
+            self.connection = None
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await connection.disconnect()
+            self.owner._moved(self, channels, lost=True)
+
+
+class ShardedSubscriber:
+    """Shard channels held on the primaries serving them; see the module docstring.
+
+    Args:
+        client: the cluster client (its slot map, reloaded as slots move).
+        on_message: called with ``(channel, data)`` for every message.
+        on_reconnect: called after channels were subscribed again somewhere else.
+    """
+
+    def __init__(
+        self,
+        client: RedisCluster,
+        on_message: Callable[[bytes, bytes], None],
+        on_reconnect: Callable[[], None],
+    ) -> None:
+        self._client = client
+        self._on_message = on_message
+        self._on_reconnect = on_reconnect
+        self._wanted: dict[bytes, int] = {}
+        self._links: dict[str, _NodeLink] = {}
+        self._moving: set[bytes] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        #: Set each time moved channels were placed again (for tests and metrics).
+        self.replaced = 0
+
+    def wants(self, channel: bytes) -> bool:
+        """Whether ``channel`` is still subscribed by someone here."""
+        return channel in self._wanted and not self._closed
+
+    async def start(self, channels: Iterable[bytes]) -> None:
+        """Subscribe to ``channels`` for good.
+
+        Raises:
+            EngineUnavailable: the cluster cannot be reached.
+        """
+        if not self._client.nodes_manager.slots_cache:
+            await self._client.initialize()
+        await asyncio.gather(*(self.join(channel) for channel in channels))
+
+    async def join(self, channel: bytes, *, timeout: float = 0.0) -> None:
+        """Hold a subscription to ``channel``; returns once its primary confirmed it.
+
+        Raises:
+            EngineUnavailable: the primary cannot be reached (the reference is not kept).
+        """
+        self._wanted[channel] = self._wanted.get(channel, 0) + 1
+        if self._wanted[channel] > 1 and channel not in self._moving:
+            return
+        try:
+            await self._place(channel)
+        except BaseException:
+            self._release(channel)
+            raise
+
+    def leave(self, channel: bytes) -> None:
+        """Drop one reference; the last one unsubscribes (in the background)."""
+        if self._release(channel):
+            for link in self._links.values():
+                if channel in link.channels:
+                    self._spawn(link.unsubscribe(channel))
+
+    async def close(self) -> None:
+        """Unsubscribe from everything and disconnect."""
+        self._closed = True
+        tasks, self._tasks = set(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        links, self._links = self._links, {}
+        for link in links.values():
+            await link.close()
+
+    def _release(self, channel: bytes) -> bool:
+        count = self._wanted.get(channel, 0) - 1
+        if count > 0:
+            self._wanted[channel] = count
+            return False
+        self._wanted.pop(channel, None)
+        return True
+
+    async def _place(self, channel: bytes) -> None:
+        node = self._client.nodes_manager.get_node_from_slot(key_slot(channel))
+        link = self._links.get(node.name)
+        if link is None:
+            link = self._links[node.name] = _NodeLink(self, node)
+        try:
+            await link.subscribe(channel)
+        except CONNECTION_ERRORS as exc:
+            raise unavailable(exc) from exc
+        except ResponseError as exc:  # MOVED: the map was stale; reload it for the retry
+            with contextlib.suppress(*CONNECTION_ERRORS, ResponseError):
+                await self._client.nodes_manager.initialize()
+            raise unavailable(exc) from exc
+
+    def _deliver(self, channel: bytes, data: bytes) -> None:
+        try:
+            self._on_message(channel, data)
+        except Exception:  # the edge: a bad message or listener must not stop the reader
+            _log.exception("Redis shard pub/sub message on %r not handled", channel)
+
+    def _moved(self, link: _NodeLink, channels: set[bytes], *, lost: bool = False) -> None:
+        if lost and self._links.get(link.node.name) is link:
+            del self._links[link.node.name]
+        wanted = {channel for channel in channels if self.wants(channel)} - self._moving
+        if wanted and not self._closed:
+            self._moving |= wanted
+            self._spawn(self._replace(wanted))
+
+    async def _replace(self, channels: set[bytes]) -> None:
+        delay = _RETRY_DELAY
+        pending = set(channels)
+        try:
+            while pending and not self._closed:
+                with contextlib.suppress(*CONNECTION_ERRORS, ResponseError):
+                    await self._client.nodes_manager.initialize()
+                for channel in sorted(pending):
+                    if not self.wants(channel):
+                        pending.discard(channel)
+                        continue
+                    try:
+                        await self._place(channel)
+                    except EngineUnavailable:
+                        continue
+                    pending.discard(channel)
+                if pending:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _MAX_RETRY_DELAY)
+        finally:
+            self._moving -= channels
+        if not self._closed:
+            self.replaced += 1
+            _log.info("Redis shard pub/sub: %d channels subscribed again", len(channels))
+            self._on_reconnect()
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
