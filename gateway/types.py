@@ -27,9 +27,18 @@ from asbp import Command, FaultCode
 if TYPE_CHECKING:
     from gateway.acl import AccessContext
     from gateway.connections.channels import Channel
+    from gateway.connections.flow import FlowGate
     from gateway.connections.tubes import Tube
 
-__all__ = ["Faults", "MessagingHooks", "Outlets", "Replies", "SubjectReplies"]
+__all__ = [
+    "Faults",
+    "MessagingHooks",
+    "Outlets",
+    "RemembersOrigins",
+    "Replies",
+    "SubjectReplies",
+    "TakesOrigins",
+]
 
 
 class Faults(Protocol):
@@ -119,4 +128,22 @@ class MessagingHooks(Protocol):
         self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
     ) -> None:
         """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
+
+
+class RemembersOrigins(Protocol):
+    """Where publishing notes which local publisher a topic message came from
+    (gateway.connections.flow.TopicOrigins, as the messaging dispatcher sees it)."""
+
+    def remember(self, message_id: str, gate: FlowGate) -> None:
+        """``gate``'s connection published ``message_id``: pending until delivered."""
+        ...
+
+
+class TakesOrigins(Protocol):
+    """Where topic delivery finds the local publisher to hold back
+    (gateway.connections.flow.TopicOrigins, as the subscribers see it)."""
+
+    def take(self, message_id: str) -> FlowGate | None:
+        """The gate of ``message_id``'s local publisher, if any, forgotten once asked."""
         ...

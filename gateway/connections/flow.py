@@ -13,7 +13,7 @@ excess is pushed back to where it comes from, the publisher:
   at :data:`PUBLISHER`, the :class:`FlowGate` of the connection whose Command is
   being routed right now (the intake sets it around each frame; a topic
   delivery sets it to the gate of the local publisher the message came from,
-  see :func:`remember_origin`), and blocks that gate on the outbox.
+  see :class:`TopicOrigins`), and blocks that gate on the outbox.
 * A blocked gate opens again once every outbox it waits on has drained below
   its **low-water mark** (a quarter of its bounds) or closed.
 * The transports read no further from a connection whose gate is blocked: a
@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
-__all__ = ["PUBLISHER", "Drains", "FlowGate", "origin_of", "remember_origin"]
+__all__ = ["MAX_PENDING", "ORIGINS_KEPT", "PUBLISHER", "Drains", "FlowGate", "TopicOrigins"]
 
 
 class _Publisher(threading.local):
@@ -56,35 +56,57 @@ class _Publisher(threading.local):
 
 #: Where the intake and topic delivery say who is publishing (see _Publisher).
 PUBLISHER: Final = _Publisher()
-#: Topic messages whose local publisher is remembered until delivery, at most.
-_ORIGINS_KEPT: Final = 65_536
-_origins: OrderedDict[str, FlowGate] = OrderedDict()
+#: Topic messages whose local publisher is remembered until delivery, at most
+#: (per broker: see TopicOrigins).
+ORIGINS_KEPT: Final = 65_536
 
 
-def remember_origin(message_id: str, gate: FlowGate) -> None:
-    """Remember that ``gate``'s connection published ``message_id`` (a topic message).
+class TopicOrigins:
+    """Which local publisher each topic message in transit came from (one per broker).
 
-    Until it is delivered, it counts as pending on the gate: the delivery comes
-    a few loop turns (a Redis round trip) after the publish is routed, and a
-    publisher read on meanwhile would overshoot its subscribers' outboxes.
+    A topic message goes out through the engine and comes back to be delivered
+    a few loop turns (a Redis round trip) later; until then it counts as
+    pending on its publisher's gate (:attr:`FlowGate.pending`), so a publisher
+    read on meanwhile does not overshoot its subscribers' outboxes. Owned by the
+    broker's messaging (gateway.messaging.service) and handed to the dispatcher
+    that remembers and the subscribers that deliver, as the narrow protocols
+    gateway.types.RemembersOrigins and gateway.types.TakesOrigins: two brokers
+    in one process keep separate books.
+
+    Args:
+        kept: messages remembered at most; past it the oldest is forgotten and
+            counts as delivered (a message another broker's engine dropped, or
+            one published to a topic nobody hears back from, never ties up a
+            publisher or memory for good).
     """
-    _origins[message_id] = gate
-    gate.pending += 1
-    if len(_origins) > _ORIGINS_KEPT:
-        _, forgotten = _origins.popitem(last=False)
-        forgotten.delivered()
 
+    __slots__ = ("_gates", "_kept")
 
-def origin_of(message_id: str) -> FlowGate | None:
-    """The gate of the local publisher of ``message_id``, forgotten once asked."""
-    gate = _origins.pop(message_id, None)
-    if gate is not None:
-        gate.delivered()
-    return gate
+    def __init__(self, kept: int = ORIGINS_KEPT) -> None:
+        self._kept = kept
+        self._gates: OrderedDict[str, FlowGate] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._gates)
+
+    def remember(self, message_id: str, gate: FlowGate) -> None:
+        """Remember that ``gate``'s connection published ``message_id`` (a topic message)."""
+        self._gates[message_id] = gate
+        gate.pending += 1
+        if len(self._gates) > self._kept:
+            _, forgotten = self._gates.popitem(last=False)
+            forgotten.delivered()
+
+    def take(self, message_id: str) -> FlowGate | None:
+        """The gate of the local publisher of ``message_id``, forgotten once asked."""
+        gate = self._gates.pop(message_id, None)
+        if gate is not None:
+            gate.delivered()
+        return gate
 
 
 #: Topic messages a publisher may have routed but not yet delivered before it is
-#: held back (see remember_origin).
+#: held back (see TopicOrigins).
 MAX_PENDING: Final = 4
 
 
