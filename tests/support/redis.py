@@ -53,14 +53,23 @@ class RedisServer:
         directory: where Redis keeps its files (e.g. pytest's ``tmp_path``).
         appendonly: enable the AOF with ``appendfsync always``, so every acknowledged
             write survives :meth:`kill` and :meth:`restart`.
+        appendfsync: the AOF's fsync policy when ``appendonly``: ``always`` (the
+            default) or ``everysec`` (what most deployments run: on a full disk
+            Redis refuses writes until it can append again, where ``always`` exits).
         executable: the program to look up on ``PATH``.
     """
 
     def __init__(
-        self, directory: Path, *, appendonly: bool = False, executable: str = "redis-server"
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = False,
+        appendfsync: str = "always",
+        executable: str = "redis-server",
     ) -> None:
         self.directory = directory
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.executable = executable
         self.port = free_port(_HOST)
         self._process: subprocess.Popen[bytes] | None = None
@@ -145,6 +154,21 @@ class RedisServer:
         """Kill Redis with SIGKILL and reap it, as a crash would."""
         self._terminate(signal.SIGKILL, timeout)
 
+    def wait(self, timeout: float = 10 * T) -> int:
+        """Wait for Redis to exit by itself (a fatal error); its exit status.
+
+        Raises:
+            RedisServerError: not running, or still running after ``timeout`` seconds.
+        """
+        if self._process is None:
+            raise RedisServerError("redis-server is not running")
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RedisServerError(
+                f"redis-server still runs after {timeout:g}s{self._tail()}"
+            ) from None
+
     def restart(self, timeout: float = 10 * T) -> None:
         """Stop Redis if it runs, then start it on the same port and directory."""
         self.stop(timeout)
@@ -174,7 +198,7 @@ class RedisServer:
             "--daemonize", "no",
         ]  # fmt: skip
         if self.appendonly:
-            command += ["--appendonly", "yes", "--appendfsync", "always"]
+            command += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             command += ["--appendonly", "no"]
         return command
