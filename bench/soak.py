@@ -86,9 +86,11 @@ def rss_kib(pid: int) -> int:
 
 
 def source_addresses() -> Iterator[str]:
+    """127.0.0.2, ... each for PER_ADDRESS connections in turn (all of 127/8 is loopback)."""
     n = 0
     while True:
-        yield f"127.0.{2 + n // 250}.{2 + n % 250}" if n >= 250 else f"127.0.0.{2 + n}"
+        host = n // PER_ADDRESS
+        yield f"127.0.{host // 250}.{2 + host % 250}"
         n += 1
 
 
