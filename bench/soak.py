@@ -85,6 +85,14 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process so far (user and system, all threads)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rpartition(b")")[2].split()
+    # Fields 14 and 15 of proc(5); the split starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def source_addresses() -> Iterator[str]:
     """127.0.0.2, ... each for PER_ADDRESS connections in turn (all of 127/8 is loopback)."""
     n = 0
@@ -297,6 +305,9 @@ class SoakResult:
     rss_end: int
     subscribers: int
     received: int
+    #: CPU seconds the broker and this load generator spent during the churn.
+    broker_cpu: float
+    client_cpu: float
 
 
 async def soak(server: Server, channels: int, rate: int, seconds: float, subs: int) -> SoakResult:
@@ -310,6 +321,7 @@ async def soak(server: Server, channels: int, rate: int, seconds: float, subs: i
         frame = b"c=asbp.subscribe,destination=%s,type=TOPIC,u=%s;" % (TOPIC.encode(), u.encode())
         await client.call(frame, u)
     rss_start = rss_kib(server.pid)
+    cpu_start = cpu_seconds(server.pid), time.process_time()
     per_tick = max(1, round(rate * TICK))
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -357,6 +369,7 @@ async def soak(server: Server, channels: int, rate: int, seconds: float, subs: i
         # Paced: the next tick starts TICK after this one was due, not after it ended.
         await asyncio.sleep(max(0.0, began + tick * TICK - loop.time()))
     elapsed = loop.time() - began
+    cpu = cpu_seconds(server.pid) - cpu_start[0], time.process_time() - cpu_start[1]
     if work:
         await asyncio.wait(work, timeout=2 * ANSWER_TIMEOUT)
     # Every subscriber must get every publication accepted: the last ones may be
@@ -371,7 +384,9 @@ async def soak(server: Server, channels: int, rate: int, seconds: float, subs: i
     received = sum(len(tally.published & s.notes) for s in subscribers)
     rss_end = rss_kib(server.pid)
     await asyncio.gather(*(client.close() for client in [*subscribers, *churned]))
-    return SoakResult(tally, connects, elapsed, rss_start, rss_end, len(subscribers), received)
+    return SoakResult(
+        tally, connects, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
+    )
 
 
 async def memory_table(args: argparse.Namespace, key: Path) -> None:
@@ -447,6 +462,12 @@ async def run(args: argparse.Namespace) -> int:
             print(
                 f"  broker RSS {result.rss_start / 1024:,.0f} MiB at the start of the churn,"
                 f" {result.rss_end / 1024:,.0f} MiB at its end"
+            )
+            print(
+                f"  CPU during the churn: broker {result.broker_cpu:.1f} s"
+                f" ({100 * result.broker_cpu / result.seconds:.0f}% of a core),"
+                f" load generator {result.client_cpu:.1f} s"
+                f" ({100 * result.client_cpu / result.seconds:.0f}%)"
             )
             print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
     return 1 if failed else 0
