@@ -35,9 +35,8 @@ from pathlib import Path
 import pytest
 
 from asbp import Command
-from tests.gateway.engines.test_redis_outage import agent_answers
 from tests.support import T
-from tests.support.gateway import Gateway, GatewayFactory
+from tests.support.gateway import Gateway, GatewayFactory, agent_answers
 from tests.support.messaging import Messenger
 from tests.support.redis import RedisServer
 

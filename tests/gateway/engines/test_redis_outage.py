@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 
 from asbp import Command
 from tests.support import T
-from tests.support.gateway import Gateway, GatewayFactory, Peer, decode
+from tests.support.gateway import Gateway, GatewayFactory, agent_answers, decode
 from tests.support.messaging import Messenger, user
 from tests.support.redis import RedisServer
 
@@ -59,16 +59,6 @@ async def publish_until_accepted(publisher: Messenger, n: int, accepted: set[int
         # The answer itself paces the retries: no timer.
         assert (await publisher.call("asbp.ping")).name == "asbp.pong"
     raise AssertionError("the broker did not recover")
-
-
-async def agent_answers(user: Peer, agent: Peer, n: int) -> None:
-    """A User-Agent's Command reaches the agent and its reply comes back (no engine needed)."""
-    await user.send(Command(c="echo", u=n))
-    command = await agent.recv()
-    assert command.name == "echo", command
-    await agent.send(Command(c="echo.reply", d=command.get("i"), u=n))
-    reply = await user.recv()
-    assert (reply.name, reply.get("u")) == ("echo.reply", str(n)), reply
 
 
 async def drain(gateway: Gateway, expected: set[int]) -> list[int]:
