@@ -13,12 +13,20 @@
     async with UserAgent.websocket("wss://broker-a/asbp") as ua:
         reply = await ua.request("echo", b"hi")
 
+    broker = BrokerAgent("shop")              # three tiers: User-Agents connect here
+    broker.add_respondent("echo", echo)       # the same handlers, in process
+    downstream = Downstream("wss://inner/asbp")
+    broker.add_respondent("stock", forward_to(downstream))   # and on to another bus
+
 Modules, one concept each: ``agent`` (the Application-Agent), ``respondent``
 (handlers, the Request they get, the table of them), ``dispatch`` (running
 handlers), ``tube`` (one reconnecting Tube), ``addressing`` (which broker a
 Channel is at), ``user_agent`` (the User-Agent), ``channel`` (its WebSocket
 and HTTP transports), ``multipart`` (the long-poll response reader),
-``streams`` (reassembling a reply sent in ``t``/``o`` parts), ``backoff``,
+``streams`` (reassembling a reply sent in ``t``/``o`` parts),
+``broker_agent`` and ``broker_channel`` (the Broker-Agent, draft §2.5),
+``intermediary`` (Intermediary-Agents, §3.4: ``Downstream``, ``forward_to``,
+``IntermediaryAgent``), ``backoff``,
 ``control`` (the broker's built-in names), ``credentials``, ``errors`` (the
 exception tree). ``agents.spark`` (Spark jobs on the bus) needs the ``spark``
 extra and is never imported from here.
@@ -28,9 +36,11 @@ from __future__ import annotations
 
 from agents.agent import AgentState, ApplicationAgent, TubeStatus
 from agents.backoff import Backoff
+from agents.broker_agent import BrokerAgent
 from agents.credentials import AgentCredentialSource, generate_agent_key
 from agents.dispatch import HANDLER_FAILED
 from agents.errors import AgentError, ConnectionLost, FaultError, NotConnected
+from agents.intermediary import Downstream, IntermediaryAgent, forward_to
 from agents.respondent import Handler, Reply, Request
 from agents.user_agent import UserAgent
 
@@ -41,13 +51,17 @@ __all__ = [
     "AgentState",
     "ApplicationAgent",
     "Backoff",
+    "BrokerAgent",
     "ConnectionLost",
+    "Downstream",
     "FaultError",
     "Handler",
+    "IntermediaryAgent",
     "NotConnected",
     "Reply",
     "Request",
     "TubeStatus",
     "UserAgent",
+    "forward_to",
     "generate_agent_key",
 ]

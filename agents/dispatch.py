@@ -37,8 +37,7 @@ from typing import Any, Final
 from agents import control
 from agents.addressing import ChannelMemory
 from agents.errors import AgentError, FaultError
-from agents.respondent import Handler, Request, RespondentTable
-from agents.tube import TubeSession
+from agents.respondent import Handler, Request, RequestSession, RespondentTable
 from asbp import Command, FaultCode
 
 __all__ = ["HANDLER_FAILED", "Dispatcher"]
@@ -99,6 +98,16 @@ class Dispatcher:
         """Handlers running or waiting for a slot, and faults being sent."""
         return len(self._tasks)
 
+    async def wait_for_room(self, limit: int) -> None:
+        """Return once fewer than ``limit`` handlers are running or waiting for a slot.
+
+        A reader that calls this before taking the next Command holds its
+        sender back (TCP pushes back once buffers fill) instead of letting
+        waiting handlers pile up without bound.
+        """
+        while len(self._tasks) >= limit:
+            await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+
     async def drain(self, timeout: float) -> int:
         """Wait up to ``timeout`` for every task, then cancel the rest; returns how many."""
         if not self._tasks:
@@ -110,7 +119,7 @@ class Dispatcher:
             await asyncio.gather(*late, return_exceptions=True)
         return len(late)
 
-    def dispatch(self, session: TubeSession, command: Command) -> None:
+    def dispatch(self, session: RequestSession, command: Command) -> None:
         """Handle one Command from a broker that answers no call of ours."""
         name = command.name
         channel_id = command.channel_id
@@ -144,7 +153,7 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _builtin(self, session: TubeSession, name: str, command: Command) -> None:
+    def _builtin(self, session: RequestSession, name: str, command: Command) -> None:
         if name == control.FAULT:
             fault = FaultError.from_command(command)
             waiter = self._fault_waiters.pop((fault.cause, fault.command_id), None)

@@ -31,17 +31,22 @@ may return ``None``.
 by name, the ones being removed (still serving Commands already on their
 way, never registered again), and the private inbox name used for
 agent-to-agent answers.
+
+A :class:`Request` answers through a :class:`RequestSession`: the Tube it came
+in on (``agents.tube.TubeSession``) in an Application-Agent, the embedded
+broker in a Broker-Agent (``agents.broker_agent``). The same handler serves in
+either, which is what §3.3 asks of three-tier code ("the great majority of
+Application Agent code can be simply moved to a four tier deployment").
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from agents import control
 from agents.errors import AgentError
-from agents.tube import TubeSession
 from asbp import (
     ApplicationAgentId,
     ChannelId,
@@ -53,7 +58,7 @@ from asbp import (
 )
 from asbp.names import AUTHENTICATED, REFUSED
 
-__all__ = ["Handler", "Part", "Reply", "Request", "RespondentTable"]
+__all__ = ["Handler", "Part", "Reply", "Request", "RequestSession", "RespondentTable"]
 
 #: What a handler may return.
 Reply: TypeAlias = Command | bytes | str | None
@@ -61,6 +66,34 @@ Reply: TypeAlias = Command | bytes | str | None
 Handler: TypeAlias = Callable[["Request"], Awaitable[Reply]]
 #: One part of a streamed answer.
 Part: TypeAlias = Command | bytes | str
+
+
+class RequestSession(Protocol):
+    """Where a :class:`Request` came from and its answers go: one Tube, or a Broker-Agent."""
+
+    @property
+    def broker_id(self) -> str:
+        """``b`` of the broker the request came through."""
+        ...
+
+    async def send(self, command: Command) -> None:
+        """Send ``command`` toward the broker as it is (``d`` addresses a Channel).
+
+        Raises:
+            ConnectionLost: the way back has closed.
+        """
+        ...
+
+    async def call(
+        self, command: Command, *, timeout: float | None, inbox: str | None = None
+    ) -> Command:
+        """Send a built-in with a fresh ``u`` and return the broker's answer.
+
+        Raises:
+            FaultError: the broker refused.
+            ConnectionLost, TimeoutError: no answer.
+        """
+        ...
 
 
 class Request:
@@ -73,7 +106,7 @@ class Request:
 
     __slots__ = ("_session", "answered", "command")
 
-    def __init__(self, command: Command, session: TubeSession) -> None:
+    def __init__(self, command: Command, session: RequestSession) -> None:
         self.command = command
         self._session = session
         self.answered = False

@@ -73,6 +73,32 @@ class FaultCode(IntEnum):
     #: Extension: the publisher's destinations are full; it is held back (flow control).
     DESTINATIONS_BUSY = 2109
 
+    # 22xx: Courses, links between buses (extension; docs/courses.md).
+    #: Extension: no Subject at this bus holds the Conversation-Address in ``r``.
+    UNKNOWN_ADDRESS = 2201
+    #: Extension: no Course reaches the domain of an address in ``r``.
+    NO_COURSE = 2202
+    #: Extension: a Course from a domain this bus does not list.
+    COURSE_UNLISTED = 2203
+    #: Extension: a Course credential that does not verify for the domain it claims.
+    COURSE_CREDENTIAL_REFUSED = 2204
+    #: Extension: a Course credential already used once.
+    COURSE_REPLAYED = 2205
+    #: Extension: a Course offered without TLS.
+    COURSE_PLAIN_TEXT = 2206
+    #: Extension: the Command crossed as many Courses as allowed.
+    HOP_LIMIT = 2207
+    #: Extension: the Command came back to a bus it already crossed (a loop).
+    COURSE_LOOP = 2208
+    #: Extension: the queue for a domain holds as many Commands or bytes as allowed.
+    COURSE_QUEUE_FULL = 2209
+    #: Extension: the Command waited for its Course longer than allowed.
+    COURSE_EXPIRED = 2210
+    #: Extension: the Course's policy does not let this Command cross.
+    COURSE_NOT_PERMITTED = 2211
+    #: Extension: ``r`` needs an authenticated Subject with a Conversation-Address.
+    NO_ADDRESS = 2212
+
     # 31xx: authentication faults (Sapo).
     #: Sapo: authentication failed.
     AUTHENTICATION_FAILED = 3101
@@ -116,6 +142,18 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.RESPONDENT_FAILED: "Command-Respondent failed",
     FaultCode.TOO_MANY_CHANNELS: "Too many Channels",
     FaultCode.DESTINATIONS_BUSY: "Destinations busy",
+    FaultCode.UNKNOWN_ADDRESS: "Unknown Conversation-Address",
+    FaultCode.NO_COURSE: "No Course to the domain",
+    FaultCode.COURSE_UNLISTED: "Course from an unlisted domain",
+    FaultCode.COURSE_CREDENTIAL_REFUSED: "Course credential refused",
+    FaultCode.COURSE_REPLAYED: "Course credential replayed",
+    FaultCode.COURSE_PLAIN_TEXT: "Course without TLS",
+    FaultCode.HOP_LIMIT: "Hop limit reached",
+    FaultCode.COURSE_LOOP: "Course loop",
+    FaultCode.COURSE_QUEUE_FULL: "Course queue full",
+    FaultCode.COURSE_EXPIRED: "Expired before crossing",
+    FaultCode.COURSE_NOT_PERMITTED: "Not permitted across the Course",
+    FaultCode.NO_ADDRESS: "No Conversation-Address",
     FaultCode.AUTHENTICATION_FAILED: "Authentication failed",
     FaultCode.UNKNOWN_AUTHENTICATION_TYPE: "Unknown authentication type",
     FaultCode.INVALID_AUTHENTICATION_CHANNEL_TYPE: "Invalid authentication channel type",

@@ -12,8 +12,9 @@ pip: ``nats-py``, ``aio-pika``). Clients are Python on both sides.
 
 ``rr``: request/reply
     A User-Agent's Command to an Application-Agent and its reply, through the
-    broker (bench/roundtrip.py's servers, clients and measurement, on Uvicorn
-    and on Hypercorn, the default), against NATS core request/reply through
+    broker (bench/roundtrip.py's servers, clients and measurement, on Uvicorn,
+    which the default ``server = "auto"`` runs without TLS, and on Hypercorn,
+    which it runs with TLS), against NATS core request/reply through
     ``nats-server`` (nats-py: one requester connection using ``request()``,
     one responder connection answering with ``msg.respond()``). Sequential
     p50/p99, then pipelined with the same window (100).

@@ -39,17 +39,19 @@ measures, in the same run, interleaved, ``--repeats`` times:
     XADD per round trip, the consumer reads with XREADGROUP COUNT 100 and
     acknowledges each batch with one XACK of its ids.
 
-Messages per second is N over the time from the first publication to the
-last acknowledgement. The ratios broker/raw and engine/raw are computed within
-each repeat (same minute, same load), and their medians printed against the
-goal, >= 0.30. The machine has 2 cores and other work, and the broker path
-runs three busy processes on them (this one, the broker, Redis): trust the
-medians and the ratios, not one run. For the broker targets, the broker
-process's CPU time per message is printed too (``/proc/<pid>/task/*/schedstat``),
-with the time it was ready to run but waiting for a core (when that is large,
-the 2 cores, not the broker alone, set the rate), and the load generator's
-(this process's) CPU time per message; and, for every target, redis-server's
-CPU time per message (the scripts' share of the 2 cores).
+Messages per second is N over the time from the first publication to the last
+acknowledgement. The ratios broker/raw and engine/raw are computed within each
+repeat (same minute, same load), and their medians printed against the goal,
+>= 0.50 (issue 17; it was 0.30); so is redis-server's CPU per message on each
+path over raw's, against the goal <= 2.0. The machine has 2 cores and other
+work, and the broker path runs three busy processes on them (this one, the
+broker, Redis): trust the medians and the ratios, not one run. For the broker
+targets, the broker process's CPU time per message is printed too
+(``/proc/<pid>/task/*/schedstat``), with the time it was ready to run but
+waiting for a core (when that is large, the 2 cores, not the broker alone, set
+the rate), and the load generator's (this process's) CPU time per message;
+and, for every target, redis-server's CPU time per message (the scripts' share
+of the 2 cores).
 
 The raw baseline does less than the engine by design: no priorities, no
 leases with deadlines, no expiry check, no XDEL of acknowledged entries, no
@@ -94,7 +96,10 @@ from tests.support import RedisServer  # noqa: E402
 BATCH = 100
 ACK_BATCH = 50
 PREFETCH = 100
-GOAL = 0.30
+#: broker/raw and engine/raw throughput (issue 17: >= 0.5; it was 0.30).
+GOAL = 0.50
+#: Redis's CPU per message on the broker's (and the engine's) path over raw's (issue 17).
+REDIS_GOAL = 2.0
 START_TIMEOUT = 60.0
 #: Seconds a run of the broker target may take before it counts as failed.
 RUN_TIMEOUT = 600.0
@@ -678,6 +683,23 @@ def main() -> None:
             + ", ".join(f"{n} {statistics.median(seen):.1f} us" for n, seen in redis_cpu.items())
             + " of CPU per message"
         )
+        raw_cpu = redis_cpu.get("raw", [])
+        for name, seen in redis_cpu.items():
+            if name == "raw" or len(seen) != len(raw_cpu):
+                continue
+            # Within each repeat, as the throughput ratios are: the same minute, the same load.
+            ratios = [ours / raw for ours, raw in zip(seen, raw_cpu, strict=True) if raw > 0]
+            if not ratios:
+                continue
+            ratio = statistics.median(ratios)
+            verdict = ""
+            if name in GOAL_TARGETS:
+                met = "met" if ratio <= REDIS_GOAL else "NOT met"
+                verdict = f"; goal <= {REDIS_GOAL:.1f}: {met}"
+            print(
+                f"redis-server CPU per message, {name}/raw: median {ratio:.2f} "
+                f"(range {min(ratios):.2f}-{max(ratios):.2f})" + verdict
+            )
     for name in names:
         if name == "raw":
             continue

@@ -7,6 +7,10 @@ With a broker and examples/echo_agent.py running::
 ``--url`` defaults to ``ASBP_URL``, then ``ws://127.0.0.1:8080/asbp``. An
 ``http://`` URL uses the stateless HTTP Channel (POST and long-poll) instead
 of a WebSocket; the calls are the same.
+
+``--call NAME`` (repeatable) calls ``NAME`` too and prints its answer or its
+fault with the ``u`` it came back with, which is how docs/tiers.md shows a
+fault crossing every tier of a chain to the sender's own ``u``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ async def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("ASBP_URL", "ws://127.0.0.1:8080/asbp"))
     parser.add_argument("--text", default="hello, ASBP")
+    parser.add_argument("--call", action="append", default=[], metavar="NAME")
     args = parser.parse_args(argv)
     out = out or sys.stdout
     if args.url.startswith(("http://", "https://")):
@@ -48,7 +53,16 @@ async def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) 
         except FaultError as exc:
             print(f"fault {exc}", file=out)
             return 1
-    return 0
+        status = 0
+        for name in args.call:
+            try:
+                answer = await ua.request(name, args.text)
+            except FaultError as exc:
+                print(f"{name} u={exc.command_id}: fault {exc}", file=out)
+                status = 1
+            else:
+                print(f"{name} u={answer.command_id}: {answer.body.decode()}", file=out)
+    return status
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,6 +38,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asbp import AsbpError
+
+# The composition root is the one place gateway/ reaches into courses/
+# (docs/architecture.md); at run time only when [courses] is set, so a broker
+# without Courses does not pay for importing them (Redis, the JWT signer).
+if TYPE_CHECKING:
+    from courses.service import Courses
+    from courses.settings import CourseSettings
+from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.api.routes import api_routes
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.throttle import HandshakeThrottle
@@ -45,6 +53,7 @@ from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
 from gateway.console import STATIC
+from gateway.console.oidc import ConsoleSignIn, auth_route
 from gateway.ops import demo_page
 from gateway.transports import cors, http, websocket
 
@@ -160,6 +169,40 @@ async def _metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
+def _may_cross(broker: Broker, access: AccessContext, domain: str) -> bool:
+    """The ACL's ``COURSE`` rows (docs/acl.md), read at each call: it may be reloaded."""
+    acl = broker.router.acl
+    if acl is None:
+        return True
+    return acl.check(access, DestinationType.COURSE, domain, Privilege.WRITE).allowed
+
+
+async def _start_courses(
+    config: GatewayConfig, settings: CourseSettings | None, broker: Broker
+) -> Courses | None:
+    """This bus's Courses (docs/courses.md), started; None without a ``[courses]`` table."""
+    if settings is None:
+        return None
+    from courses.service import Courses
+
+    router = broker.router
+    auth = router.auth
+    courses = Courses(
+        settings,
+        engine=broker.engine,
+        replies=router.replies,
+        subjects=(lambda: auth.subjects) if auth is not None else tuple,
+        may_cross=lambda access, domain: _may_cross(broker, access, domain),
+        allow_plain=config.insecure_dev_tubes,
+        redis_url=config.redis_url if config.engine == "redis" else None,
+        log=broker.log,
+    )
+    await courses.start()
+    router.courses = courses
+    broker.courses = courses
+    return courses
+
+
 def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> Starlette:
     """Build the broker's ASGI application for ``config``.
 
@@ -167,6 +210,15 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         CredentialConfigError: an agent key in ``config.agents`` cannot be loaded.
     """
     credentials = _credentials(config)
+    # Checked here, before the lifespan: a wrong [courses] table stops the start-up.
+    course_settings: CourseSettings | None = None
+    course_routes: list[BaseRoute] = []
+    if config.courses:
+        from courses.endpoint import course_endpoint
+        from courses.settings import CourseSettings
+
+        course_settings = CourseSettings.from_table(config.courses, base_dir=config.agents_base_dir)
+        course_routes.append(WebSocketRoute("/course", _ASGIEndpoint(course_endpoint)))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -185,15 +237,20 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
                 "broker.start_failed", extra={"code": int(exc.code), "error": exc.message}
             )
             raise
+        courses = await _start_courses(config, course_settings, broker)
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.ops.server).
         app.state.broker = broker
+        app.state.courses = courses
         try:
             yield {
                 "broker": broker,
                 "throttle": HandshakeThrottle(config.failed_handshakes_per_minute),
+                "courses": courses,
             }
         finally:
+            if courses is not None:
+                await courses.stop()
             await broker.stop()
 
     # The demo's page, only when asked for (asbp demo): a broker serves no files otherwise.
@@ -202,6 +259,10 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
     management: list[BaseRoute] = []
     if config.management.enabled:
         management += api_routes(config)
+        # How the console signs in, and the OIDC sign-in's routes when configured.
+        management.append(auth_route(config.management))
+        if config.management.oidc_discovery_url is not None:
+            management += ConsoleSignIn(config.management).routes()
         # The console is only files: what it may see and do is the API's to decide.
         management.append(Mount("/console", StaticFiles(directory=STATIC, html=True)))
     return _BrokerApp(
@@ -217,6 +278,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             Route("/asbp", cors.preflight, methods=["OPTIONS"]),
             WebSocketRoute("/asbp", _ASGIEndpoint(websocket.channel_endpoint)),
             WebSocketRoute("/tube", _ASGIEndpoint(websocket.tube_endpoint)),
+            *course_routes,
         ],
         lifespan=lifespan,
     )

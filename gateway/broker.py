@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Final
 
@@ -23,7 +24,7 @@ from asbp import ApplicationAgentId, FaultCode
 from gateway.acl import AccessContext, Acl, channel_properties, load_acl
 from gateway.auth.credentials import AgentCredentials
 from gateway.auth.trust import agent_trust
-from gateway.config.model import GatewayConfig
+from gateway.config.model import GatewayConfig, chosen_server
 from gateway.connections.addresses import AddressLimits
 from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.outboxes import Mailbox, StreamOutbox
@@ -36,11 +37,19 @@ from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.metrics.counts import RouterCounts
 from gateway.plane.base import Plane
+from gateway.plane.census import BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
-from gateway.types import Outlets
+from gateway.types import CourseStats, Outlets
 
-__all__ = ["Broker", "create_engine", "create_event_log", "create_plane"]
+__all__ = [
+    "Broker",
+    "create_census",
+    "create_engine",
+    "create_event_log",
+    "create_plane",
+    "gateway_version",
+]
 
 
 def _access(
@@ -97,6 +106,33 @@ def create_plane(config: GatewayConfig, *, broker_id: str) -> Plane:
     return MemoryPlane(broker_id, lease=config.bus_lease)
 
 
+def create_census(
+    config: GatewayConfig, *, broker_id: str, describe: Describe, log: logging.Logger
+) -> Census:
+    """Who is on the bus (gateway.plane.census): the plane's brokers, with their cards."""
+    if config.engine == "redis":
+        from gateway.plane.census import RedisCensus
+        from gateway.plane.redis.plane import PREFIX
+
+        return RedisCensus(
+            config.redis_url,
+            broker_id=broker_id,
+            describe=describe,
+            lease=config.bus_lease,
+            prefix=PREFIX,
+            log=log,
+        )
+    return LocalCensus(describe)
+
+
+def gateway_version() -> str:
+    """The gateway's version (of the installed package; a checkout says so)."""
+    try:
+        return metadata.version("asbp-gateway")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+checkout"
+
+
 def create_event_log(
     config: GatewayConfig, *, broker_id: str, log: logging.Logger
 ) -> Recorder | None:
@@ -140,6 +176,8 @@ class Broker:
         self.log = log or logging.getLogger("asbp.gateway")
         #: When the broker was made (Unix time): the uptime's origin.
         self.started_at = time.time()
+        #: The gateway's version, read once (importlib.metadata searches sys.path).
+        self.version = gateway_version()
         self.channels = ChannelRegistry()
         #: Open Channels and HTTP Channel opens per client address.
         self.address_limits = AddressLimits(
@@ -151,6 +189,8 @@ class Broker:
         self.engine = create_engine(config, broker_id=broker_id)
         #: Where Channels and Respondents are across the bus, and forwarding.
         self.plane = create_plane(config, broker_id=broker_id)
+        #: Every live broker of the bus, with its numbers (the management API's).
+        self.census = create_census(config, broker_id=broker_id, describe=self.card, log=self.log)
         #: The event log; None when ``event_log.mode`` is off.
         self.event_log = create_event_log(config, broker_id=broker_id, log=self.log)
         # Built in order, each part handed what it calls: Messaging needs the
@@ -178,6 +218,8 @@ class Broker:
             plane=self.plane,
         )
         self._acl = config.acl
+        #: The Courses' counters for the metrics (set by gateway/app.py); None: none.
+        self.courses: CourseStats | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = False
@@ -195,12 +237,28 @@ class Broker:
         )
         return self.messaging
 
+    def card(self) -> BrokerCard:
+        """This broker as the bus sees it (gateway.plane.census)."""
+        auth = self.router.auth
+        return BrokerCard(
+            broker=self.broker_id,
+            version=self.version,
+            engine=self.config.engine,
+            server=chosen_server(self.config),
+            started_at=self.started_at,
+            channels=len(self.channels),
+            tubes=len(self.respondents.tubes()),
+            subjects=len(auth.subjects) if auth is not None else 0,
+            in_flight=self.router.in_flight,
+        )
+
     # -- life cycle ----------------------------------------------------------
 
     async def start(self) -> None:
         """Start the engine and housekeeping; call inside the serving event loop."""
         await self.engine.start()
         await self.plane.start(self.router.inbound, self.router.broker_lost)
+        await self.census.start()
         self.messaging.start()
         if self.event_log is not None:
             self.event_log.start()
@@ -223,6 +281,7 @@ class Broker:
         for channel in self.channels:
             self.router.close_channel(channel)
         await self.messaging.stop()
+        await self.census.close()
         await self.plane.close()
         await self.engine.close()
         if self.event_log is not None:

@@ -20,6 +20,7 @@ of its own that has just these methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from asbp import Command, FaultCode
@@ -28,9 +29,12 @@ if TYPE_CHECKING:
     from gateway.acl import AccessContext
     from gateway.connections.channels import Channel
     from gateway.connections.flow import FlowGate
+    from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
 
 __all__ = [
+    "AddressRoutes",
+    "CourseStats",
     "Faults",
     "MessagingHooks",
     "Outlets",
@@ -128,6 +132,28 @@ class MessagingHooks(Protocol):
         self, code: FaultCode, message: str, *, cause: str | None, agent: str | None
     ) -> None:
         """The broker sent a fault (recorded on ``/system/faults/<broker>``)."""
+        ...
+
+
+class CourseStats(Protocol):
+    """What the metrics read of the Courses (courses.service.Courses)."""
+
+    #: Crossings from peers accepted, dropped as repeats, dropped as spoofed.
+    accepted: int
+    duplicates: int
+    spoofed: int
+
+    def peers(self) -> Iterable[tuple[str, bool, int, int, int]]:
+        """Per peer dialled: (domain, up, queued, sent, acknowledged)."""
+        ...
+
+
+class AddressRoutes(Protocol):
+    """Where a User-Agent Command addressed by ``r`` goes (courses.service.Courses):
+    to the Subjects holding those Conversation-Addresses, here or on other buses."""
+
+    def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
+        """Deliver or queue ``command`` for each recipient; faults go to ``channel``."""
         ...
 
 

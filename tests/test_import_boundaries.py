@@ -5,7 +5,9 @@
     asbp/     imports neither gateway, agents nor courses (and no I/O:
               tests/asbp/test_purity.py)
     agents/   imports asbp and its own dependencies, never gateway or courses
-    gateway/  may import asbp and, lazily, the SDK (the ``asbp analytics`` job)
+    gateway/  may import asbp and, lazily, the SDK (the ``asbp analytics`` job);
+              only gateway/app.py imports courses
+    courses/  imports asbp and gateway, never gateway.app, .broker, .routing or .ops
 
 So a Spark job or an Application-Agent installs and runs without the broker,
 and the vocabulary both sides speak lives in ``asbp`` instead of being copied.
@@ -125,3 +127,68 @@ def test_checker_allows(source: str) -> None:
 
 def test_asbp_may_not_import_the_sdk() -> None:
     assert violations("from agents import control", FORBIDDEN["asbp"]) != []
+
+
+# -- gateway/ and courses/ ----------------------------------------------------------
+#
+# courses/ is built on the broker's parts (asbp, gateway.auth, gateway.engines, the
+# Channel and Subject types) and is wired in by the broker's composition root, so the
+# arrow points one way: gateway/app.py imports courses; no other gateway module does,
+# and courses never imports what wires it (the app, the Broker, the router, ops).
+
+#: Modules of gateway/ courses must never import (each with its submodules).
+COURSES_MUST_NOT_IMPORT = ("gateway.app", "gateway.broker", "gateway.routing", "gateway.ops")
+#: The one gateway module that may import courses.
+COMPOSITION_ROOT = "app.py"
+
+
+def module_violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The imports of ``source`` naming one of ``forbidden`` or a module under it."""
+    return [
+        f"{line}: {module}"
+        for line, module in imported_modules(source)
+        if any(module == name or module.startswith(name + ".") for name in forbidden)
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "courses").rglob("*.py")),
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_courses_never_import_what_wires_them(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    assert module_violations(source, COURSES_MUST_NOT_IMPORT) == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        p
+        for p in (ROOT / "gateway").rglob("*.py")
+        if p.relative_to(ROOT / "gateway").as_posix() != COMPOSITION_ROOT
+    ),
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_only_the_composition_root_imports_courses(path: Path) -> None:
+    assert violations(path.read_text(encoding="utf-8"), frozenset({"courses"})) == []
+
+
+def test_the_composition_root_does_import_courses() -> None:
+    source = (ROOT / "gateway" / COMPOSITION_ROOT).read_text(encoding="utf-8")
+    assert violations(source, frozenset({"courses"})) != []
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ("from gateway.routing.router import Router", True),
+        ("import gateway.broker", True),
+        ("from gateway.app import create_app", True),
+        ("from gateway.ops import server", True),
+        ("from gateway.engines.base import Engine", False),
+        ("from gateway.application import x", False),
+    ],
+)
+def test_the_module_checker(source: str, caught: bool) -> None:
+    assert bool(module_violations(source, COURSES_MUST_NOT_IMPORT)) is caught

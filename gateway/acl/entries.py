@@ -56,6 +56,9 @@ class DestinationType(enum.Enum):
     #: Extension: a Command-Name. WRITE is sending a Command with that ``c``;
     #: READ is serving it (registering as its Respondent).
     COMMAND = "COMMAND"
+    #: Extension: a peer bus's domain (docs/courses.md). WRITE is sending a Command
+    #: addressed by ``r`` over the Course that reaches it; READ is unused.
+    COURSE = "COURSE"
 
 
 class Privilege(enum.Enum):

@@ -15,11 +15,14 @@ Three ways in, from ``[management]``:
   ``scope``, space-separated, or ``scp``, a list). Its ``sub`` names the caller
   in the log of writes. The JWKS URL is fetched on first use and again when a
   token names a ``kid`` the cached set lacks (the issuer rotated keys), at most
-  once a minute.
+  once per ``jwks_refetch_interval`` (a minute).
 
 JWTs are verified with joserfc, which the broker already uses for agent
-credentials (authlib's own ``authlib.jose`` is deprecated in favour of it by
-its authors).
+credentials: authlib's own ``authlib.jose`` is deprecated by its authors in
+favour of joserfc (their own successor to it; importing it raises
+``AuthlibDeprecationWarning``), so the resource server's one job, checking a
+JWT against a JWKS, stays on joserfc; authlib does the console's OpenID Connect
+sign-in (gateway.console.oidc), where it is the client the issue names.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Final
 
 import httpx
 from joserfc import jwt
-from joserfc.errors import JoseError
+from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
 from gateway.api.declare import ApiError, Scope
@@ -42,8 +45,6 @@ from gateway.config.model import GatewayConfig, ManagementConfig
 
 __all__ = ["ManagementAccess", "is_loopback"]
 
-#: Seconds between two fetches of the JWKS URL for an unknown ``kid``, at least.
-_REFETCH: Final = 60.0
 #: Signature algorithms accepted from an issuer (no ``none``, no HMAC).
 _ALGORITHMS: Final = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA", "Ed25519"]
 #: Seconds a JWKS fetch may take.
@@ -102,7 +103,8 @@ class ManagementAccess:
         self._token = _read_token(settings.token_file) if settings.token_file else None
         self._jwks: KeySet | None = None
         self._jwks_url = settings.jwks_url
-        self._fetched_at = -_REFETCH
+        self._refetch = settings.jwks_refetch_interval
+        self._fetched_at: float | None = None
         if settings.jwks_file:
             try:
                 self._jwks = KeySet.import_key_set(
@@ -160,7 +162,10 @@ class ManagementAccess:
         keys = await self._keys(refresh=False)
         try:
             token = jwt.decode(credential, keys, algorithms=_ALGORITHMS)
-        except ValueError as exc:  # joserfc: an unknown kid is a ValueError
+        except (ValueError, InvalidKeyIdError) as exc:
+            # An unknown kid: InvalidKeyIdError from joserfc 1.8 on (a JoseError, so
+            # it must be caught first), a ValueError before. The issuer may have
+            # rotated its keys: fetch them again (at most once per interval).
             if self._jwks_url is None:
                 raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
             keys = await self._keys(refresh=True)
@@ -183,7 +188,8 @@ class ManagementAccess:
 
     async def _keys(self, *, refresh: bool) -> KeySet:
         url = self._jwks_url
-        stale = refresh and time.monotonic() - self._fetched_at >= _REFETCH
+        fetched_at = self._fetched_at
+        stale = refresh and (fetched_at is None or time.monotonic() - fetched_at >= self._refetch)
         if url is not None and (self._jwks is None or stale):
             self._fetched_at = time.monotonic()
             try:

@@ -1,18 +1,20 @@
 """The management API's operations: what each reads or changes in the Broker.
 
-Scope today is the broker that answers: ``GET /broker`` says so
-(``scope: "broker"``). Every Channel and queue carries the broker holding it,
-so a bus-wide routing plane can later fan a list out to every broker and merge
-the pages without changing a client.
+``GET /broker`` lists every live broker of the bus when the routing plane is on
+Redis (``scope: "bus"``, from the plane's directory: gateway.plane.census), the
+broker answering alone otherwise (``scope: "broker"``). The other lists are the
+answering broker's (queues are the engine's, so shared on Redis); every
+Channel and queue carries the broker holding it.
 
-Writes (closing a Channel, ending a Subject, purging a queue) are logged at
+Writes (closing a Channel, ending a Subject, purging a queue, moving dead
+letters back) are logged at
 WARNING with the caller's principal, the target and the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from importlib import metadata
 from typing import Any, Final
 
 from asbp import FaultCode
@@ -33,18 +35,25 @@ from gateway.api.schemas import (
     Closed,
     ConfigDocument,
     Purged,
+    QueuedMessageInfo,
     QueueInfo,
+    QueueMessages,
     QueuePage,
+    Requeued,
+    RequeueDeadLetters,
     SubjectCount,
     SubjectEnded,
     TopicList,
     TopicSubscription,
     TubeInfo,
 )
-from gateway.broker import Broker
+from gateway.broker import Broker, gateway_version
 from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
+from gateway.engines.base import MAX_DEAD_LETTERS, QueuedMessage
 from gateway.errors import LocalError
+from gateway.plane.base import PlaneUnavailable
+from gateway.plane.census import BrokerCard
 
 __all__ = ["OPERATIONS", "version"]
 
@@ -54,6 +63,8 @@ MAX_PAGE: Final = 1000
 _PURGE_BATCH: Final = 1000
 #: The consumer name a purge fetches as.
 _PURGER: Final = "asbp-management-purge"
+#: Bytes of each payload a peek shows.
+_PEEK_BYTES: Final = 1024
 
 _OFFSET = Param("offset", "query", "integer", "Items to skip.", minimum=0, default=0)
 _LIMIT = Param(
@@ -61,6 +72,9 @@ _LIMIT = Param(
 )
 _CHANNEL_ID = Param("channel_id", "path", "string", "The Channel-Identifier.", max_length=128)
 _QUEUE = Param("queue", "path", "string", "The queue's name.", max_length=1024, slashes=True)
+_PEEK_LIMIT = Param(
+    "limit", "query", "integer", "Messages at most.", minimum=1, maximum=MAX_PAGE, default=20
+)
 _IDENTITY = Param(
     "identity", "query", "string", "An Application-Agent-Identifier.", required=True,
     max_length=256,
@@ -70,10 +84,7 @@ _SUBJECT_ID = Param("subject_id", "path", "string", "The Subject-Identifier.", m
 
 def version() -> str:
     """The gateway's version."""
-    try:
-        return metadata.version("asbp-gateway")
-    except metadata.PackageNotFoundError:  # run from a checkout without installing
-        return "0.0.0+checkout"
+    return gateway_version()
 
 
 def _broker(call: Call) -> Broker:
@@ -88,24 +99,31 @@ def _audit(call: Call, action: str, **fields: Any) -> None:
     )
 
 
-def _broker_info(broker: Broker) -> BrokerInfo:
-    auth = broker.router.auth
+def _broker_info(card: BrokerCard) -> BrokerInfo:
     return BrokerInfo(
-        broker=broker.broker_id,
-        version=version(),
-        engine=broker.config.engine,
-        server=broker.config.server,
-        started_at=broker.started_at,
-        uptime_seconds=max(0.0, time.time() - broker.started_at),
-        channels=len(broker.channels),
-        tubes=len(broker.respondents.tubes()),
-        subjects=len(auth.subjects) if auth is not None else 0,
-        in_flight=broker.router.in_flight,
+        broker=card.broker,
+        version=card.version,
+        engine="redis" if card.engine == "redis" else "memory",
+        server="uvicorn" if card.server == "uvicorn" else "hypercorn",
+        started_at=card.started_at,
+        uptime_seconds=max(0.0, time.time() - card.started_at),
+        channels=card.channels,
+        tubes=card.tubes,
+        subjects=card.subjects,
+        in_flight=card.in_flight,
     )
 
 
 async def get_broker(call: Call) -> BusInfo:
-    return BusInfo(scope="broker", brokers=[_broker_info(_broker(call))])
+    census = _broker(call).census
+    try:
+        cards = await census.brokers()
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    return BusInfo(
+        scope="bus" if census.spans_brokers else "broker",
+        brokers=[_broker_info(card) for card in cards],
+    )
 
 
 def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
@@ -199,21 +217,26 @@ async def list_topics(call: Call) -> TopicList:
     )
 
 
+async def _queue_info(broker: Broker, name: str) -> QueueInfo:
+    stats = await broker.engine.queue_stats(name)
+    return QueueInfo(
+        name=name,
+        depth=stats.depth,
+        consumers=broker.messaging.queue_consumers(name),
+        oldest_age_seconds=stats.oldest_age,
+        dead_letters=stats.dead_letters,
+    )
+
+
 async def list_queues(call: Call) -> QueuePage:
     broker = _broker(call)
     offset, limit = call.params["offset"], call.params["limit"]
     depths = await broker.engine.depths()
     ordered = sorted(depths.items(), key=lambda item: (-item[1], item[0]))
     page = ordered[offset : offset + limit]
-    return QueuePage(
-        items=[
-            QueueInfo(name=name, depth=depth, consumers=broker.messaging.queue_consumers(name))
-            for name, depth in page
-        ],
-        total=len(ordered),
-        offset=offset,
-        limit=limit,
-    )
+    # Concurrently: the redis engine sends them in one pipeline.
+    items = await asyncio.gather(*(_queue_info(broker, name) for name, _ in page))
+    return QueuePage(items=list(items), total=len(ordered), offset=offset, limit=limit)
 
 
 async def _known_queue(broker: Broker, name: str) -> None:
@@ -225,11 +248,47 @@ async def get_queue(call: Call) -> QueueInfo:
     broker = _broker(call)
     name = call.params["queue"]
     await _known_queue(broker, name)
-    return QueueInfo(
-        name=name,
-        depth=await broker.engine.depth(name),
-        consumers=broker.messaging.queue_consumers(name),
+    return await _queue_info(broker, name)
+
+
+def _message_info(queued: QueuedMessage) -> QueuedMessageInfo:
+    message = queued.message
+    return QueuedMessageInfo(
+        id=message.id,
+        priority=message.priority,
+        published_at=message.timestamp,
+        expires_at=message.expiration,
+        deliveries=queued.deliveries,
+        headers=dict(message.headers),
+        payload_bytes=len(message.payload),
+        payload=message.payload[:_PEEK_BYTES].decode("utf-8", "replace"),
     )
+
+
+async def peek_queue(call: Call) -> QueueMessages:
+    broker = _broker(call)
+    name = call.params["queue"]
+    await _known_queue(broker, name)
+    peeked = await broker.engine.peek(name, call.params["limit"])
+    return QueueMessages(queue=name, items=[_message_info(queued) for queued in peeked])
+
+
+async def list_dead_letters(call: Call) -> QueueMessages:
+    broker = _broker(call)
+    name = call.params["queue"]
+    await _known_queue(broker, name)
+    dead = await broker.engine.dead_letters(name, call.params["limit"])
+    return QueueMessages(queue=name, items=[_message_info(queued) for queued in dead])
+
+
+async def requeue_dead_letters(call: Call) -> Requeued:
+    broker = _broker(call)
+    name = call.params["queue"]
+    await _known_queue(broker, name)
+    body: RequeueDeadLetters = call.body
+    _audit(call, "queue.requeue_dead_letters", queue=name, count=body.count)
+    moved = await broker.engine.requeue_dead_letters(name, min(body.count, MAX_DEAD_LETTERS))
+    return Requeued(queue=name, moved=moved)
 
 
 async def purge_queue(call: Call) -> Purged:
@@ -301,7 +360,7 @@ async def get_config(call: Call) -> ConfigDocument:
 
 OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
-              "broker", "read", BusInfo, get_broker, errors=()),
+              "broker", "read", BusInfo, get_broker, errors=(503,)),
     Operation("GET", "/channels", "listChannels", "Open Channels, a page at a time",
               "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT)),
     Operation("GET", "/channels/{channel_id}", "getChannel", "One open Channel",
@@ -322,6 +381,19 @@ OPERATIONS: Final = (
               "read", TopicList, list_topics, errors=()),
     Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",
               QueuePage, list_queues, params=(_OFFSET, _LIMIT)),
+    # Before getQueue: a queue name may hold "/", so its route would take these
+    # paths too (a queue named ".../messages" is read through listQueues).
+    Operation("GET", "/queues/{queue}/messages", "peekQueue",
+              "The next messages of a queue, leasing none", "queues", "read",
+              QueueMessages, peek_queue, params=(_QUEUE, _PEEK_LIMIT), errors=(400, 404)),
+    Operation("GET", "/queues/{queue}/dead-letters", "listDeadLetters",
+              "A queue's dead letters, oldest first", "queues", "read",
+              QueueMessages, list_dead_letters, params=(_QUEUE, _PEEK_LIMIT),
+              errors=(400, 404)),
+    Operation("POST", "/queues/{queue}/dead-letters/requeue", "requeueDeadLetters",
+              "Move a queue's dead letters back into it, oldest first", "queues", "write",
+              Requeued, requeue_dead_letters, params=(_QUEUE,), body=RequeueDeadLetters,
+              errors=(400, 404)),
     Operation("GET", "/queues/{queue}", "getQueue", "One queue", "queues", "read",
               QueueInfo, get_queue, params=(_QUEUE,), errors=(400, 404)),
     Operation("POST", "/queues/{queue}/purge", "purgeQueue",

@@ -29,7 +29,11 @@ __all__ = [
     "Problem",
     "Purged",
     "QueueInfo",
+    "QueueMessages",
     "QueuePage",
+    "QueuedMessageInfo",
+    "RequeueDeadLetters",
+    "Requeued",
     "SubjectCount",
     "SubjectEnded",
     "TopicList",
@@ -69,8 +73,9 @@ class BrokerInfo(Struct, kw_only=True):
 
 
 class BusInfo(Struct, kw_only=True):
-    """The brokers this API can see. Today only the one answering (``scope`` says
-    so); a bus-wide routing plane will list every broker here."""
+    """The brokers this API can see: every live broker of the bus when the
+    routing plane is on Redis (``scope`` ``bus``; the one answering first), else
+    the one answering (``broker``)."""
 
     scope: Literal["broker", "bus"]
     brokers: list[BrokerInfo]
@@ -174,6 +179,12 @@ class QueueInfo(Struct, kw_only=True):
     depth: int
     #: Its consumers at this broker.
     consumers: int
+    #: Seconds since the oldest message at the head of the queue was published
+    #: (ready or leased); null when none is. How far behind its consumers are.
+    oldest_age_seconds: float | None = None
+    #: Messages delivered max_deliveries times and never acknowledged, kept
+    #: aside (POST .../dead-letters/requeue moves them back).
+    dead_letters: int = 0
 
 
 class QueuePage(Struct, kw_only=True):
@@ -183,6 +194,47 @@ class QueuePage(Struct, kw_only=True):
     total: int
     offset: int
     limit: int
+
+
+class QueuedMessageInfo(Struct, kw_only=True):
+    """A message in a queue (or among its dead letters), as peeking shows it."""
+
+    id: str
+    priority: int
+    #: Unix time it was published.
+    published_at: float
+    #: Unix time it expires.
+    expires_at: float | None
+    #: Deliveries so far (0: never delivered).
+    deliveries: int
+    #: Publisher metadata carried to consumers.
+    headers: dict[str, str]
+    #: The payload's size.
+    payload_bytes: int
+    #: The payload's first 1,024 bytes as UTF-8, undecodable bytes replaced.
+    payload: str
+
+
+class QueueMessages(Struct, kw_only=True):
+    """Messages of a queue, leased by nobody for being looked at."""
+
+    queue: str
+    items: list[QueuedMessageInfo]
+
+
+class RequeueDeadLetters(Struct, kw_only=True):
+    """How many dead letters to move back, oldest first."""
+
+    count: Annotated[int, Meta(ge=1, le=10_000)] = 10_000
+
+
+class Requeued(Struct, kw_only=True):
+    """What a move back did."""
+
+    queue: str
+    #: Dead letters moved back into the queue (expired ones are dropped instead;
+    #: a full queue stops the move).
+    moved: int
 
 
 class Purged(Struct, kw_only=True):

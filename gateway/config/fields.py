@@ -24,6 +24,7 @@ __all__ = [
     "AGENTS",
     "AGENTS_BASE_DIR",
     "CONFIG_ENV_VAR",
+    "COURSES",
     "ENV_PREFIX",
     "FOREIGN_ENV_VARS",
     "LOG_LEVELS",
@@ -61,8 +62,10 @@ AGENTS: Final = "agents"
 AGENTS_BASE_DIR: Final = "agents_base_dir"
 #: The :class:`~gateway.acl.Acl` built from the file's ``[security]`` table.
 ACL: Final = "acl"
+#: The ``[courses]`` table: file only, checked by :mod:`courses.settings`, not a setting.
+COURSES: Final = "courses"
 # Fields of GatewayConfig that are not plain settings.
-_NOT_SETTINGS: Final = (AGENTS, AGENTS_BASE_DIR, ACL)
+_NOT_SETTINGS: Final = (AGENTS, AGENTS_BASE_DIR, ACL, COURSES)
 
 # Tables of GatewayConfig that hold one dataclass each. The TLS variables keep the
 # names operators expect (ASBP_TLS_CERTFILE); the limit tables use "__" between table

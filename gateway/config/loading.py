@@ -49,6 +49,7 @@ from gateway.config.fields import (
     AGENTS,
     AGENTS_BASE_DIR,
     CONFIG_ENV_VAR,
+    COURSES,
     ENV_PREFIX,
     FOREIGN_ENV_VARS,
     Setting,
@@ -70,6 +71,7 @@ _FILE_ONLY: Final = {
     AGENTS: "unknown setting: the [agents] table can only be set in the TOML file",
     SECURITY_TABLE: _SECURITY_FILE_ONLY,
     ACL: _SECURITY_FILE_ONLY,
+    COURSES: "unknown setting: the [courses] table can only be set in the TOML file",
 }
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -147,6 +149,8 @@ class _File:
 
     layer: _Layer = dataclasses.field(default_factory=dict)
     agents: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The [courses] table, checked when the broker builds its Courses (courses.settings).
+    courses: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The Acl of the [security] table; None without one.
     acl: Acl | None = None
     #: The file's text, for the lines of later errors.
@@ -237,6 +241,10 @@ def _read_file(raw_path: str, named_by: str) -> _File:
                 _file_value(file, setting, item)
         elif key == AGENTS:
             file.agents = _agents_table(value, f"{raw_path}:{key}")
+        elif key == COURSES:
+            if not isinstance(value, dict):
+                raise expected("a table", value, f"{raw_path}:{key}", key=key)
+            file.courses = value
         elif key == SECURITY_TABLE:
             file.acl = _security_table(data, file)
         elif key in (AGENTS_BASE_DIR, ACL):
@@ -251,6 +259,7 @@ def _read_file(raw_path: str, named_by: str) -> _File:
                 *(s.key for s in settings() if s.table is None),
                 *tables,
                 AGENTS,
+                COURSES,
                 SECURITY_TABLE,
             ]
             what = "table" if isinstance(value, dict) else "setting"
@@ -296,7 +305,7 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
             continue
         setting = by_env.get(name)
         if setting is None:
-            for table in (AGENTS, SECURITY_TABLE, ACL):
+            for table in (AGENTS, SECURITY_TABLE, ACL, COURSES):
                 if name.startswith(f"{ENV_PREFIX}{table.upper()}"):
                     raise ConfigError(_FILE_ONLY[table], source=name, key=table)
             raise ConfigError(
@@ -419,4 +428,10 @@ def _build(merged: _Layer, file: _File) -> GatewayConfig:
             kwargs[table] = table_classes()[table](**fields)
         except (TypeError, ValueError) as exc:  # asbp.Limits checks its own fields again
             raise ConfigError(str(exc), source=f"[{table}]", key=table) from exc
-    return GatewayConfig(**kwargs, agents=file.agents, agents_base_dir=file.base_dir, acl=file.acl)
+    return GatewayConfig(
+        **kwargs,
+        agents=file.agents,
+        agents_base_dir=file.base_dir,
+        acl=file.acl,
+        courses=file.courses,
+    )

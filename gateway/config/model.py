@@ -28,14 +28,18 @@ __all__ = [
     "ManagementConfig",
     "MessagingLimits",
     "MetricsConfig",
+    "RunningServer",
     "ServerName",
     "TlsConfig",
     "TubeLimits",
+    "chosen_server",
 ]
 
 MiB = 1024 * 1024
 
-ServerName = Literal["hypercorn", "uvicorn"]
+ServerName = Literal["auto", "hypercorn", "uvicorn"]
+#: The server that actually runs: what ``server = "auto"`` resolves to (``chosen_server``).
+RunningServer = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
 EventLogMode = Literal["on", "off"]
 
@@ -199,6 +203,23 @@ class ManagementConfig:
     read_scope: str = "asbp:read"
     #: The scope a JWT needs to change anything.
     write_scope: str = "asbp:write"
+    #: Seconds between two fetches of ``jwks_url`` for tokens naming a ``kid`` the
+    #: cached keys lack (the issuer rotated its keys), at least: a flood of tokens
+    #: with made-up ``kid`` values cannot make the broker hammer the issuer.
+    jwks_refetch_interval: float = 60.0
+    #: The console's sign-in: the OpenID Connect provider's discovery document
+    #: (``https://sso.example.com/realms/ops/.well-known/openid-configuration``).
+    #: With ``oidc_client_id``, ``/console/`` offers "Sign in" through the provider
+    #: (authorisation code with PKCE); its access tokens must pass the JWT checks
+    #: above (``jwks_url``, ``issuer``, ``audience``, scopes).
+    oidc_discovery_url: str | None = None
+    #: The console's client identifier at the OpenID Connect provider.
+    oidc_client_id: str | None = None
+    #: A file holding the console's client secret (one line), for a confidential
+    #: client; none for a public client, which PKCE alone protects.
+    oidc_client_secret_file: str | None = None
+    #: The scopes the console asks the provider for.
+    oidc_scope: str = "openid asbp:read asbp:write"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +230,11 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     #: Port to listen on; 0 picks a free one.
     port: int = 8080
-    #: The ASGI server: Hypercorn (HTTP/1, HTTP/2, TLS, WebSocket) or Uvicorn
-    #: (HTTP/1.1 and WebSocket, faster WebSocket path).
-    server: ServerName = "hypercorn"
+    #: The ASGI server: ``auto`` runs Hypercorn when ``tls`` is set (HTTP/2 by
+    #: ALPN) and Uvicorn otherwise (HTTP/1.1 and WebSocket, the faster WebSocket
+    #: path); ``hypercorn`` (HTTP/1, HTTP/2 also in cleartext, TLS, WebSocket) or
+    #: ``uvicorn`` pins one.
+    server: ServerName = "auto"
     #: TLS for the listening port; None serves plain HTTP.
     tls: TlsConfig | None = None
     #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
@@ -248,8 +271,13 @@ class GatewayConfig:
     agents: Mapping[str, Any] = field(default_factory=dict)
     #: Directory that relative key paths in ``agents`` are resolved against.
     agents_base_dir: Path = Path(".")
-    #: Development only: accept Tubes without TLS when listening on loopback.
+    #: Development only: accept Tubes without TLS when listening on loopback (and
+    #: Courses without TLS between loopback addresses, docs/courses.md).
     insecure_dev_tubes: bool = False
+    #: This bus's domain, signing key and its Courses to other buses, as the
+    #: ``[courses]`` table of the TOML file (see docs/courses.md); empty: no Courses.
+    #: Relative paths resolve against ``agents_base_dir`` (the file's directory).
+    courses: Mapping[str, Any] = field(default_factory=dict)
     #: Serve the demo page (the TypeScript client talking to the example agent) at
     #: ``/``; ``asbp demo`` turns it on.
     demo_page: bool = False
@@ -274,3 +302,17 @@ class GatewayConfig:
     log_format: Literal["json", "text"] = "json"
     #: Logging level name.
     log_level: str = "info"
+
+
+def chosen_server(config: GatewayConfig) -> RunningServer:
+    """The server ``config`` runs on: ``server`` itself, or what ``auto`` resolves to.
+
+    ``auto`` takes Hypercorn only where its extra features serve a client: with TLS,
+    browsers and HTTP clients negotiate HTTP/2 by ALPN. Without TLS no browser speaks
+    HTTP/2 (h2c is for other servers and pinned clients), so a broker with neither runs
+    on Uvicorn, whose WebSocket path costs about half of Hypercorn's per message
+    (bench/roundtrip.py; docs/operations.md, "Which server runs").
+    """
+    if config.server != "auto":
+        return config.server
+    return "hypercorn" if config.tls is not None else "uvicorn"

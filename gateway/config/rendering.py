@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from gateway.acl import SECURITY_TABLE, Acl
-from gateway.config.fields import AGENTS, AGENTS_BASE_DIR, Setting, settings, table_classes
+from gateway.config.fields import (
+    AGENTS,
+    AGENTS_BASE_DIR,
+    COURSES,
+    Setting,
+    settings,
+    table_classes,
+)
 from gateway.config.model import GatewayConfig
 from gateway.config.text import mask_url, toml_key, toml_string, toml_value
 
@@ -42,6 +49,7 @@ def config_to_dict(config: GatewayConfig) -> dict[str, Any]:
             table[setting.name] = _plain(setting, getattr(table_value, setting.name))
     result[AGENTS] = dict(config.agents)
     result[AGENTS_BASE_DIR] = str(config.agents_base_dir)
+    result[COURSES] = dict(config.courses)
     result[SECURITY_TABLE] = None if config.acl is None else _acl_summary(config.acl)
     return result
 
@@ -66,7 +74,7 @@ def config_to_toml(config: GatewayConfig) -> str:
         "# The effective configuration: defaults < file < ASBP_* environment < flags.",
         "# Secrets are masked (***).",
     ]
-    not_settings = (AGENTS, AGENTS_BASE_DIR, SECURITY_TABLE)
+    not_settings = (AGENTS, AGENTS_BASE_DIR, SECURITY_TABLE, COURSES)
     for key, value in data.items():
         if key in not_settings or isinstance(value, dict):
             continue
@@ -90,6 +98,17 @@ def config_to_toml(config: GatewayConfig) -> str:
         lines += ["", f"# Relative paths below resolve against {data[AGENTS_BASE_DIR]}"]
         for identity, table in data[AGENTS].items():
             lines.append(f"[{AGENTS}.{toml_key(identity)}]")
+            lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in table.items()]
+    if data[COURSES]:
+        lines += ["", f"[{COURSES}]"]
+        peers = {k: v for k, v in data[COURSES].items() if isinstance(v, dict)}
+        lines += [
+            f"{toml_key(k)} = {toml_value(v)}"
+            for k, v in data[COURSES].items()
+            if not isinstance(v, dict)
+        ]
+        for domain, table in peers.items():
+            lines.append(f"[{COURSES}.{toml_key(domain)}]")
             lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in table.items()]
     if data[SECURITY_TABLE] is not None:
         lines += ["", *_security_comments(data[SECURITY_TABLE])]

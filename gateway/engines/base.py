@@ -33,6 +33,18 @@ Quality of service
     (not before ``not_before``); delivery notices to the publisher when asked:
     QUEUED when stored, DEQUEUED with the reason (CONSUMED, EXPIRED,
     DISCARDED) when it leaves the queue.
+Dead letters
+    A message whose ``max_deliveries``-th delivery ends unacknowledged leaves
+    the queue (DISCARDED notice) for the queue's dead letters: kept, oldest
+    first, at most :data:`MAX_DEAD_LETTERS` per queue (a newer one pushes the
+    oldest out), outside ``depth``, until an operator moves them back
+    (``requeue_dead_letters``: each joins the queue's tail as though just
+    published, deliveries from zero, QUEUED notice if asked) or the queue's
+    next dead letters push them out.
+Inspection
+    ``peek`` lists a queue's messages without leasing them; ``queue_stats``
+    gives depth, the age of the oldest message at the head of the queue and
+    how many dead letters it has (docs/operations.md, "Queues").
 
 Times are wall-clock seconds since the epoch (``time.time()``), because
 messages outlive processes and cross machines. Every method may raise
@@ -52,6 +64,7 @@ from gateway.errors import GatewayError
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "MAX_DEAD_LETTERS",
     "Delivery",
     "DeliveryNotice",
     "Engine",
@@ -62,6 +75,8 @@ __all__ = [
     "NoticeListener",
     "QueueFull",
     "QueueLimitReached",
+    "QueueStats",
+    "QueuedMessage",
     "TopicListener",
     "new_delivery",
     "new_message",
@@ -69,6 +84,10 @@ __all__ = [
 
 #: The priority of a message that asks for none (the middle of 0-9).
 DEFAULT_PRIORITY: Final = 4
+#: Dead letters one queue keeps at most; a newer one pushes the oldest out. A
+#: constant rather than a limit: the Redis engine's scripts hold it, so every
+#: broker of a bus agrees without passing it on each call.
+MAX_DEAD_LETTERS: Final = 10_000
 
 
 class EngineUnavailable(GatewayError):
@@ -183,6 +202,30 @@ class Delivery:
     deadline: float
     #: What ``ack`` takes: opaque to the broker, unique per lease.
     receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A message as ``peek`` and ``dead_letters`` show it: nothing is leased."""
+
+    message: Message
+    #: Deliveries so far (0: never delivered); for a dead letter, the ones that
+    #: made it one (``max_deliveries``).
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue at a glance (``queue_stats``)."""
+
+    #: Messages in it: ready, leased and delayed (as ``depth``).
+    depth: int
+    #: Seconds since the oldest message at the head of any priority was
+    #: published (ready or leased; delayed ones count once due); None when
+    #: there is none. How far behind the consumers are.
+    oldest_age: float | None
+    #: Dead letters kept for it.
+    dead_letters: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +424,32 @@ class Engine(Protocol):
         """Every queue's depth, in one call (a metrics scrape asks for all of them).
 
         May lag by one expiry sweep: messages that expired since are still counted.
+        """
+        ...
+
+    # -- inspection (the management API) ----------------------------------------
+
+    async def peek(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` of ``queue``'s messages, leasing none: ready and leased
+        ones, highest priority first, then in the order they joined the queue
+        (delayed ones not before they are due)."""
+        ...
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s depth, oldest message's age and dead letters."""
+        ...
+
+    async def dead_letters(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` of ``queue``'s dead letters, oldest first, leaving them."""
+        ...
+
+    async def requeue_dead_letters(self, queue: str, count: int) -> int:
+        """Move up to ``count`` dead letters back into ``queue``, oldest first.
+
+        Each joins the tail of its priority as though just published: deliveries
+        from zero, a QUEUED notice if its publisher asked. An expired one is
+        dropped instead. Stops when the queue is full (max_queue_depth); returns
+        how many it moved back.
         """
         ...
 

@@ -50,6 +50,31 @@ METRICS: Final = (
     Metric("asbp_tubes_opened", "counter", (), "Tubes opened since the start."),
     Metric("asbp_tubes_closed", "counter", (), "Tubes closed since the start."),
     Metric(
+        "asbp_course_up",
+        "gauge",
+        ("peer",),
+        "1 while the Course this broker dials to the peer bus is up, else 0 (docs/courses.md).",
+    ),
+    Metric(
+        "asbp_course_queued",
+        "gauge",
+        ("peer",),
+        "Commands waiting in the queue for the peer bus, or sent and not yet acknowledged.",
+    ),
+    Metric(
+        "asbp_course_crossings",
+        "counter",
+        ("peer", "event"),
+        "Crossings to the peer bus: sent (resends included) and acknowledged.",
+    ),
+    Metric(
+        "asbp_course_received",
+        "counter",
+        ("outcome",),
+        "Crossings from peer buses: accepted, duplicate (seen before, dropped) or spoofed"
+        " (dropped).",
+    ),
+    Metric(
         "asbp_slow_reader_disconnects",
         "counter",
         ("kind",),
@@ -109,7 +134,8 @@ METRICS: Final = (
         "histogram",
         ("command",),
         "Seconds from a User-Agent Command reaching the broker to its Respondent's"
-        " answer, by Command-Name (bounded as for asbp_commands_total).",
+        " answer, by Command-Name (bounded as for asbp_commands_total); a sample: the"
+        " first answer and one in 8 after it timed, each counting for the 8 since.",
     ),
     Metric(
         "asbp_engine_call_seconds",

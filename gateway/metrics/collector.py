@@ -121,6 +121,7 @@ class BrokerCollector(Collector):
         slow.add_metric(["channel"], router.replies.slow_channels)
         slow.add_metric(["tube"], router.replies.slow_tubes)
         yield slow
+        yield from self._courses()
 
         queue_counts = broker.messaging.counts
         for name, value in (
@@ -143,6 +144,29 @@ class BrokerCollector(Collector):
         poll = _histogram("asbp_poll_wait_seconds")
         _add_histogram(poll, [], queue_counts.poll_wait)
         yield poll
+
+    def _courses(self) -> Iterator[Metric]:
+        courses = self._broker.courses
+        up = _gauge("asbp_course_up")
+        queued = _gauge("asbp_course_queued")
+        crossings = _counter("asbp_course_crossings")
+        received = _counter("asbp_course_received")
+        if courses is not None:
+            for domain, is_up, depth, sent, acknowledged in courses.peers():
+                up.add_metric([domain], 1 if is_up else 0)
+                queued.add_metric([domain], depth)
+                crossings.add_metric([domain, "sent"], sent)
+                crossings.add_metric([domain, "acknowledged"], acknowledged)
+            for outcome, value in (
+                ("accepted", courses.accepted),
+                ("duplicate", courses.duplicates),
+                ("spoofed", courses.spoofed),
+            ):
+                received.add_metric([outcome], value)
+        yield up
+        yield queued
+        yield crossings
+        yield received
 
     def _connections(self) -> Iterator[Metric]:
         broker = self._broker

@@ -1,5 +1,6 @@
-"""``asbp status``, ``asbp channels``, ``asbp agents``, ``asbp queues``, ``asbp purge``
-and ``asbp acl check``: the management API (gateway.api) from a shell.
+"""``asbp status``, ``asbp channels``, ``asbp agents``, ``asbp queues`` (and ``asbp
+queues peek|dead|requeue QUEUE``), ``asbp purge`` and ``asbp acl check``: the
+management API (gateway.api) from a shell.
 
 Each prints a table for people, or the API's JSON with ``--json`` for scripts.
 ``--url`` names the broker (default ``$ASBP_URL``, else
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -61,9 +63,31 @@ def add_commands(commands: Any) -> None:
     _common(channels)
     _paged(channels)
     _common(commands.add_parser("agents", help="Application-Agents, their Tubes and names"))
-    queues = commands.add_parser("queues", help="queues, the deepest first")
+    queues = commands.add_parser(
+        "queues",
+        help="queues, the deepest first; or peek into one, list or move back its dead letters",
+    )
     _common(queues)
     _paged(queues)
+    # Optional: ``asbp queues`` alone lists them. A sub-command's options come
+    # after it (``asbp queues peek jobs --url ...``).
+    queue_commands = queues.add_subparsers(dest="queues_command", metavar="{peek,dead,requeue}")
+    for name, text in (
+        ("peek", "the next messages of QUEUE, leasing none"),
+        ("dead", "QUEUE's dead letters, oldest first"),
+    ):
+        looking = queue_commands.add_parser(name, help=text)
+        looking.add_argument("queue")
+        looking.add_argument(
+            "--limit", type=int, default=20, help="messages (default: %(default)s)"
+        )
+        _common(looking)
+    requeue = queue_commands.add_parser(
+        "requeue", help="move QUEUE's dead letters back into it, oldest first"
+    )
+    requeue.add_argument("queue")
+    requeue.add_argument("--count", type=int, help="at most this many (default: all)")
+    _common(requeue)
     purge = commands.add_parser("purge", help="remove the messages ready in a queue")
     purge.add_argument("queue")
     _common(purge)
@@ -178,9 +202,30 @@ def _agents(body: Any) -> str:
 
 
 def _queues(body: Any) -> str:
-    rows = [(q["name"], q["depth"], q["consumers"]) for q in body["items"]]
-    table = _table(("queue", "depth", "consumers"), rows)
+    rows = [
+        (q["name"], q["depth"], q["consumers"], _age(q["oldest_age_seconds"]), q["dead_letters"])
+        for q in body["items"]
+    ]
+    table = _table(("queue", "depth", "consumers", "oldest", "dead letters"), rows)
     return table + f"\n{len(rows)} of {body['total']} (offset {body['offset']})"
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else _duration(seconds)
+
+
+def _messages(body: Any) -> str:
+    rows = [
+        (m["id"], m["priority"], m["deliveries"], m["payload_bytes"],
+         m["payload"][:40].replace("\n", " "))
+        for m in body["items"]
+    ]  # fmt: skip
+    table = _table(("message", "priority", "deliveries", "bytes", "payload"), rows)
+    return table + f"\n{len(rows)} in {body['queue']}"
+
+
+def _requeued(body: Any) -> str:
+    return f"{body['queue']}: {body['moved']} dead letters moved back"
 
 
 def _purged(body: Any) -> str:
@@ -214,12 +259,22 @@ def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -
         "status": ("GET", "/broker", {}, _status),
         "agents": ("GET", "/agents", {}, _agents),
     }
-    if command in ("channels", "queues"):
+    queues_command = getattr(args, "queues_command", None) if command == "queues" else None
+    if queues_command is not None:
+        path = f"/queues/{quote(args.queue, safe='/')}"
+        if queues_command == "requeue":
+            ask = {} if args.count is None else {"count": args.count}
+            calls[command] = ("POST", f"{path}/dead-letters/requeue", {"json": ask}, _requeued)
+        else:
+            where = "messages" if queues_command == "peek" else "dead-letters"
+            params = {"limit": args.limit}
+            calls[command] = ("GET", f"{path}/{where}", {"params": params}, _messages)
+    elif command in ("channels", "queues"):
         params = {"limit": args.limit, "offset": args.offset}
         render: Callable[[Any], str] = _channels if command == "channels" else _queues
         calls[command] = ("GET", f"/{command}", {"params": params}, render)
     elif command == "purge":
-        calls[command] = ("POST", f"/queues/{args.queue}/purge", {}, _purged)
+        calls[command] = ("POST", f"/queues/{quote(args.queue, safe='/')}/purge", {}, _purged)
     elif command == "acl" and args.acl_command == "policy":
         params = {"identity": args.identity}
         calls[command] = ("GET", "/acl/policy", {"params": params}, _policy)

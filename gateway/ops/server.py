@@ -55,7 +55,7 @@ from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.broker_id import broker_identity
-from gateway.config.model import GatewayConfig
+from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
 from gateway.transports.websocket import max_message_bytes
 
@@ -147,7 +147,8 @@ async def serve(
     """Serve the broker until told to stop, then shut down gracefully.
 
     Args:
-        config: what to serve and how; ``config.server`` picks Hypercorn or Uvicorn.
+        config: what to serve and how; ``config.server`` picks Hypercorn or Uvicorn
+            (``auto``: :func:`~gateway.config.model.chosen_server`).
         ready: called with the base URL (``http://127.0.0.1:8080``) once the lifespan
             startup has run and the socket accepts connections.
         shutdown_trigger: awaited; its return starts the shutdown. Without one, SIGINT
@@ -158,7 +159,11 @@ async def serve(
         ServerError: the address cannot be resolved or bound, or the application's
             lifespan startup failed.
     """
-    config = dataclasses.replace(config, broker_id=broker_identity(config))
+    # ``auto`` resolved once, here: the app, the log and the management API then name
+    # the server that runs.
+    config = dataclasses.replace(
+        config, broker_id=broker_identity(config), server=chosen_server(config)
+    )
     app = create_app(config)
     sock = await bind_socket(config.host, config.port)
     with contextlib.closing(sock):  # the server closes it too; this covers failures
@@ -325,6 +330,11 @@ async def _run_hypercorn(
 
 
 async def _stop_broker(app: Starlette) -> None:
+    # Courses first, while their connections are still up: each link ends with a
+    # closing handshake, and what is queued for a peer stays queued.
+    courses = getattr(app.state, "courses", None)
+    if courses is not None:
+        await courses.stop()
     broker = getattr(app.state, "broker", None)
     if broker is not None:
         await broker.stop()

@@ -23,9 +23,14 @@ from dataclasses import dataclass
 from asbp import ChannelId, Command
 from gateway.connections.channels import Channel
 from gateway.connections.tubes import Tube
-from gateway.metrics.counts import RouterCounts
+from gateway.metrics.counts import LATENCY_BUCKETS, RouterCounts
 
 __all__ = ["InFlight", "InFlightTable"]
+
+# Most answers come back within the first bucket (1 ms, from the Command's
+# arrival to its answer's): one float comparison counts them, where the bucket
+# search would cost a call (bench/metrics.py measures the difference).
+_FIRST_BOUND = LATENCY_BUCKETS[0]
 
 
 @dataclass(eq=False, slots=True)
@@ -64,6 +69,7 @@ class InFlightTable:
         # The metrics' Respondent latency, counted when an answer finishes an entry.
         self._latency = latency.respondent_latency if latency is not None else None
         self._latency_histogram = latency.histogram if latency is not None else None
+        self._latency_sample = latency.latency_sample if latency is not None else 1
         self._entries: dict[tuple[ChannelId, int], InFlight] = {}
         # (deadline, entry) in arrival order. A refreshed deadline appends the
         # entry again; items whose deadline no longer matches the entry's are
@@ -129,14 +135,24 @@ class InFlightTable:
         self.finish(entry)
         histograms = self._latency
         if histograms is not None:
-            # Inlined (no call into gateway.metrics): this runs once per answer.
-            seconds = self._clock() - entry.started
+            # RouterCounts.answered inlined (no call into gateway.metrics): this
+            # runs once per answer. Only one answer in latency_sample is timed.
             histogram = histograms.get(entry.name)
             if histogram is None:
                 assert self._latency_histogram is not None
                 histogram = self._latency_histogram(entry.name)
-            histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
-            histogram.total += seconds
+            countdown = histogram.countdown - 1
+            if countdown:
+                histogram.countdown = countdown
+                return
+            weight = histogram.weight
+            histogram.countdown = histogram.weight = self._latency_sample
+            seconds = self._clock() - entry.started
+            if seconds <= _FIRST_BOUND:
+                histogram.counts[0] += weight
+            else:
+                histogram.counts[bisect_left(histogram.bounds, seconds)] += weight
+            histogram.total += seconds * weight
 
     def expired(self) -> Iterator[InFlight]:
         """Finish and yield, one at a time, each entry whose deadline passed.

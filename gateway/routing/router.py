@@ -71,7 +71,7 @@ from gateway.routing.replies import ReplySender
 from gateway.routing.routelog import builtin_route
 from gateway.routing.splice import Splicer
 from gateway.routing.subject_auth import Authenticator
-from gateway.types import MessagingHooks, Outlets
+from gateway.types import AddressRoutes, MessagingHooks, Outlets
 
 __all__ = ["InFlight", "MessagingHooks", "Router"]
 
@@ -197,6 +197,9 @@ class Router:
         )
         # Where frames and Commands enter, under the router's name (the transports'
         # call sites), bound once: the hot path pays no extra call for the split.
+        #: Commands addressed by ``r`` (courses.service.Courses); None: 2101 as any
+        #: other Command without a Respondent. Set once the Courses are built.
+        self.courses: AddressRoutes | None = None
         self.channel_frame = intake.channel_frame
         self.channel_command = intake.channel_command
         self.tube_frame = intake.tube_frame
@@ -260,6 +263,7 @@ class Router:
             return
         among = None
         access = channel.access
+        subject = None
         if "s" in command:
             if auth is None:
                 # Subjects are off, so no Subject-Identifier belongs to this Channel.
@@ -286,6 +290,12 @@ class Router:
                 command_id=command_id,
                 cause=name,
             )
+            return
+        if self.courses is not None and "r" in command:
+            intake = self._intake
+            if intake.source is not None:
+                intake.routed = ("course", ",".join(command.recipients), None)
+            self.courses.route(channel, subject, command)
             return
         tube = self.respondents.pick(name, among=among)
         if tube is None:

@@ -16,6 +16,7 @@ import pytest
 
 import asbp
 import asbp.errors
+import courses
 import gateway
 import gateway.errors
 from asbp import AsbpError, FaultCode
@@ -48,7 +49,7 @@ def _modules(package: ModuleType) -> list[ModuleType]:
 
 def _exception_classes() -> list[type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
-    for module in [*_modules(asbp), *_modules(gateway)]:
+    for module in [*_modules(asbp), *_modules(gateway), *_modules(courses)]:
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, BaseException) and cls.__module__ == module.__name__:
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
@@ -63,6 +64,7 @@ def test_the_walk_finds_the_errors() -> None:
     names = {cls.__name__ for cls in EXCEPTIONS}
     assert {"ProtocolError", "ConfigError", "AclConfigError", "EngineUnavailable"} <= names
     assert {"ServerError", "CredentialConfigError", "_ScanError", "_Invalid"} <= names
+    assert {"CourseConfigError", "CourseRefusedError"} <= names
 
 
 @pytest.mark.parametrize("cls", EXCEPTIONS, ids=lambda cls: f"{cls.__module__}.{cls.__name__}")
@@ -72,7 +74,8 @@ def test_every_exception_class_is_in_the_tree(cls: type[BaseException]) -> None:
         assert not issubclass(cls, AsbpError), f"{name} is in the tree now: drop it"
         return
     assert issubclass(cls, AsbpError), f"{name} is not an AsbpError"
-    if cls.__module__.startswith("gateway."):
+    if cls.__module__.startswith(("gateway.", "courses.")):
+        # courses/ is the broker's too (docs/architecture.md): its errors are the gateway's.
         assert issubclass(cls, GatewayError), f"{name} is not a GatewayError"
 
 

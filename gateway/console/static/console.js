@@ -12,10 +12,15 @@ function token() {
   return sessionStorage.getItem("asbp-token") || "";
 }
 
-async function api(method, path) {
+async function api(method, path, json) {
   const headers = {};
   if (token()) headers.Authorization = "Bearer " + token();
-  const response = await fetch("/api/v1" + path, { method, headers });
+  const init = { method, headers };
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  }
+  const response = await fetch("/api/v1" + path, init);
   const body = await response.json();
   if (!response.ok) throw new Error(`${response.status}: ${body.detail}`);
   return body;
@@ -83,6 +88,26 @@ function showSummary(broker) {
   }
 }
 
+// Every broker of the bus when the plane is on Redis, this one first.
+function showBrokers(bus) {
+  document.getElementById("scope").textContent =
+    bus.scope === "bus" ? "(the whole bus)" : "(this broker)";
+  const body = document.querySelector("#brokers tbody");
+  body.replaceChildren();
+  for (const broker of bus.brokers) {
+    const row = body.insertRow();
+    row.dataset.broker = broker.broker;
+    cell(row, broker.broker);
+    cell(row, broker.version);
+    cell(row, broker.engine);
+    cell(row, Math.round(broker.uptime_seconds) + " s", true);
+    cell(row, broker.channels, true).className = "number channels";
+    cell(row, broker.tubes, true).className = "number tubes";
+    cell(row, broker.subjects, true);
+    cell(row, broker.in_flight, true);
+  }
+}
+
 function showAgents(agents) {
   const body = document.querySelector("#agents tbody");
   body.replaceChildren();
@@ -106,17 +131,74 @@ function showQueues(queues) {
     cell(row, queue.name);
     cell(row, queue.depth, true).className = "number depth";
     cell(row, queue.consumers, true);
-    const button = document.createElement("button");
-    button.textContent = "Purge";
-    button.addEventListener("click", () => purge(queue.name));
-    row.insertCell().append(button);
+    const age = queue.oldest_age_seconds;
+    cell(row, age === null ? "-" : age.toFixed(1) + " s", true).className = "number oldest";
+    cell(row, queue.dead_letters, true).className = "number dead";
+    const actions = row.insertCell();
+    actions.append(
+      action("Peek", () => look(queue.name, "messages")),
+      action("Purge", () => purge(queue.name)),
+    );
+    if (queue.dead_letters > 0) {
+      actions.append(
+        action("Dead letters", () => look(queue.name, "dead-letters")),
+        action("Move back", () => requeue(queue.name)),
+      );
+    }
+  }
+}
+
+function action(label, run) {
+  const button = document.createElement("button");
+  button.textContent = label;
+  button.addEventListener("click", run);
+  return button;
+}
+
+function queuePath(name) {
+  return "/queues/" + encodeURIComponent(name);
+}
+
+// The next messages of a queue (or its dead letters), leasing none: shown until
+// the next look, not refreshed with the tables.
+async function look(name, what) {
+  try {
+    const page = await api("GET", queuePath(name) + "/" + what + "?limit=50");
+    const panel = document.getElementById("peek");
+    panel.hidden = false;
+    panel.dataset.queue = name;
+    panel.dataset.what = what;
+    document.getElementById("peek-title").textContent =
+      (what === "messages" ? "Next messages of " : "Dead letters of ") + name;
+    const body = panel.querySelector("tbody");
+    body.replaceChildren();
+    for (const message of page.items) {
+      const row = body.insertRow();
+      cell(row, message.id);
+      cell(row, message.priority, true);
+      cell(row, message.deliveries, true);
+      cell(row, message.payload_bytes, true);
+      cell(row, message.payload).className = "payload";
+    }
+  } catch (error) {
+    fail(error);
+  }
+}
+
+async function requeue(name) {
+  if (!confirm(`Move the dead letters of ${name} back into it?`)) return;
+  try {
+    await api("POST", queuePath(name) + "/dead-letters/requeue", {});
+    await refresh();
+  } catch (error) {
+    fail(error);
   }
 }
 
 async function purge(name) {
   if (!confirm(`Remove the messages ready in ${name}?`)) return;
   try {
-    await api("POST", "/queues/" + encodeURIComponent(name) + "/purge");
+    await api("POST", queuePath(name) + "/purge");
     await refresh();
   } catch (error) {
     fail(error);
@@ -136,6 +218,7 @@ async function refresh() {
     ]);
     const broker = bus.brokers[0];
     showSummary(broker);
+    showBrokers(bus);
     showAgents(agents);
     showQueues(queues);
     push("channels", broker.channels);
@@ -156,6 +239,20 @@ async function refresh() {
     fail(error);
   }
 }
+
+// Back from the identity provider (gateway/console/oidc.py): the access token
+// comes in the fragment, which no server sees; keep it for this tab only and
+// take it out of the address bar and the history.
+if (location.hash.startsWith("#access_token=")) {
+  sessionStorage.setItem("asbp-token",
+    decodeURIComponent(location.hash.slice("#access_token=".length)));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+// Offer the identity provider's sign-in when the broker has one configured.
+fetch("auth.json").then((response) => (response.ok ? response.json() : { oidc: false }))
+  .then((auth) => { document.getElementById("oidc-sign-in").hidden = !auth.oidc; })
+  .catch(() => {});
 
 document.getElementById("sign-in").addEventListener("submit", (event) => {
   event.preventDefault();

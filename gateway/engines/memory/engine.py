@@ -58,7 +58,9 @@ from gateway.engines.base import (
     EngineUnavailable,
     Message,
     NoticeListener,
+    QueuedMessage,
     QueueLimitReached,
+    QueueStats,
     TopicListener,
 )
 from gateway.engines.memory.queue import MemoryQueue, stored_form
@@ -291,6 +293,49 @@ class MemoryEngine:
         of 100,000 queues is one pass over a dict."""
         self._check_open()
         return {name: queue.depth for name, queue in self._queues.items()}
+
+    # -- inspection --------------------------------------------------------
+
+    async def peek(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` ready or leased messages of ``queue``, leasing none."""
+        self._check_open()
+        stored = self._queues.get(queue)
+        if stored is None or count < 1:
+            return []
+        peeked = stored.peek(count, self._clock())
+        self._flush(stored)  # what time did (expiries) is reported as usual
+        return peeked
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s depth, oldest message's age and dead letters."""
+        self._check_open()
+        stored = self._queues.get(queue)
+        if stored is None:
+            return QueueStats(depth=0, oldest_age=None, dead_letters=0)
+        now = self._clock()
+        oldest = stored.oldest(now)
+        self._flush(stored)
+        return QueueStats(
+            depth=stored.depth,
+            oldest_age=None if oldest is None else max(0.0, now - oldest),
+            dead_letters=stored.dead_count,
+        )
+
+    async def dead_letters(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` of ``queue``'s dead letters, oldest first."""
+        self._check_open()
+        stored = self._queues.get(queue)
+        return [] if stored is None or count < 1 else stored.dead_letters(count)
+
+    async def requeue_dead_letters(self, queue: str, count: int) -> int:
+        """Move up to ``count`` dead letters back into ``queue``; how many moved."""
+        self._check_open()
+        stored = self._queues.get(queue)
+        if stored is None or count < 1:
+            return 0
+        moved = stored.requeue_dead(count, self._seq.__next__, self._clock())
+        self._flush(stored)
+        return moved
 
     async def ping(self) -> None:
         """In memory: answers while open."""

@@ -92,8 +92,12 @@ class QueueKeys:
             f"{base}wt",
             *(f"{base}s{p}" for p in _PRIORITIES),
         )
-        #: The block, then l0..l9: fetch, ack, release.
-        self.fetch: tuple[str, ...] = (*self.block, *(f"{base}l{p}" for p in _PRIORITIES))
+        #: The block, then l0..l9, then the lease lists: fetch, ack, release.
+        self.fetch: tuple[str, ...] = (
+            *self.block,
+            *(f"{base}l{p}" for p in _PRIORITIES),
+            f"{base}lb",
+        )
         #: Release: fetch's, then the expiry index.
         self.release: tuple[str, ...] = (*self.fetch, EXPIRY)
         #: Sweep: the expiry index, then fetch's.
@@ -330,18 +334,21 @@ class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):
             return
         queue, deadline, tag = self._queue, self._deadline, self._tag
         deliveries: list[Delivery] = []
-        entries = iter(reply)
-        next(entries)
-        next(entries)
-        for priority, stream_id, count, header, payload in zip(
-            entries, entries, entries, entries, entries, strict=True
-        ):
-            message = unpack_message(header, payload)
-            if message.notify is not None and not message.notices.isdisjoint(_DEQUEUED):
-                lease = receipt(priority, stream_id.decode(), count, tag, True)
-            else:  # receipt() without the flag, in one step: one per message
-                lease = f"{priority}:{stream_id.decode()}:{count}:{tag}"
-            deliveries.append(new_delivery(message, queue, count, deadline, lease))
+        # Groups: priority, delivery count, n, then n times (stream id, header, payload).
+        start, end = 2, len(reply)
+        while start < end:
+            priority, count, size = reply[start : start + 3]
+            start += 3
+            entries = iter(reply[start : start + 3 * size])
+            start += 3 * size
+            tail = f":{count}:{tag}"
+            for stream_id, header, payload in zip(entries, entries, entries, strict=True):
+                message = unpack_message(header, payload)
+                if message.notify is not None and not message.notices.isdisjoint(_DEQUEUED):
+                    lease = receipt(priority, stream_id.decode(), count, tag, True)
+                else:  # receipt() without the flag, in one step: one per message
+                    lease = f"{priority}:{stream_id.decode()}{tail}"
+                deliveries.append(new_delivery(message, queue, count, deadline, lease))
         next_due = float(reply[1]) if reply[1] else None
         settle_future(self.future, (deliveries, bool(reply[0]), next_due))
 
@@ -352,13 +359,22 @@ class LeasesCall(Call):
     Each waiter's result is how many of its receipts were live.
     """
 
-    __slots__ = ("_clock", "_keys", "_limits", "_queue", "_release", "_waiters", "merge_key")
+    __slots__ = (
+        "_clock",
+        "_keys",
+        "_limits",
+        "_owners",
+        "_queue",
+        "_release",
+        "_waiters",
+        "merge_key",
+    )
 
     def __init__(
         self,
         queue: str,
         keys: QueueKeys,
-        receipts: list[tuple[str, str]],
+        receipts: list[tuple[str, str, str]],
         future: asyncio.Future[int],
         *,
         release: bool,
@@ -371,6 +387,8 @@ class LeasesCall(Call):
         self._limits = limits
         self._clock = clock
         self._waiters = [(receipts, future)]
+        #: The waiter each receipt came from, in the order commands() sent them.
+        self._owners: list[int] = []
         self.merge_key = ("release" if release else "ack", queue)
 
     def merge(self, other: Call) -> None:
@@ -384,26 +402,51 @@ class LeasesCall(Call):
         if self._release:
             script = RELEASE
             head += (self._limits.max_deliveries, keys.wake)
-        flat = [value for receipts, _ in self._waiters for split in receipts for value in split]
-        step = 2 * MAX_PER_SCRIPT
+        # The scripts take the receipts grouped by batch (the fetch call that
+        # leased them) and priority: one lookup of the batch's lease per group.
+        # Each receipt comes as (head, token, batch): codec.receipt_token.
+        groups: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
+        for owner, (receipts, _) in enumerate(self._waiters):
+            for receipt_head, token, batch in receipts:
+                group = groups.get((receipt_head, batch))
+                if group is None:
+                    group = groups[receipt_head, batch] = ([], [])
+                group[0].append(token)
+                group[1].append(owner)
+        commands: list[tuple[Any, ...]] = []
+        owners: list[int] = []
+        args: list[Any] = []
+        size = 0
         script_keys = keys.release if self._release else keys.fetch
-        return [
-            script_command(script, script_keys, (*head, *flat[i : i + step]))
-            for i in range(0, len(flat), step)
-        ]
+        for (receipt_head, batch), (tokens, group_owners) in groups.items():
+            owners += group_owners
+            for start in range(0, len(tokens), MAX_PER_SCRIPT):
+                part = tokens[start : start + MAX_PER_SCRIPT]
+                if size + len(part) > MAX_PER_SCRIPT:
+                    commands.append(script_command(script, script_keys, (*head, *args)))
+                    args, size = [], 0
+                args += (receipt_head, batch, len(part), *part)
+                size += len(part)
+        commands.append(script_command(script, script_keys, (*head, *args)))
+        self._owners = owners
+        return commands
 
     def settle(self, replies: Sequence[Any]) -> None:
-        live: list[int] = []
+        live = [0] * len(self._waiters)
+        flags: list[int] = []
         for reply in replies:
             error = reply_error(reply)
             if error is not None:
                 self.fail(error)
                 return
-            live += reply
-        start = 0
-        for receipts, future in self._waiters:
-            settle_future(future, sum(live[start : start + len(receipts)]))
-            start += len(receipts)
+            flags += reply
+        if len(live) == 1:  # one waiter (no merge): no per-receipt bookkeeping
+            live[0] = sum(flags)
+        else:
+            for owner, flag in zip(self._owners, flags, strict=True):
+                live[owner] += flag
+        for (_, future), count in zip(self._waiters, live, strict=True):
+            settle_future(future, count)
 
     def fail(self, error: BaseException) -> None:
         for _, future in self._waiters:

@@ -33,6 +33,7 @@ __all__ = [
     "parse_notice",
     "parse_receipt",
     "receipt",
+    "receipt_token",
     "split_receipt",
     "unpack_message",
     "unpack_topic",
@@ -173,6 +174,18 @@ def split_receipt(text: str) -> tuple[str, str] | None:
         return None
     head, _, lease = text.partition(":")
     return head, lease
+
+
+def receipt_token(text: str) -> tuple[str, str, str] | None:
+    """A receipt this engine made, as the ack and release scripts take it: its head
+    (the priority digit, then ``n`` if the message has notices), its lease token
+    (``<stream id>``, or ``<stream id>:<count>`` after the first delivery, as the
+    batch lists it) and its batch (the tag); None if it is not one."""
+    found = _RECEIPT.fullmatch(text)
+    if found is None:
+        return None
+    priority, noticed, stream_id, count, tag = found.groups()
+    return priority + noticed, stream_id if count == "1" else f"{stream_id}:{count}", tag
 
 
 # ASCII digits only ([0-9], not \d: "٣" is a digit to Python, not to Redis).

@@ -13,7 +13,8 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
     asbp:vqueues             hash    virtual queue full name -> pattern
     asbp:vqueues:version     string  bumped when a virtual queue is declared
     asbp:q:Q:s0 .. s9        stream  the messages of priority 0..9; group "asbp"
-    asbp:q:Q:l0 .. l9        zset    leases: "<stream id>:<delivery count>:<tag>" by deadline (ms)
+    asbp:q:Q:l0 .. l9        zset    leases: one batch per fetch call ("<tag>") by deadline (ms)
+    asbp:q:Q:lb              hash    "<priority>:<tag>" -> the batch's lease tokens
     asbp:q:Q:dl              zset    delayed messages (msgpack of the fields) by not_before
     asbp:q:Q:wt              string  set while a consumer waits for Q
     asbp:expiry              zset    queues by when they next need the sweep
@@ -35,17 +36,33 @@ wait in a sorted set and join their stream when a fetch finds them due. All of
 that is one Lua script call (:mod:`~gateway.engines.redis.scripts`): one round
 trip for ``fetch(count=100)``.
 
-*Leases* are the group's pending entries, plus a sorted set per priority that
-holds each lease's deadline by the engine's clock. The design the issue sketched
-used XAUTOCLAIM with a minimum idle time; the sorted set replaces it because
+*Leases* are the group's pending entries, plus, per priority, a sorted set of
+*batches* by deadline on the engine's clock: everything one ``fetch`` call leased
+at one priority is one batch, named by the call's random tag, with one member in
+``l<p>`` and its list of lease tokens in the ``lb`` hash (field ``<p>:<tag>``).
+A token is the entry's stream id on its first delivery, ``<stream id>:<count>``
+on a later one. One member and one list per batch, not one member per message,
+because what Redis does per message is what limits a bus of brokers sharing it:
+a ZADD of 100 members cost the fetch script as much as its XREADGROUP, and the
+ack script as much again to find and remove them (bench/queues.py). The design
+the issue sketched used XAUTOCLAIM with a minimum idle time; the sorted set
+replaces it because
 
 - deadlines follow the broker's clock (``Delivery.deadline`` is what the broker
   promised, and tests inject a clock), not Redis's idle timer;
-- a fetch finds every ended lease by one ZRANGEBYSCORE instead of scanning the
+- a fetch finds every ended batch by one ZRANGEBYSCORE instead of scanning the
   pending list, and a waiting consumer learns when the next lease ends;
-- ``ack`` checks a receipt with one ZSCORE: the member names the entry *and*
-  the delivery count, so a receipt from before a redelivery finds nothing and
-  counts 0, as does one past its deadline (the lease ended).
+- ``ack`` checks its receipts batch by batch: one ZSCORE says whether the batch's
+  lease is live, one HGET what it still holds. A receipt is live when its token
+  is in the list, which it leaves when acknowledged, released or reclaimed; so a
+  receipt given twice counts once, and one from before a redelivery, or past its
+  deadline, counts 0.
+
+A batch leaves when its list is empty. A release moves its tokens to the batch
+``<tag>:r`` scored 0, and a fetch that reclaims part of the ended batches leaves
+the rest in ``<tag>:x``: no receipt names those (a receipt's tag has no ``:``),
+and both are past their deadline, first in line for the next fetch. Ended
+batches come back by deadline, then in stream order.
 
 The delivery count itself is the pending list's counter, read back with
 XPENDING after each XCLAIM. ``ack`` is XACK + XDEL of every live receipt, by
@@ -118,7 +135,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
@@ -132,6 +149,8 @@ from gateway.engines.base import (
     EngineUnavailable,
     Message,
     NoticeListener,
+    QueuedMessage,
+    QueueStats,
     TopicListener,
 )
 from gateway.engines.redis.batch import Batcher, Call
@@ -157,10 +176,11 @@ from gateway.engines.redis.codec import (
     notice_spec,
     pack_header,
     parse_notice,
-    split_receipt,
+    receipt_token,
     unpack_topic,
 )
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
+from gateway.engines.redis.inspection import Inspector
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
 from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
 from gateway.engines.topic_patterns import (
@@ -238,6 +258,7 @@ class RedisEngine:
         self._vq_loading: asyncio.Future[None] | None = None
         self._sweep_interval = sweep_interval
         self._sweeper = Sweeper(self._submit, self._keys, clock)
+        self._inspector = Inspector(self._submit, self._keys, limits, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- life cycle --------------------------------------------------------
@@ -475,6 +496,24 @@ class RedisEngine:
         values = await asyncio.gather(*(self.depth(name) for name in names))
         return dict(zip(names, values, strict=True))
 
+    # -- inspection (gateway.engines.redis.inspection) -----------------------
+
+    async def peek(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` ready or leased messages of ``queue``, leasing none."""
+        return await self._inspector.peek(queue, count)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        """``queue``'s depth, oldest message's age and dead letters."""
+        return await self._inspector.stats(queue)
+
+    async def dead_letters(self, queue: str, count: int) -> list[QueuedMessage]:
+        """Up to ``count`` of ``queue``'s dead letters, oldest first."""
+        return await self._inspector.dead_letters(queue, count)
+
+    async def requeue_dead_letters(self, queue: str, count: int) -> int:
+        """Move up to ``count`` dead letters back into ``queue``; how many moved."""
+        return await self._inspector.requeue(queue, count)
+
     async def ping(self) -> None:
         """One ``PING`` through the batcher, as every other command goes."""
         await self._command(("PING",))
@@ -529,7 +568,7 @@ class RedisEngine:
         self, queue: str, receipts: Sequence[str], *, release: bool
     ) -> asyncio.Future[int]:
         future: asyncio.Future[int] = self._running_loop().create_future()
-        parsed = [found for text in receipts if (found := split_receipt(text)) is not None]
+        parsed = [found for text in receipts if (found := receipt_token(text)) is not None]
         if not parsed:
             future.set_result(0)
             return future
@@ -599,3 +638,9 @@ class RedisEngine:
         self._vq_version = None  # a declaration may have happened meanwhile: cheap to reload
         if self._wakeups is not None:
             self._wakeups.wake_all()
+
+
+if TYPE_CHECKING:  # mypy checks that RedisEngine implements the Engine protocol
+    from gateway.engines.base import Engine
+
+    _conforms: Engine = RedisEngine("redis://", broker_id="")

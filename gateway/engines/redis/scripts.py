@@ -16,16 +16,20 @@ Conventions the scripts share:
   only for a message with delivery notices, ``n``; the scripts read them by
   position (``f[2]`` header, ``f[4]`` payload, ``f[6]`` expiration, ``f[8]``
   notice spec).
-- A lease is a member ``<stream id>:<delivery count>:<tag>`` of the
-  priority's lease set, scored by its deadline in whole milliseconds (``now``
-  is in seconds: the scripts compare leases with ``now * 1000``). Integer
-  scores because a small sorted set is a listpack, which a ZADD, ZMSCORE or
-  ZRANGEBYSCORE walks element by element, and which keeps an integer as one
-  but a fraction as text to parse at every step: a fetch's ZADD of 100 leases
-  cost 3-4 times as much with seconds as fractions. The same entry is in the
-  consumer group's pending list, whose delivery counter is the authority (read
-  back with XPENDING after each XCLAIM). The tag is random per fetch call: two
-  queues' streams can hold the same id, and their leases must differ.
+- A lease batch is a member ``<tag>`` of the priority's lease set, scored by
+  its deadline in whole milliseconds (``now`` is in seconds: the scripts
+  compare leases with ``now * 1000``), and the field ``<priority>:<tag>`` of
+  the queue's ``lb`` hash, whose value is the batch's tokens separated by
+  spaces: ``<stream id>`` for a first delivery, ``<stream id>:<count>`` for a
+  later one (gateway.engines.redis.engine, "Leases"). Integer scores because a
+  small sorted set is a listpack, which keeps an integer as one but a fraction
+  as text to parse at every step. Each leased entry is also in the consumer
+  group's pending list, whose delivery counter is the authority (read back
+  with XPENDING after each XCLAIM). The tag is random per fetch call.
+- The cost that matters is per message, not per call: a script's loop over
+  its messages is kept free of helper calls and tables for the common case
+  (a plain message), and each message's data is passed once (ARGV) and
+  touched once.
 - The notice spec ``n`` is the JSON ``[flags, channel, message id, notify]``:
   ``flags`` holds ``Q`` when QUEUED was asked for and ``X`` when the DEQUEUED
   events were; ``channel`` is the publishing broker's notice channel.
@@ -37,6 +41,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Final
 
+from gateway.engines.redis.dead_letters import BURY, REQUEUE
+
 __all__ = [
     "ACK",
     "DECLARE",
@@ -47,6 +53,7 @@ __all__ = [
     "LOAD_VIRTUAL_QUEUES",
     "PUBLISH",
     "RELEASE",
+    "REQUEUE_DEAD",
     "SCRIPTS",
     "SWEEP",
     "Script",
@@ -89,6 +96,78 @@ local function drop(stream, ids)
     local last = math.min(i + 999, #ids)
     redis.call('XACK', stream, GROUP, unpack(ids, i, last))
     redis.call('XDEL', stream, unpack(ids, i, last))
+  end
+end
+
+-- A lease token's stream id: '<stream id>' on a first delivery, else
+-- '<stream id>:<delivery count>' (see "Leases" in the module docstring).
+local function token_id(token)
+  local colon = string.find(token, ':', 1, true)
+  if colon then return string.sub(token, 1, colon - 1) end
+  return token
+end
+
+-- The tokens of lease batch ``batch`` of priority p, space-separated. A member
+-- with no list is a lease from before batches ('<stream id>:<count>:<tag>', one
+-- message each), which a Redis may still hold after an upgrade: its one token,
+-- so that it comes back when it ends rather than stay pending for ever.
+local function batch_tokens(lists, p, batch)
+  local listed = redis.call('HGET', lists, p .. ':' .. batch)
+  if listed then return listed end
+  local id, count = string.match(batch, '^(%d+%-%d+):(%d+):')
+  if not id then return '' end
+  if count == '1' then return id end
+  return id .. ':' .. count
+end
+
+-- Stream ids in stream order ('<ms>-<seq>', compared as numbers).
+local function id_less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)')
+  if am ~= bm then
+    if #am ~= #bm then return #am < #bm end
+    return am < bm
+  end
+  return tonumber(as) < tonumber(bs)
+end
+
+-- id_less, in one string comparison when both have 13-digit milliseconds (every
+-- id until the year 2286) and as long a sequence number.
+local function id_before(a, b)
+  if #a == #b and string.byte(a, 14) == 45 and string.byte(b, 14) == 45 then return a < b end
+  return id_less(a, b)
+end
+
+-- Acknowledged entries leave: XACK, then the entries below the oldest one the
+-- group still needs go by one XTRIM MINID, which frees whole listpack nodes at
+-- once (an XDEL per entry cost Redis seven times as much: bench/queues.py); the
+-- others by XDEL. Every entry below the oldest pending one was delivered and is
+-- no longer pending, so it was acknowledged or dropped already; with nothing
+-- pending, every entry up to the newest acknowledged one is.
+local function remove(stream, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('XACK', stream, GROUP, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+  local floor = redis.call('XPENDING', stream, GROUP)[2]
+  local rest, top = {}, nil
+  for _, id in ipairs(ids) do
+    if floor then
+      if not id_before(id, floor) then rest[#rest + 1] = id end
+    elseif not top or id_before(top, id) then
+      top = id
+    end
+  end
+  if not floor and top then
+    local ms, seq = string.match(top, '^(%d+)-(%d+)$')
+    if #seq <= 14 then
+      floor = ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+    else
+      rest = ids  -- too large to add one to exactly: XDEL them all
+    end
+  end
+  if floor then redis.call('XTRIM', stream, 'MINID', floor) end
+  for i = 1, #rest, 1000 do
+    redis.call('XDEL', stream, unpack(rest, i, math.min(i + 999, #rest)))
   end
 end
 
@@ -169,7 +248,8 @@ end
 
 
 def _script(name: str, body: str) -> Script:
-    return Script(name, _PRELUDE + body)
+    # BURY: the dead letters' helper (gateway.engines.redis.dead_letters).
+    return Script(name, _PRELUDE + BURY + body)
 
 
 #: Store messages in one queue.
@@ -195,10 +275,20 @@ local room = tonumber(ARGV[4]) - depth(2)
 if room <= 0 then return redis.error_reply('QFULL ' .. queue) end
 local count = math.min((#ARGV - 5) / 6, room)
 local soonest = nil
+-- The loop is the script's cost per message: a plain message (not delayed, no
+-- notices) is one XADD and one comparison, with no helper called.
 for i = 6, 5 + 6 * count, 6 do
-  store(2, queue, now, made, tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
-        ARGV[i + 4], ARGV[i + 5])
-  soonest = sooner(soonest, ARGV[i + 1], ARGV[i + 2], now)
+  local nb, x, n = ARGV[i + 1], ARGV[i + 2], ARGV[i + 5]
+  if nb == '' and n == '' then
+    local stream = KEYS[4 + tonumber(ARGV[i])]
+    if not made[stream] then ensure_group(stream, made) end
+    redis.call('XADD', stream, '*', 'h', ARGV[i + 3], 'p', ARGV[i + 4], 'x', x)
+    local t = tonumber(x)
+    if not soonest or t < soonest then soonest = t end
+  else
+    store(2, queue, now, made, tonumber(ARGV[i]), nb, x, ARGV[i + 3], ARGV[i + 4], n)
+    soonest = sooner(soonest, nb, x, now)
+  end
 end
 if soonest then redis.call('ZADD', KEYS[14], 'LT', soonest, queue) end
 wake(2, ARGV[2])
@@ -235,13 +325,16 @@ return 1
 )
 
 #: Lease up to ``count`` messages of one queue.
-#: KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9.
+#: KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9, then the
+#: lease lists (lb).
 #: ARGV: queue, consumer, count, now, deadline (whole milliseconds), max_deliveries, arm ('1': set
 #: the waiting flag if nothing is deliverable), budget (entries examined at
 #: most), lease tag.
-#: Returns {more, next, p, id, count, header, payload, ...}: ``more`` is 1 when
-#: the budget ran out (call again), ``next`` the earliest time something may
-#: become deliverable ('' if none) when nothing was leased.
+#: Returns {more, next, then groups: p, delivery count, n, then n times id,
+#: header, payload}: ``more`` is 1 when the budget ran out (call again), ``next``
+#: the earliest time something may become deliverable ('' if none) when nothing
+#: was leased. Groups, not five values per message: what the script returns, it
+#: converts per value, and the engine parses per value.
 FETCH: Final = _script(
     "fetch",
     """
@@ -252,24 +345,55 @@ local now = tonumber(now_s)
 local now_ms = string.format('%.6f', now * 1000)  -- leases are scored in milliseconds
 local max_deliveries = tonumber(ARGV[6])
 local budget = tonumber(ARGV[8])
-local tag = ':' .. ARGV[9]
+local tag = ARGV[9]
+local lists = KEYS[23]
 local out = {0, ''}
 local made = {}
 
 -- Delayed messages that are due join their streams first.
 budget = budget - promote(1, queue, now_s, made, budget)
 
--- Leases past their deadline come back before new messages of their priority.
-local function reclaim(p)
+-- Leases past their deadline come back before new messages of their priority,
+-- by deadline, then in stream order, whichever batches they were leased in.
+-- ``pieces`` collects this call's lease list for priority p: its tokens.
+local function reclaim(p, pieces)
   local stream, leases = KEYS[3 + p], KEYS[13 + p]
-  while remaining > 0 and budget > 0 do
-    local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'LIMIT', 0,
-                             math.min(remaining, budget))
-    if #ended == 0 then return end
-    redis.call('ZREM', leases, unpack(ended))
-    budget = budget - #ended
-    for _, member in ipairs(ended) do
-      local id = string.sub(member, 1, string.find(member, ':', 1, true) - 1)
+  if remaining <= 0 or budget <= 0 then return end
+  local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'WITHSCORES',
+                           'LIMIT', 0, budget)
+  if #ended == 0 then return end
+  -- The batches ended first, as many as this call may take, and with them any
+  -- that ended in the same millisecond as the last one (their order is by stream
+  -- id). Each batch's list is in stream order already (take and reclaim append in
+  -- order, release sorts): only tokens from several batches need sorting.
+  local tokens = {}  -- {deadline, token, stream id}
+  local batches = 0
+  for k = 1, #ended, 2 do
+    local batch, score = ended[k], tonumber(ended[k + 1])
+    if #tokens >= budget then break end  -- the later batches wait for the next call
+    if #tokens >= remaining and tokens[#tokens][1] ~= score then break end
+    batches = batches + 1
+    for token in string.gmatch(batch_tokens(lists, p, batch), '[^ ]+') do
+      tokens[#tokens + 1] = {score, token, token_id(token)}
+    end
+    redis.call('ZREM', leases, batch)
+    redis.call('HDEL', lists, p .. ':' .. batch)
+  end
+  if batches > 1 then
+    table.sort(tokens, function(a, b)
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      return id_before(a[3], b[3])
+    end)
+  end
+  local left, left_score = {}, nil
+  for _, item in ipairs(tokens) do
+    local token = item[2]
+    if remaining <= 0 or budget <= 0 then
+      left[#left + 1] = token
+      left_score = left_score or item[1]
+    else
+      budget = budget - 1
+      local id = item[3]
       -- XCLAIM returns the entry and adds one to the pending list's delivery
       -- counter, which is the authority for delivery_count.
       local entry = redis.call('XCLAIM', stream, GROUP, consumer, 0, id)[1]
@@ -277,27 +401,32 @@ local function reclaim(p)
         local f = entry[2]
         local count = redis.call('XPENDING', stream, GROUP, id, id, 1)[1][4]
         if count > max_deliveries then
-          drop(stream, {id})
+          bury(stream, id, count - 1)
           notice(f[8], 'X', 'discarded', queue, now_s)
         elseif tonumber(f[6]) <= now then
           drop(stream, {id})
           notice(f[8], 'X', 'expired', queue, now_s)
         else
-          redis.call('ZADD', leases, deadline, id .. ':' .. count .. tag)
-          out[#out + 1] = p
-          out[#out + 1] = id
-          out[#out + 1] = count
-          out[#out + 1] = f[2]
-          out[#out + 1] = f[4]
+          pieces[#pieces + 1] = id .. ':' .. count  -- count >= 2 here
+          local n = #out
+          out[n + 1], out[n + 2], out[n + 3] = p, count, 1  -- a group of one
+          out[n + 4], out[n + 5], out[n + 6] = id, f[2], f[4]
           remaining = remaining - 1
         end
       end
     end
   end
+  if #left > 0 then
+    -- What this call had no room for stays ended, first in line for the next
+    -- one, in a batch no receipt can name (':' is not in a receipt's tag).
+    local batch = tag .. ':x'
+    redis.call('ZADD', leases, left_score, batch)
+    redis.call('HSET', lists, p .. ':' .. batch, table.concat(left, ' '))
+  end
 end
 
-local function take(p)
-  local stream, leases = KEYS[3 + p], KEYS[13 + p]
+local function take(p, pieces)
+  local stream = KEYS[3 + p]
   if redis.call('EXISTS', stream) == 0 then return end
   while remaining > 0 and budget > 0 do
     local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer,
@@ -306,38 +435,44 @@ local function take(p)
     local entries = read[1][2]
     if #entries == 0 then return end
     budget = budget - #entries
-    local leased, expired = {}, {}
+    local expired = {}
+    -- One group for the read: priority, delivery count 1, how many, then each.
+    local size = #out + 3
+    out[size - 2], out[size - 1], out[size] = p, 1, 0
+    local n, k = size, #pieces
     for _, entry in ipairs(entries) do
       local id, f = entry[1], entry[2]
       if tonumber(f[6]) <= now then
         expired[#expired + 1] = id
         notice(f[8], 'X', 'expired', queue, now_s)
       else
-        leased[#leased + 1] = deadline
-        leased[#leased + 1] = id .. ':1' .. tag
-        out[#out + 1] = p
-        out[#out + 1] = id
-        out[#out + 1] = 1
-        out[#out + 1] = f[2]
-        out[#out + 1] = f[4]
-        remaining = remaining - 1
+        k = k + 1
+        pieces[k] = id
+        out[n + 1], out[n + 2], out[n + 3] = id, f[2], f[4]
+        n = n + 3
       end
     end
+    out[size] = (n - size) / 3
+    remaining = remaining - out[size]
     if #expired > 0 then drop(stream, expired) end
-    for i = 1, #leased, 1000 do
-      redis.call('ZADD', leases, unpack(leased, i, math.min(i + 999, #leased)))
-    end
   end
 end
 
 for p = 9, 0, -1 do
   if remaining == 0 or budget <= 0 then break end
-  reclaim(p)
-  take(p)
+  local pieces = {}
+  reclaim(p, pieces)
+  take(p, pieces)
+  -- One lease for everything this call leased at priority p: one sorted-set
+  -- member and one list, however many messages.
+  if #pieces > 0 then
+    redis.call('ZADD', KEYS[13 + p], deadline, tag)
+    redis.call('HSET', lists, p .. ':' .. tag, table.concat(pieces, ' '))
+  end
 end
 if budget <= 0 and remaining > 0 then out[1] = 1 end
 
-if #out == 2 and out[1] == 0 then
+if remaining == tonumber(ARGV[3]) and out[1] == 0 then
   local next_s, next_n = nil, nil
   local function consider(key, scale)
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -360,52 +495,86 @@ return out
 
 # Shared by ACK and RELEASE: find the live leases among the receipts.
 _LIVE_LEASES: Final = """
--- KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9.
--- ARGV: queue, now, then (from FIRST) two per receipt, the receipt split at its
--- first ':' (checked by the engine): the priority digit, followed by 'n' when
--- the message has a notice spec; then the lease, '<stream id>:<count>:<tag>'.
--- Returns one 0/1 per receipt.
+-- KEYS: the queue's block (delayed, waiting, s0..s9), then l0..l9, then the
+-- lease lists (lb).
+-- ARGV: queue, now, then (from FIRST) the receipts in groups, one per batch (the
+-- engine groups them: gateway.engines.redis.calls.LeasesCall): the head (the
+-- priority digit, followed by 'n' when the messages have notice specs), the
+-- batch (the tag of the fetch call that leased them), how many receipts, then
+-- each receipt's token ('<stream id>', or '<stream id>:<count>' after the first
+-- delivery, as the batch's list holds them).
+-- Returns one 0/1 per receipt, in the order given.
 local queue, now_s = ARGV[1], ARGV[2]
-local now = tonumber(now_s)
-local now_ms = now * 1000  -- leases are scored in milliseconds
+local now_ms = tonumber(now_s) * 1000  -- leases are scored in milliseconds
+local lists = KEYS[23]
 local out = {}
-local live = {}  -- live[p] = {{id, count, noticed, lease}, ...}
--- The receipts by priority, in order: one ZMSCORE and one ZREM per priority,
--- rather than a ZSCORE and a ZREM per receipt (the largest part of an ack).
-local asked = {}  -- asked[p] = {{lease, ...}, {place in out, ...}, {head, ...}}
-for i = FIRST, #ARGV, 2 do
-  local place = #out + 1
-  out[place] = 0
-  local head = ARGV[i]
+local live = {}  -- live[p] = {{tokens, noticed, batch}, ...}: what each group ended
+local i = FIRST
+while i <= #ARGV do
+  local head, batch = ARGV[i], ARGV[i + 1]
+  local first = i + 3
+  i = first + tonumber(ARGV[i + 2])
   local p = tonumber(string.sub(head, 1, 1))
-  local group = asked[p]
-  if not group then
-    group = {{}, {}, {}}
-    asked[p] = group
-  end
-  local k = #group[1] + 1
-  group[1][k], group[2][k], group[3][k] = ARGV[i + 1], place, head
-end
-for p, group in pairs(asked) do
-  local members, places, heads = group[1], group[2], group[3]
-  local scores = redis.call('ZMSCORE', KEYS[13 + p], unpack(members))
-  local taken, ended = {}, {}
-  for k, member in ipairs(members) do
-    local score = scores[k]
-    -- A receipt given twice is live once: the first time.
-    if score and not taken[member] and tonumber(score) > now_ms then
-      taken[member] = true
-      ended[#ended + 1] = member
-      local first = string.find(member, ':', 1, true)
-      local second = string.find(member, ':', first + 1, true)
+  local field = p .. ':' .. batch
+  local score = redis.call('ZSCORE', KEYS[13 + p], batch)
+  local listed = score and tonumber(score) > now_ms and redis.call('HGET', lists, field)
+  local given = listed and {unpack(ARGV, first, i - 1)}
+  local joined = given and table.concat(given, ' ')
+  if not listed then
+    for _ = first, i - 1 do out[#out + 1] = 0 end
+  elseif string.sub(listed, 1, #joined) == joined
+      and (#joined == #listed or string.byte(listed, #joined + 1) == 32) then
+    -- The receipts are the batch's first tokens, in its order (a consumer
+    -- acknowledging as it was served): all live, and what is left is the rest
+    -- of the list, with no token looked at one by one.
+    for _ = first, i - 1 do out[#out + 1] = 1 end
+    if #joined == #listed then
+      redis.call('ZREM', KEYS[13 + p], batch)
+      redis.call('HDEL', lists, field)
+    else
+      redis.call('HSET', lists, field, string.sub(listed, #joined + 2))
+    end
+    live[p] = live[p] or {}
+    table.insert(live[p], {given, #head > 1, batch})
+  else
+    local held, size = {}, 0
+    for token in string.gmatch(listed, '[^ ]+') do
+      held[token] = true
+      size = size + 1
+    end
+    local ended = {}
+    for j = first, i - 1 do
+      local token = ARGV[j]
+      if held[token] then
+        held[token] = false  -- a receipt given twice is live once: the first time
+        ended[#ended + 1] = token
+        out[#out + 1] = 1
+      else
+        out[#out + 1] = 0
+      end
+    end
+    if #ended == size then
+      redis.call('ZREM', KEYS[13 + p], batch)
+      redis.call('HDEL', lists, field)
+    elseif #ended > 0 then
+      local left = {}
+      for token in string.gmatch(listed, '[^ ]+') do
+        if held[token] then left[#left + 1] = token end
+      end
+      redis.call('HSET', lists, field, table.concat(left, ' '))
+    end
+    if #ended > 0 then
       live[p] = live[p] or {}
-      table.insert(live[p], {string.sub(member, 1, first - 1),
-                             tonumber(string.sub(member, first + 1, second - 1)),
-                             #heads[k] > 1, member})
-      out[places[k]] = 1
+      table.insert(live[p], {ended, #head > 1, batch})
     end
   end
-  if #ended > 0 then redis.call('ZREM', KEYS[13 + p], unpack(ended)) end
+end
+
+-- A token's stream id and delivery count.
+local function parse(token)
+  local colon = string.find(token, ':', 1, true)
+  if not colon then return token, 1 end
+  return string.sub(token, 1, colon - 1), tonumber(string.sub(token, colon + 1))
 end
 
 local function notice_for(stream, id, event)
@@ -420,13 +589,16 @@ ACK: Final = _script(
     "local FIRST = 3\n"
     + _LIVE_LEASES
     + """
-for p, leases in pairs(live) do
+for p, groups in pairs(live) do
   local stream, ids = KEYS[3 + p], {}
-  for _, lease in ipairs(leases) do
-    if lease[3] then notice_for(stream, lease[1], 'consumed') end
-    ids[#ids + 1] = lease[1]
+  for _, group in ipairs(groups) do
+    for _, token in ipairs(group[1]) do
+      local id = parse(token)
+      if group[2] then notice_for(stream, id, 'consumed') end
+      ids[#ids + 1] = id
+    end
   end
-  drop(stream, ids)
+  remove(stream, ids)
 end
 return out
 """,
@@ -435,7 +607,9 @@ return out
 #: End leases without acknowledging. ARGV as ACK's, with max_deliveries and
 #: the wake channel third and fourth (the receipts start at the fifth); KEYS as
 #: ACK's, then the expiry index. A lease that was the max_deliveries-th delivery
-#: ends the message (DISCARDED).
+#: ends the message (DISCARDED). The others move to the batch ``<tag>:r`` (a
+#: name no receipt can carry) scored 0: past every deadline, so the next fetch
+#: reclaims them first.
 RELEASE: Final = _script(
     "release",
     """
@@ -445,23 +619,40 @@ local max_deliveries, channel = tonumber(ARGV[3]), ARGV[4]
     + _LIVE_LEASES
     + """
 local woken = false
-for p, leases in pairs(live) do
+for p, groups in pairs(live) do
   local stream = KEYS[3 + p]
-  for _, lease in ipairs(leases) do
-    if lease[2] >= max_deliveries then
-      if lease[3] then notice_for(stream, lease[1], 'discarded') end
-      drop(stream, {lease[1]})
-    else
-      -- Score 0: past every deadline, so the next fetch reclaims it first.
-      redis.call('ZADD', KEYS[13 + p], 0, lease[4])
-      woken = true
+  local released = {}  -- batch -> tokens
+  for _, group in ipairs(groups) do
+    for _, token in ipairs(group[1]) do
+      local id, count = parse(token)
+      if count >= max_deliveries then
+        if group[2] then notice_for(stream, id, 'discarded') end
+        bury(stream, id, count)
+      else
+        local batch = group[3] .. ':r'
+        released[batch] = released[batch] or {}
+        table.insert(released[batch], token)
+        woken = true
+      end
     end
+  end
+  for batch, tokens in pairs(released) do
+    -- In stream order, as every list is (reclaim relies on it).
+    local field = p .. ':' .. batch
+    for token in string.gmatch(redis.call('HGET', lists, field) or '', '[^ ]+') do
+      tokens[#tokens + 1] = token
+    end
+    local ids = {}
+    for _, token in ipairs(tokens) do ids[token] = token_id(token) end
+    table.sort(tokens, function(a, b) return id_before(ids[a], ids[b]) end)
+    redis.call('HSET', lists, field, table.concat(tokens, ' '))
+    redis.call('ZADD', KEYS[13 + p], 0, batch)
   end
 end
 if woken then
   wake(1, channel)
   -- Released messages may expire before the queue's time in the index: look soon.
-  redis.call('ZADD', KEYS[23], 'LT', now_s, queue)
+  redis.call('ZADD', KEYS[24], 'LT', now_s, queue)
 end
 return out
 """,
@@ -469,7 +660,8 @@ return out
 
 #: Remove one queue's expired messages no fetch is about to meet, and compute its next
 #: sweep (gateway.engines.redis.expiry). KEYS: the expiry index, the queue's block
-#: (delayed, waiting, s0..s9), l0..l9. ARGV: queue, now, budget (entries examined at most).
+#: (delayed, waiting, s0..s9), l0..l9, the lease lists. ARGV: queue, now, budget
+#: (entries examined at most).
 #: Returns {removed, more}: ``more`` is 1 when the budget ran out.
 SWEEP: Final = _script(
     "sweep",
@@ -497,21 +689,34 @@ soon(first[2])
 for p = 0, 9 do
   if budget <= 0 then break end
   local stream, leases = KEYS[4 + p], KEYS[14 + p]
-  -- Ended leases: an expired message leaves; another waits for a fetch until it expires.
+  -- Ended leases: an expired message leaves; another waits for a fetch until it
+  -- expires. A batch is looked at whole (at most MAX_FETCH entries).
   local ended = redis.call('ZRANGEBYSCORE', leases, '-inf', now_ms, 'LIMIT', 0, budget)
-  budget = budget - #ended
-  for _, member in ipairs(ended) do
-    local id = string.sub(member, 1, string.find(member, ':', 1, true) - 1)
-    local entry = redis.call('XRANGE', stream, id, id)[1]
-    if not entry then
-      redis.call('ZREM', leases, member)  -- its message is gone already
-    elseif tonumber(entry[2][6]) <= now then
-      redis.call('ZREM', leases, member)
-      drop(stream, {id})
-      notice(entry[2][8], 'X', 'expired', queue, now_s)
-      removed = removed + 1
+  for _, batch in ipairs(ended) do
+    if budget <= 0 then break end
+    budget = budget - 1
+    local field = p .. ':' .. batch
+    local left = {}
+    for token in string.gmatch(batch_tokens(KEYS[24], p, batch), '[^ ]+') do
+      budget = budget - 1
+      local id = token_id(token)
+      local entry = redis.call('XRANGE', stream, id, id)[1]
+      if not entry then
+        -- Its message is gone already: the token goes too.
+      elseif tonumber(entry[2][6]) <= now then
+        drop(stream, {id})
+        notice(entry[2][8], 'X', 'expired', queue, now_s)
+        removed = removed + 1
+      else
+        soon(entry[2][6])
+        left[#left + 1] = token
+      end
+    end
+    if #left == 0 then
+      redis.call('ZREM', leases, batch)
+      redis.call('HDEL', KEYS[24], field)
     else
-      soon(entry[2][6])
+      redis.call('HSET', KEYS[24], field, table.concat(left, ' '))
     end
   end
   -- Live leases: the lease decides until it ends.
@@ -586,6 +791,9 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
 #: Messages in one queue. KEYS: the queue's block.
 DEPTH: Final = _script("depth", "return depth(1)\n")
 
+#: Move dead letters back (gateway.engines.redis.dead_letters).
+REQUEUE_DEAD: Final = _script("requeue_dead", REQUEUE)
+
 #: Every script, for SCRIPT LOAD.
 SCRIPTS: Final = (
     ENQUEUE,
@@ -597,4 +805,5 @@ SCRIPTS: Final = (
     DECLARE,
     LOAD_VIRTUAL_QUEUES,
     DEPTH,
+    REQUEUE_DEAD,
 )

@@ -995,7 +995,8 @@ privileges = ["READ"]
 condition = { always = true }
 """,
         "policy 'vip', entries[0]: types: unknown value 'TOPIC_AS_QUEUE' (expected one of "
-        "TOPIC, QUEUE, VIRTUAL_QUEUE, COMMAND); Sapo-Broker's TOPIC_AS_QUEUE is written "
+        "TOPIC, QUEUE, VIRTUAL_QUEUE, COMMAND, COURSE); Sapo-Broker's TOPIC_AS_QUEUE is "
+        "written "
         "VIRTUAL_QUEUE here",
     ),
     (
@@ -1324,7 +1325,7 @@ privileges = ["READ"]
 condition = { always = true }
 """,
         "types: unknown value 'TOPIC QUEUE' (expected one of TOPIC, QUEUE, VIRTUAL_QUEUE, "
-        'COMMAND); list several as an array: ["TOPIC", "QUEUE"]',
+        'COMMAND, COURSE); list several as an array: ["TOPIC", "QUEUE"]',
     ),
     (
         "empty types",

@@ -19,10 +19,10 @@ from asbp import Command
 from gateway.acl import load_acl
 from gateway.api.access import ManagementAccess
 from gateway.api.declare import ApiError
-from gateway.config.model import GatewayConfig, ManagementConfig
+from gateway.config.model import GatewayConfig, ManagementConfig, MessagingLimits
 from tests.support import T
 from tests.support.gateway import BROKER_ID, Gateway, GatewayFactory
-from tests.support.messaging import user
+from tests.support.messaging import Messenger, user
 
 pytestmark = pytest.mark.anyio
 
@@ -121,6 +121,51 @@ async def test_queues_deepest_first_and_a_purge_empties_one(make_gateway: Gatewa
     assert (await api(gateway, "GET", "/queues/deep")).json()["depth"] == 0
     assert (await api(gateway, "POST", "/queues/none/purge")).status_code == 404
     await gateway.events.wait("management.write", action="queue.purge", queue="deep")
+
+
+async def test_a_queue_is_peeked_and_its_dead_letters_moved_back(
+    make_gateway: GatewayFactory,
+) -> None:
+    gateway = await make_gateway(messaging=MessagingLimits(max_deliveries=1))
+    publisher = await user(gateway)
+    await publisher.publish("jobs", b"poison \xff", type="QUEUE", notice="dequeued")
+
+    peeked = (await api(gateway, "GET", "/queues/jobs/messages", params={"limit": 5})).json()
+    # Undecodable bytes replaced; nothing leased by looking.
+    assert [(m["payload"], m["deliveries"]) for m in peeked["items"]] == [("poison \ufffd", 0)]
+    assert peeked["items"][0]["payload_bytes"] == 8
+    info = (await api(gateway, "GET", "/queues/jobs")).json()
+    assert (info["depth"], info["dead_letters"]) == (1, 0)
+    assert info["oldest_age_seconds"] >= 0
+
+    peer = await gateway.channel()
+    consumer = Messenger.of(peer)
+    # A poll, not a subscription: no queue consumer outlives the Channel to
+    # take the message again once it is moved back.
+    polled = await consumer.ok("asbp.poll", destination="jobs", type="QUEUE")
+    assert polled.get("count") == "1"
+    assert consumer.pending()[0].body == b"poison \xff"
+    await peer.close()  # its one delivery used up: a dead letter
+    discarded = await publisher.take("asbp.notice")
+    assert discarded.get("reason") == "discarded"
+
+    dead = (await api(gateway, "GET", "/queues/jobs/dead-letters")).json()
+    assert [(m["payload"], m["deliveries"]) for m in dead["items"]] == [("poison \ufffd", 1)]
+    info = (await api(gateway, "GET", "/queues/jobs")).json()
+    assert (info["depth"], info["dead_letters"], info["oldest_age_seconds"]) == (0, 1, None)
+    listed = (await api(gateway, "GET", "/queues")).json()["items"]
+    assert [(q["name"], q["dead_letters"]) for q in listed] == [("jobs", 1)]
+
+    moved = await api(gateway, "POST", "/queues/jobs/dead-letters/requeue", json={})
+    assert moved.json() == {"queue": "jobs", "moved": 1}
+    await gateway.events.wait("management.write", action="queue.requeue_dead_letters", queue="jobs")
+    peeked = (await api(gateway, "GET", "/queues/jobs/messages")).json()
+    assert [(m["payload"], m["deliveries"]) for m in peeked["items"]] == [("poison \ufffd", 0)]
+    assert (await api(gateway, "GET", "/queues/jobs/dead-letters")).json()["items"] == []
+    for path in ("/queues/none/messages", "/queues/none/dead-letters"):
+        assert (await api(gateway, "GET", path)).status_code == 404
+    refused = await api(gateway, "POST", "/queues/jobs/dead-letters/requeue", json={"count": 0})
+    assert refused.status_code == 400
 
 
 async def test_the_acl_is_asked_for_an_identity(make_gateway: GatewayFactory) -> None:

@@ -424,7 +424,7 @@ FILE_ERRORS = [
     ('host = ""', "broker.toml:host: must not be empty"),
     ("data_dir = ['a']", "broker.toml:data_dir: expected a path (a string), got a list"),
     ('insecure_dev_tubes = "yes"', "broker.toml:insecure_dev_tubes: expected true or false"),
-    ('server = "gunicorn"', "broker.toml:server: must be one of 'hypercorn' or 'uvicorn'"),
+    ('server = "gunicorn"', "broker.toml:server: must be one of 'auto', 'hypercorn' or 'uvicorn'"),
     ("engine = 1", "broker.toml:engine: expected one of 'memory' or 'redis', got 1"),
     ('log_level = "loud"', "broker.toml:log_level: must be one of 'debug', 'info', "),
     ("log_level = 1979-05-27", "broker.toml:log_level: expected one of"),
@@ -590,7 +590,10 @@ def test_override_errors_name_the_override(overrides: dict[str, object], message
     [
         (["--port", "x"], "--port: expected an integer, got 'x'"),
         (["--port", "-5"], "--port: must be between 0 and 65535, not -5"),
-        (["--server", "daphne"], "--server: must be one of 'hypercorn' or 'uvicorn', not 'daphne'"),
+        (
+            ["--server", "daphne"],
+            "--server: must be one of 'auto', 'hypercorn' or 'uvicorn', not 'daphne'",
+        ),
         (["--broker-id", "a/b"], "--broker-id: must be 1 to 128 letters"),
         (["--log-level", "trace"], "--log-level: must be one of 'debug'"),
         (["--authenticate-command", "asbp.login"], "--authenticate-command: must not start"),
@@ -689,6 +692,7 @@ def test_every_field_is_a_setting_with_a_doc() -> None:
         "agents",
         "agents_base_dir",
         "acl",  # the [security] table: file only, built by gateway.acl
+        "courses",  # the [courses] table: file only, checked by courses.settings
         *tables,
     }
     for table, cls in tables.items():

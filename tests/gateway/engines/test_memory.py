@@ -23,7 +23,7 @@ from gateway.engines.base import (
     NoticeEvent,
 )
 from gateway.engines.memory.engine import MemoryEngine
-from gateway.engines.memory.queue import SLACK, wants_notice
+from gateway.engines.memory.queue import SLACK, MemoryQueue, wants_notice
 from gateway.engines.topic_patterns import (
     InvalidVirtualQueue,
     TopicMatcher,
@@ -370,3 +370,18 @@ def test_the_topic_matcher() -> None:
 
 def _epoch_in(seconds: float) -> float:
     return time.time() + seconds
+
+
+def test_dead_letters_keep_the_newest_max_dead_letters() -> None:
+    queue = MemoryQueue(QUEUE, EngineLimits(max_deliveries=1), max_dead_letters=2)
+    clock = FakeClock()
+    messages = [make_message(QUEUE, clock, expiration=clock() + 60) for _ in range(3)]
+    for seq, message in enumerate(messages):
+        queue.put(message, seq, clock())
+    receipts = iter(range(100))
+    leases = queue.take(3, clock(), lambda: str(next(receipts)))
+    assert queue.release([lease.receipt for lease in leases], clock()) == 3
+
+    assert queue.dead_count == 2
+    assert [q.message.id for q in queue.dead_letters(10)] == ids(messages[1:])
+    assert queue.depth == 0

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 
 from asbp import FaultCode
 from gateway.engines.base import (
+    MAX_DEAD_LETTERS,
     DeliveryNotice,
     EngineLimits,
     EngineUnavailable,
@@ -733,3 +734,19 @@ async def test_a_pubsub_connection_that_dies_silently_is_replaced(
             await listener.close()
             pubsub_log.removeHandler(handler)
             pubsub_log.setLevel(level)
+
+
+async def test_dead_letters_keep_the_newest_max_dead_letters(make: Make, client: Redis) -> None:
+    engine = await make(limits=EngineLimits(max_deliveries=1))
+    dead = f"asbp:q:{QUEUE}:dd"
+    # A full list of older dead letters, written behind the engine's back.
+    await client.rpush(dead, *([b"old"] * MAX_DEAD_LETTERS))
+    poison = make_message(QUEUE)
+    await engine.enqueue(poison)
+    [delivery] = await engine.fetch(QUEUE, "consumer")
+    assert await engine.release(QUEUE, [delivery.receipt]) == 1
+
+    assert await client.llen(dead) == MAX_DEAD_LETTERS
+    assert await client.lindex(dead, 0) == b"old"  # the oldest one went
+    await client.ltrim(dead, -1, -1)
+    assert ids(q.message for q in await engine.dead_letters(QUEUE, 10)) == [poison.id]

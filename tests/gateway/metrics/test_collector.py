@@ -9,6 +9,7 @@ from prometheus_client.samples import Sample
 from asbp import Command
 from gateway.config.model import MetricsConfig
 from gateway.metrics.catalogue import METRICS
+from gateway.metrics.counts import LATENCY_SAMPLE
 from tests.support.gateway import BROKER_ID, Gateway, GatewayFactory
 from tests.support.messaging import user
 
@@ -50,25 +51,27 @@ async def test_routed_commands_faults_and_connections_are_counted(
     gateway = await make_gateway()
     agent = await gateway.tube("billing", serves=("quote",))
     channel = await gateway.channel()
-    for u in range(3):
+    # Nine answers: the first and the ninth are timed (LATENCY_SAMPLE 8), the
+    # ninth counting for the eight since the first, so the histogram counts nine.
+    for u in range(1 + LATENCY_SAMPLE):
         await channel.send(Command(c="quote", u=u))
         request = await agent.recv()
-        await agent.send(Command(c="quote.reply", d=request.get("i"), u=u))
+        await agent.send(Command(c="quote.reply", d=str(request.get("i")), u=u))
         assert (await channel.recv()).name == "quote.reply"
     fault = await channel.request(Command(c="nobody.serves", u=9))
     assert fault.get("code") == "2101"
 
     families = await scrape(gateway)
-    assert value(families, "asbp_commands_total", origin="channel", command="quote") == 3
+    assert value(families, "asbp_commands_total", origin="channel", command="quote") == 9
     assert value(families, "asbp_commands_total", origin="channel", command="nobody.serves") == 1
-    assert value(families, "asbp_commands_total", origin="agent", command="quote.reply") == 3
+    assert value(families, "asbp_commands_total", origin="agent", command="quote.reply") == 9
     assert value(families, "asbp_faults_total", code="2101") == 1
     assert value(families, "asbp_channels", transport="websocket") == 1
     assert value(families, "asbp_tubes", agent="billing") == 1
     assert value(families, "asbp_channels_opened_total") == 1
     assert value(families, "asbp_tubes_opened_total") == 1
     assert value(families, "asbp_commands_in_flight") == 0
-    assert value(families, "asbp_respondent_latency_seconds_count", command="quote") == 3
+    assert value(families, "asbp_respondent_latency_seconds_count", command="quote") == 9
     [info] = families["asbp_broker_info"]
     assert (info.labels["broker"], info.labels["engine"], info.value) == (BROKER_ID, "memory", 1)
 

@@ -138,7 +138,24 @@ def test_queues_and_purge(tmp_path: Path) -> None:
         table = asbp_cli("queues", "--url", url, cwd=tmp_path)
         assert table.returncode == 0, table.stderr
         rows = [line.split() for line in table.stdout.splitlines()[2:4]]
-        assert rows == [["jobs", "3", "0"], ["mail", "1", "0"]]
+        # name, depth, consumers, oldest (hh:mm:ss), dead letters
+        assert [row[:3] + row[4:] for row in rows] == [
+            ["jobs", "3", "0", "0"],
+            ["mail", "1", "0", "0"],
+        ]
+        assert all(row[3].count(":") == 2 for row in rows)
+
+        peeked = asbp_cli("queues", "peek", "jobs", "--limit", "2", "--url", url, cwd=tmp_path)
+        assert peeked.returncode == 0, peeked.stderr
+        assert [line.split()[1:] for line in peeked.stdout.splitlines()[2:4]] == [
+            ["4", "0", "1", "0"],  # priority, deliveries, bytes, payload
+            ["4", "0", "1", "1"],
+        ]
+        dead = asbp_cli("queues", "dead", "jobs", "--url", url, "--json", cwd=tmp_path)
+        assert json.loads(dead.stdout) == {"queue": "jobs", "items": []}
+        requeued = asbp_cli("queues", "requeue", "jobs", "--count", "5", "--url", url,
+                            cwd=tmp_path)  # fmt: skip
+        assert requeued.stdout.strip() == "jobs: 0 dead letters moved back"
 
         purged = asbp_cli("purge", "jobs", "--url", url, cwd=tmp_path)
         assert purged.stdout.strip() == "jobs: 3 messages removed"

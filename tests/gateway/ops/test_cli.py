@@ -215,6 +215,27 @@ def test_broker_starts_in_under_two_seconds_and_stops_cleanly(
     assert startup < START_UP_BUDGET, f"start-up took {startup:.2f}s:\n{b.log}"
 
 
+@pytest.mark.parametrize("args", [(), ("--server", "auto")], ids=["default", "auto"])
+def test_without_tls_the_broker_runs_on_uvicorn(tmp_path: Path, args: tuple[str, ...]) -> None:
+    with Broker("--port", "0", "--data-dir", "data", *args, cwd=tmp_path) as broker:
+        listening = broker.wait_for("listening")
+        assert listening["server"] == "uvicorn"
+        assert listening["url"].startswith("http://")
+        assert httpx.get(listening["healthz"], timeout=5 * T).http_version == "HTTP/1.1"
+        broker.signal(signal.SIGTERM)
+        assert broker.wait() == 0, broker.log
+
+
+def test_with_tls_the_broker_runs_on_hypercorn(tmp_path: Path, tls_files: TlsFiles) -> None:
+    tls = ("--tls-cert", str(tls_files.cert), "--tls-key", str(tls_files.key))
+    with Broker("--port", "0", "--data-dir", "data", *tls, cwd=tmp_path) as broker:
+        listening = broker.wait_for("listening")
+        assert listening["server"] == "hypercorn"
+        assert listening["url"].startswith("https://")
+        broker.signal(signal.SIGTERM)
+        assert broker.wait() == 0, broker.log
+
+
 def test_the_broker_id_survives_a_restart(tmp_path: Path) -> None:
     ids = []
     for _ in range(2):
@@ -409,7 +430,7 @@ async def test_hypercorn_serves_http2_over_tls_by_alpn(tmp_path: Path, tls_files
 @pytest.mark.anyio
 async def test_hypercorn_serves_h2c_with_prior_knowledge(tmp_path: Path) -> None:
     async with (
-        serving(GatewayConfig(port=0, data_dir=tmp_path)) as url,
+        serving(GatewayConfig(port=0, data_dir=tmp_path, server="hypercorn")) as url,
         httpx.AsyncClient(http1=False, http2=True, timeout=5 * T) as client,
     ):
         response = await client.get(f"{url}/healthz")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import asbp
 from asbp.grammar import MAX_COMMAND_ID
-from gateway.routing.sniff import SNIFF_WINDOW, sniff_command_id
+from asbp.sniff import SNIFF_WINDOW, sniff_command_id
 
 _RESERVED = frozenset(b";=,'[]+")
 _BARE_BYTE = st.integers(0, 255).filter(lambda byte: byte not in _RESERVED)

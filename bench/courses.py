@@ -1,0 +1,424 @@
+"""Courses: a round trip across two buses beside the same round trip inside one, and a drain.
+
+    python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
+
+Two brokers run as processes (``python -m gateway``, Hypercorn, the memory engine,
+each its own bus: ``a.test`` and ``b.test``), linked by a Course through a TCP relay
+in this process (so the bench can hold the Course down). Plain ``ws://`` on loopback
+behind the dev flag, as the baseline has no TLS either. Each bus has a sign-in agent
+(a bare Tube) that gives ``<name>*<domain>`` addresses.
+
+=============  ================================================================
+one-bus        alice*a.test sends ``r=bob*a.test``; bob (on bus A) answers by
+               ``p`` (the baseline: address routing inside one bus)
+two-buses      alice*a.test sends ``r=bob*b.test``; bob (on bus B) answers by
+               ``p``: each Command is queued at A, crosses the Course, is
+               acknowledged by B; the answer crosses back the same way
+=============  ================================================================
+
+With ``--outage 60 --rate 100`` (issue 13's figure), the Course is also held for 60
+s while alice sends 100 Commands/s, then let through: every Command must arrive once,
+in order, and the counts are printed.
+
+Per layout and repeat: pipelined round trips per second with ``--window``
+outstanding; the ratio two-buses / one-bus within each repeat, and its median
+(goal >= 0.5). Then the drain: ``--backlog`` Commands queued at A while the
+Course is held down, then let through; Commands/s from the Course coming back to
+bob receiving the last (goal >= 10,000/s), median of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from agents.credentials import generate_agent_key, mint_agent_token
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 30.0
+
+
+class Relay:
+    """A loopback TCP forwarder that can be held (nothing connects) or let through."""
+
+    def __init__(self) -> None:
+        self.target: int | None = None
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.target = None
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+
+    def cut(self) -> None:
+        """Hold: abort what is open, refuse what comes."""
+        self.target = None
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.target is None:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(1 << 16):
+                    w.write(data)
+                    await w.drain()
+            except OSError:
+                pass
+            finally:
+                w.transport.abort()
+
+        for task in (
+            asyncio.create_task(pipe(reader, up_writer)),
+            asyncio.create_task(pipe(up_reader, writer)),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
+class Bus:
+    """One bus: its files and its broker process."""
+
+    def __init__(self, root: Path, domain: str, server: str) -> None:
+        self.domain = domain
+        self.server = server
+        self.directory = root / domain
+        self.directory.mkdir()
+        private, public = generate_agent_key()
+        (self.directory / "bus.pem").write_text(private)
+        (self.directory / "bus.pub.pem").write_text(public)
+        self.agent_private, agent_public = generate_agent_key()
+        (self.directory / "signin.pem").write_text(agent_public)
+        self.process: asyncio.subprocess.Process | None = None
+        self.port = 0
+
+    def configure(self, peer: Bus, url: str) -> None:
+        (self.directory / "peer.pub.pem").write_bytes((peer.directory / "bus.pub.pem").read_bytes())
+        (self.directory / "broker.toml").write_text(
+            'insecure_dev_tubes = true\nauthenticate_command = "login"\n'
+            '[event_log]\nmode = "off"\n'
+            '[agents.signin]\npublic_key = "signin.pem"\nserves = ["login"]\n'
+            f'[courses]\ndomain = "{self.domain}"\nsigning_key = "bus.pem"\n'
+            "backoff_min = 0.01\nbackoff_max = 0.05\nqueue_max_commands = 1000000\n"
+            "queue_max_bytes = 1073741824\n"
+            f'[courses."{peer.domain}"]\nurls = ["{url}"]\npublic_key = "peer.pub.pem"\n'
+            'names = ["chat.*"]\n'
+        )
+
+    async def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+        env["PYTHONPATH"] = str(ROOT)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway",
+            "--config", str(self.directory / "broker.toml"),
+            "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
+            "--server", self.server,
+            "--data-dir", str(self.directory),
+            cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self.process.stderr is not None
+        async with asyncio.timeout(START_TIMEOUT):
+            while True:
+                line = await self.process.stderr.readline()
+                if not line:
+                    raise RuntimeError(f"{self.domain}'s broker exited before listening")
+                if line.startswith(b"{"):
+                    event = json.loads(line)
+                    if event.get("event") == "listening":
+                        self.port = int(str(event["url"]).rsplit(":", 1)[1].split("/")[0])
+                        break
+        stderr = self.process.stderr
+
+        async def drain() -> None:
+            while await stderr.readline():
+                pass
+
+        self._drain = asyncio.create_task(drain())
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            await self.process.wait()
+
+    def url(self, path: str) -> str:
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def cpu_seconds(self) -> float:
+        assert self.process is not None
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def signin_agent(bus: Bus) -> AsyncIterator[None]:
+    """A bare Tube that signs ``<body>`` in as ``<body>*<domain>``."""
+    token = mint_agent_token("signin", bus.agent_private, audience="asbp-broker")
+    tube = await connect(
+        bus.url("/tube"), additional_headers={"Authorization": f"Bearer {token}"}, compression=None
+    )
+    await tube.recv()  # asbp.tube
+    await tube.send(b"c=asbp.register,names=login,u=1;")
+    await tube.recv()  # asbp.accepted
+
+    async def serve() -> None:
+        async for frame in tube:
+            assert isinstance(frame, bytes)
+            head, _, body = frame.partition(b";")
+            keys = dict(pair.split(b"=", 1) for pair in head.split(b","))
+            if keys.get(b"c") != b"login":
+                continue
+            address = body + b"*" + bus.domain.encode()
+            await tube.send(
+                b"c=asbp.authenticated,s=" + keys[b"s"] + b",roles=[user],p=" + address + b";"
+            )
+
+    task = asyncio.create_task(serve())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await tube.close()
+
+
+async def sign_in(bus: Bus, name: str) -> tuple[ClientConnection, bytes]:
+    """A Channel with ``name`` signed in; the Subject-Identifier."""
+    ws = await connect(bus.url("/asbp"), compression=None, max_queue=4096, max_size=None)
+    await ws.recv()  # asbp.channel
+    await ws.send(b"c=login,u=1;" + name.encode())
+    answer = await ws.recv()
+    assert isinstance(answer, bytes) and answer.startswith(b"c=asbp.authenticated"), answer
+    subject = next(p[2:] for p in answer.partition(b";")[0].split(b",") if p[:2] == b"s=")
+    return ws, subject
+
+
+async def echo_by_p(bob: ClientConnection, subject: bytes) -> None:
+    """bob answers each Command with ``r=<its p>``, keeping ``u``."""
+    async for frame in bob:
+        assert isinstance(frame, bytes)
+        head, _, body = frame.partition(b";")
+        publisher = command_id = None
+        for pair in head.split(b","):
+            if pair[:2] == b"p=":
+                publisher = pair[2:]
+            elif pair[:2] == b"u=":
+                command_id = pair[2:]
+        if publisher is None or command_id is None:
+            continue
+        await bob.send(
+            b"c=chat.reply,r=" + publisher + b",s=" + subject + b",u=" + command_id + b";" + body
+        )
+
+
+async def round_trips(
+    alice: ClientConnection, subject: bytes, to: bytes, count: int, window: int
+) -> float:
+    """``count`` Commands to ``to`` with up to ``window`` unanswered; seconds taken."""
+    slots = asyncio.Semaphore(window)
+    head = b"c=chat,r=" + to + b",s=" + subject + b",u="
+
+    async def send_all() -> None:
+        for n in range(count):
+            await slots.acquire()
+            await alice.send(head + str(n % 60000).encode() + b";ping")
+
+    async def receive_all() -> None:
+        for _ in range(count):
+            reply = await alice.recv()
+            assert isinstance(reply, bytes) and reply.startswith(b"c=chat.reply"), reply[:200]
+            slots.release()
+
+    began = time.perf_counter()
+    async with asyncio.timeout(300):
+        await asyncio.gather(send_all(), receive_all())
+    return time.perf_counter() - began
+
+
+async def drain(
+    relay: Relay,
+    port: int,
+    alice: ClientConnection,
+    subject: bytes,
+    bob: ClientConnection,
+    backlog: int,
+) -> float:
+    """``backlog`` Commands queued while the Course is held, then let through: Commands/s."""
+    relay.cut()
+    head = b"c=chat,r=bob*b.test,s=" + subject + b";"
+    for n in range(backlog):
+        await alice.send(head + str(n).encode())
+    # Alice's own Channel answers in order: once this fault arrives, all were queued.
+    await alice.send(b"c=chat,r=nobody*a.test,s=" + subject + b",u=1;")
+    reply = await alice.recv()
+    assert isinstance(reply, bytes) and b"code=2201" in reply, reply
+    began = time.perf_counter()
+    relay.target = port
+    async with asyncio.timeout(300):
+        for n in range(backlog):
+            frame = await bob.recv()
+            assert isinstance(frame, bytes) and frame.endswith(b";" + str(n).encode()), frame[:200]
+    return backlog / (time.perf_counter() - began)
+
+
+async def outage(
+    relay: Relay,
+    port: int,
+    alice: ClientConnection,
+    subject: bytes,
+    bob: ClientConnection,
+    seconds: float,
+    rate: float,
+) -> tuple[int, int, float]:
+    """The Course held for ``seconds`` while alice sends ``rate`` Commands/s to bob, then
+    let through: (sent, delivered once and in order, seconds to drain)."""
+    relay.cut()
+    head = b"c=chat,r=bob*b.test,s=" + subject + b";"
+    sent = 0
+    began = time.perf_counter()
+    while (elapsed := time.perf_counter() - began) < seconds:
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            await alice.send(head + str(sent).encode())
+            sent += 1
+        await asyncio.sleep(1 / rate)  # pacing the sender, not waiting for the broker
+    await alice.send(b"c=chat,r=nobody*a.test,s=" + subject + b",u=2;")
+    reply = await alice.recv()
+    assert isinstance(reply, bytes) and b"code=2201" in reply, reply
+    back = time.perf_counter()
+    relay.target = port
+    in_order = 0
+    async with asyncio.timeout(300):
+        for n in range(sent):
+            frame = await bob.recv()
+            assert isinstance(frame, bytes)
+            in_order += frame.endswith(b";" + str(n).encode())
+    drained = time.perf_counter() - back
+    # One more, through: had anything arrived twice, it would come before this one.
+    await alice.send(head + b"last")
+    frame = await bob.recv()
+    assert isinstance(frame, bytes) and frame.endswith(b";last"), frame[:200]
+    return sent, in_order, drained
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="asbp-courses-") as tmp:
+        a = Bus(Path(tmp), "a.test", args.server)
+        b = Bus(Path(tmp), "b.test", args.server)
+        to_a, to_b = Relay(), Relay()
+        await to_a.start()
+        await to_b.start()
+        a.configure(b, f"ws://127.0.0.1:{to_b.port}/course")
+        b.configure(a, f"ws://127.0.0.1:{to_a.port}/course")
+        await a.start()
+        await b.start()
+        to_a.target, to_b.target = a.port, b.port
+        rows: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
+        cpu: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
+        drains: list[float] = []
+        sent = in_order = 0
+        drained = 0.0
+        try:
+            async with signin_agent(a), signin_agent(b):
+                alice, alice_s = await sign_in(a, "alice")
+                bob_here, bob_here_s = await sign_in(a, "bob")
+                bob_there, bob_there_s = await sign_in(b, "bob")
+                echoes = [
+                    asyncio.create_task(echo_by_p(bob_here, bob_here_s)),
+                    asyncio.create_task(echo_by_p(bob_there, bob_there_s)),
+                ]
+                # Warm up both paths (and wait for the Courses to come up).
+                await round_trips(alice, alice_s, b"bob*a.test", args.requests // 10, args.window)
+                await round_trips(alice, alice_s, b"bob*b.test", args.requests // 10, args.window)
+                for _ in range(args.repeats):
+                    for layout, to in (("one-bus", b"bob*a.test"), ("two-buses", b"bob*b.test")):
+                        cpu0 = a.cpu_seconds() + b.cpu_seconds()
+                        seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
+                        used = a.cpu_seconds() + b.cpu_seconds() - cpu0
+                        rows[layout].append(args.requests / seconds)
+                        cpu[layout].append(used / args.requests * 1e6)
+                for task in echoes:
+                    task.cancel()
+                for _ in range(args.repeats):
+                    drains.append(
+                        await drain(to_b, b.port, alice, alice_s, bob_there, args.backlog)
+                    )
+                if args.outage:
+                    sent, in_order, drained = await outage(
+                        to_b, b.port, alice, alice_s, bob_there, args.outage, args.rate
+                    )
+        finally:
+            await a.stop()
+            await b.stop()
+            await to_a.stop()
+            await to_b.stop()
+    print(
+        f"{args.server}, round trips, window {args.window}, {args.requests} per repeat, "
+        f"{args.repeats} repeats"
+    )
+    print(f"{'layout':<10} {'round trips/s':>14} {'CPU us/trip':>12}")
+    for layout in rows:
+        print(
+            f"{layout:<10} {statistics.median(rows[layout]):>14.0f} "
+            f"{statistics.median(cpu[layout]):>12.1f}"
+        )
+    ratio = statistics.median(
+        t / o for t, o in zip(rows["two-buses"], rows["one-bus"], strict=True)
+    )
+    print(f"  ratio two-buses / one-bus (median of repeats): {ratio:.2f}")
+    print(f"  goal >= 0.50: {ratio:.2f}, {'met' if ratio >= 0.5 else 'missed'}")
+    rate = statistics.median(drains)
+    print(f"drain of a {args.backlog}-Command backlog: {rate:.0f} Commands/s (median)")
+    print(f"  goal >= 10000: {rate:.0f}, {'met' if rate >= 10_000 else 'missed'}")
+    if args.outage:
+        print(
+            f"Course down {args.outage:g} s while alice sent {args.rate:g}/s: {sent} sent, "
+            f"{in_order} delivered once and in order, drained in {drained:.2f} s"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument(
+        "--outage", type=float, default=0, help="also hold the Course this many seconds"
+    )
+    parser.add_argument("--rate", type=float, default=100, help="Commands/s during --outage")
+    parser.add_argument("--server", choices=("hypercorn", "uvicorn"), default="hypercorn")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.requests, args.backlog = 1, 500, 1000
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The answering side of a Course: ``wss://host/course``, one peer bus per connection.
+
+The handshake refuses, before accepting the WebSocket (an HTTP answer with the
+fault's code in an ``asbp.fault`` body; the reason goes to the log only):
+
+=========================================  ====  =====
+plain ``ws://`` (unless the dev flag and    403   2206
+both ends on loopback)
+no credential, or one from a domain not     401   2203
+listed in ``[courses]``
+a signature or claims that do not verify    401   2204
+(a peer claiming another bus's domain)
+a credential seen before                    401   2205
+=========================================  ====  =====
+
+Accepted, the peer gets ``c=asbp.course,domain=<ours>;<signed answer>``
+(courses.credential), then sends crossings; each is handed to
+:meth:`courses.service.Courses.accept` in the order received and acknowledged once
+accepted, the acknowledgements of a burst batched into one ``asbp.course.ack``
+whose ``course.id`` lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Final
+
+from starlette.types import Receive, Scope, Send
+
+import asbp
+from asbp import Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from courses.credential import answer_jti
+from courses.service import Courses
+from courses.wire import ACK, BATCH, HELLO, ID_KEY, unpack
+from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
+from gateway.transports.asgi import is_loopback, remote_address
+
+__all__ = ["course_endpoint"]
+
+#: Acknowledgements sent in one Command at most: 200 ids of 33 bytes fit the 8 KiB header.
+_MAX_ACKS: Final = 200
+
+_BATCH_PREFIX: Final = f"c={BATCH};".encode()
+#: A crossing id in a header that does not decode (ids are 32 hex digits, courses.link).
+_SNIFF_ID: Final = re.compile(rb"(?:^|,)course\.id=([0-9a-f]{32})(?=[,;]|$)")
+
+_REFUSALS: Final = {
+    RefusalReason.UNKNOWN_IDENTITY: FaultCode.COURSE_UNLISTED,
+    RefusalReason.REPLAYED: FaultCode.COURSE_REPLAYED,
+}
+
+
+async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+    """ASGI app for ``/course``."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    # Mounted only on a broker with Courses (gateway/app.py), so they are there.
+    courses: Courses = scope["state"]["courses"]
+    log = courses.log
+    remote = remote_address(scope)
+    if scope.get("scheme") != "wss" and not (courses.allow_plain and is_loopback(scope)):
+        log.warning("course.refused", extra={"remote": remote, "reason": "tls required"})
+        await _deny(scope, send, 403, FaultCode.COURSE_PLAIN_TEXT, "Courses require TLS (wss://)")
+        return
+    headers = {
+        bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
+        for k, v in scope.get("headers", ())
+    }
+    try:
+        verified = courses.credentials.verify(credential_from_headers(headers))
+    except CredentialRefused as exc:
+        code = _REFUSALS.get(exc.reason, FaultCode.COURSE_CREDENTIAL_REFUSED)
+        log.warning(
+            "course.refused",
+            extra={"remote": remote, "reason": exc.reason.value, "detail": exc.message},
+        )
+        await _deny(scope, send, 401, code, code.description)
+        return
+    peer = verified.identity
+    answer, _ = courses.signing.sign(
+        peer, lifetime=courses.settings.credential_lifetime, jti=answer_jti(verified.jti)
+    )
+    await send({"type": "websocket.accept"})
+    await send(
+        {
+            "type": "websocket.send",
+            "bytes": asbp.encode(Command({"c": HELLO, "domain": courses.domain}, answer.encode())),
+        }
+    )
+    log.info("course.accepted", extra={"peer": peer, "remote": remote})
+    acks: list[str] = []
+    ready = asyncio.Event()
+    closed = False
+    writer = asyncio.create_task(_acknowledge(send, acks, ready))
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                closed = True
+                break
+            data = message.get("bytes")
+            if data is None:
+                data = (message.get("text") or "").encode("utf-8")
+            try:
+                crossings = _crossings(data)
+            except (ProtocolError, ValueError) as exc:
+                # A peer that sends what is not a crossing is broken or hostile: end
+                # its Course (what it sent before this stays accepted).
+                log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
+                break
+            for crossing_id, command in crossings:
+                if command is None:
+                    # Its id is legible but it does not decode here (a peer with larger
+                    # limits than ours): acknowledged and dropped, or it would come back
+                    # after every reconnection and hold the whole Course.
+                    log.warning(
+                        "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
+                    )
+                else:
+                    await courses.accept(peer, command)
+                acks.append(crossing_id)
+            ready.set()
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await writer
+        if not closed:
+            with contextlib.suppress(OSError, RuntimeError):
+                await send({"type": "websocket.close", "code": 1008})
+        log.info("course.closed", extra={"peer": peer})
+
+
+def _crossings(data: bytes) -> list[tuple[str, Command | None]]:
+    """The crossings of one WebSocket message (one, or a batch), each with its id;
+    None for one whose id is legible but which does not decode.
+
+    Raises:
+        ProtocolError: a batch frame that does not decode.
+        ValueError: a batch that does not parse, or a crossing without a legible
+            ``course.id``.
+    """
+    frames = unpack(asbp.decode(data).body) if data.startswith(_BATCH_PREFIX) else [data]
+    crossings: list[tuple[str, Command | None]] = []
+    for frame in frames:
+        crossing: Command | None
+        try:
+            crossing = asbp.decode(frame)
+        except ProtocolError:
+            crossing = None
+            found = _SNIFF_ID.search(frame, 0, frame.find(b";") if b";" in frame else len(frame))
+            crossing_id = found[1].decode("ascii") if found else None
+        else:
+            value = crossing.get(ID_KEY)
+            crossing_id = value if isinstance(value, str) else None
+        if crossing_id is None:
+            raise ValueError("a crossing without a legible course.id")
+        crossings.append((crossing_id, crossing))
+    return crossings
+
+
+async def _acknowledge(send: Send, acks: list[str], ready: asyncio.Event) -> None:
+    """Send what was accepted, as few Commands as the pace allows."""
+    while True:
+        await ready.wait()
+        # One loop turn more: crossings that arrived meanwhile share this
+        # acknowledgement, which is off every Command's path (a sender needs it
+        # only to free its window and its queue).
+        await asyncio.sleep(0)
+        ready.clear()
+        while acks:
+            batch = acks[:_MAX_ACKS]
+            del acks[:_MAX_ACKS]
+            frame = asbp.encode(Command({"c": ACK, ID_KEY: batch}))
+            await send({"type": "websocket.send", "bytes": frame})
+
+
+async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message: str) -> None:
+    if "websocket.http.response" not in (scope.get("extensions") or {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    frame = asbp.encode(fault_command(code, message))
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/asbp"),
+                (b"content-length", str(len(frame)).encode()),
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": frame})

@@ -1,0 +1,327 @@
+"""One outbound Course: the queue for a peer domain, drained over a WebSocket to it.
+
+Theory of operation
+-------------------
+Every Command for the peer is first stored in the engine's queue ``course <domain>``
+(a name no client can write: it holds a space), then sent from there: while the
+Course is down it waits, in order, bounded in count and bytes; on the ``redis``
+engine it survives a broker restart. As NATS gateways do, a bus sends only on the
+Course it dialled, and receives on the one the peer dialled.
+
+The sender leases up to ``window`` crossings from the queue and sends them; the peer
+acknowledges each once it has accepted it, and only then is it removed from the
+queue. When the link drops, the leases are released and the same crossings go again,
+first, on the next link: the peer drops copies it has seen (courses.seen), so each is
+accepted once. Reconnection waits ``backoff_min`` doubled per failure up to
+``backoff_max``, each wait drawn from its upper half (jitter), so buses restarted
+together do not dial in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import WebSocketException
+
+import asbp
+from asbp import Command, ProtocolError
+from courses.credential import SigningKey, answer_jti
+from courses.settings import CourseSettings, PeerSettings
+from courses.wire import ACK, HELLO, ID_KEY, pack
+from gateway.auth.credentials import AgentCredentials, CredentialRefused
+from gateway.engines.base import Delivery, Engine, QueueFull, new_message
+from gateway.errors import LocalError
+
+__all__ = ["CourseRefusedError", "Crossing", "OutboundCourse", "queue_name"]
+
+#: Seconds one fetch waits for a crossing before the sender looks again.
+_FETCH_WAIT: Final = 0.5
+_LOOPBACK: Final = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def queue_name(domain: str) -> str:
+    """The engine queue holding the Commands for ``domain``."""
+    return f"course {domain}"
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """What the sender learns about a crossing when it is done."""
+
+    #: The ``course.id``.
+    id: str
+    #: The encoded Command.
+    frame: bytes
+    #: Whether it was acknowledged (True) or expired (False).
+    delivered: bool
+    #: What the sender stored beside it (``notice`` when a notice was asked for).
+    headers: Mapping[str, str]
+
+
+class CourseRefusedError(LocalError):
+    """The peer's answer did not verify (a wrong domain, key or handshake): logged
+    (``course.answer_refused``) and retried with backoff, never sent anywhere."""
+
+
+class OutboundCourse:
+    """The queue for one peer and the link that drains it.
+
+    Args:
+        settings: this bus's Course settings.
+        peer: the peer dialled.
+        signing: this bus's signing key.
+        engine: where the queue lives.
+        allow_plain: ``ws://`` to a loopback address allowed (the Tubes' dev flag).
+        on_done: called for each crossing acknowledged or expired.
+        log: the broker's logger.
+    """
+
+    def __init__(
+        self,
+        settings: CourseSettings,
+        peer: PeerSettings,
+        *,
+        signing: SigningKey,
+        engine: Engine,
+        allow_plain: bool,
+        on_done: Callable[[Crossing], None],
+        log: logging.Logger,
+    ) -> None:
+        self.peer = peer
+        self.queue = queue_name(peer.domain)
+        self._settings = settings
+        self._signing = signing
+        self._engine = engine
+        self._allow_plain = allow_plain
+        self._on_done = on_done
+        self._log = log
+        self._verifier = AgentCredentials(
+            {peer.domain: peer.keys},
+            audience=settings.domain,
+            max_lifetime=max(settings.credential_lifetime, 1.0) + 1,
+        )
+        #: Commands waiting (or in flight), and their bytes, for the bounds.
+        self.depth = 0
+        self.bytes = 0
+        #: Crossings sent and acknowledged, for the metrics.
+        self.sent = 0
+        self.acknowledged = 0
+        #: Set while a link is up.
+        self.connected = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ssl = ssl.create_default_context(
+            cafile=str(settings.ca) if settings.ca is not None else None
+        )
+
+    async def start(self) -> None:
+        """Count what the queue already holds and start dialling (if there are URLs)."""
+        self.depth = await self._engine.depth(self.queue)
+        if self.peer.urls:
+            self._task = asyncio.create_task(self._run(), name=f"asbp-course-{self.peer.domain}")
+
+    async def stop(self) -> None:
+        """Stop dialling; what is queued stays queued."""
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, command: Command, *, notify: dict[str, str]) -> asyncio.Future[None]:
+        """Queue ``command`` for the peer with a fresh ``course.id``.
+
+        Returns a future done once stored; it fails with
+        :class:`~gateway.engines.base.QueueFull` past the bounds.
+        """
+        loop = asyncio.get_running_loop()
+        crossing_id = uuid.uuid4().hex
+        try:
+            frame = asbp.encode(command.with_keys(**{ID_KEY: crossing_id}))
+        except ProtocolError as exc:
+            future: asyncio.Future[None] = loop.create_future()
+            future.set_exception(exc)
+            return future
+        settings = self._settings
+        if (
+            self.depth >= settings.queue_max_commands
+            or self.bytes + len(frame) > settings.queue_max_bytes
+        ):
+            future = loop.create_future()
+            future.set_exception(QueueFull(self.queue))
+            return future
+        self.depth += 1
+        self.bytes += len(frame)
+        now = time.time()
+        headers = dict(notify)
+        headers["expires"] = repr(now + settings.max_age)
+        message = new_message(
+            crossing_id, self.queue, frame, now, None, 4, None, None, frozenset(), headers
+        )
+        stored = asyncio.ensure_future(self._engine.enqueue(message))
+
+        def undo(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                self.depth -= 1
+                self.bytes -= len(frame)
+            else:
+                self._wake.set()
+
+        stored.add_done_callback(undo)
+        return stored
+
+    # -- the link ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = self._settings.backoff_min
+        while not self._stopping.is_set():
+            for url in self.peer.urls:
+                try:
+                    if await self._link(url):
+                        delay = self._settings.backoff_min
+                except CourseRefusedError as exc:
+                    # Not a network failure: someone answered who is not our peer.
+                    self._log.error(
+                        "course.answer_refused",
+                        extra={"peer": self.peer.domain, "url": url, "error": str(exc)},
+                    )
+                except (OSError, WebSocketException, TimeoutError) as exc:
+                    self._log.warning(
+                        "course.link_failed",
+                        extra={"peer": self.peer.domain, "url": url, "error": str(exc)},
+                    )
+                finally:
+                    self.connected.clear()
+            # Jitter: a wait from the upper half of the backoff, so peers restarted
+            # together do not dial in lockstep.
+            wait = delay * random.uniform(0.5, 1.0)
+            delay = min(delay * 2, self._settings.backoff_max)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), wait)
+
+    async def _link(self, url: str) -> bool:
+        """One link, from dialling to its end; whether it got past the handshake."""
+        parts = urlsplit(url)
+        if parts.scheme != "wss" and not (self._allow_plain and parts.hostname in _LOOPBACK):
+            raise CourseRefusedError(f"{url}: Courses need wss:// (TLS)")
+        token, jti = self._signing.sign(
+            self.peer.domain, lifetime=self._settings.credential_lifetime
+        )
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=self._ssl if parts.scheme == "wss" else None,
+            compression=None,
+            max_size=None,
+            open_timeout=10,
+        ) as ws:
+            hello = asbp.decode(_bytes(await asyncio.wait_for(ws.recv(), 10)))
+            self._check_hello(hello, jti)
+            self.connected.set()
+            self._log.info("course.up", extra={"peer": self.peer.domain, "url": url})
+            await self._pump(ws)
+            return True
+
+    def _check_hello(self, hello: Command, jti: str) -> None:
+        if hello.name != HELLO or hello.get("domain") != self.peer.domain:
+            raise CourseRefusedError(f"the answer does not come from {self.peer.domain}")
+        try:
+            verified = self._verifier.verify(hello.body.decode("ascii", "replace"))
+        except CredentialRefused as exc:
+            raise CourseRefusedError(f"the answer does not verify: {exc.message}") from exc
+        if verified.jti != answer_jti(jti):
+            raise CourseRefusedError("the answer belongs to another handshake")
+
+    async def _pump(self, ws: ClientConnection) -> None:
+        in_flight: dict[str, Delivery] = {}
+        room = asyncio.Event()
+        room.set()
+        reader = asyncio.create_task(self._read_acks(ws, in_flight, room))
+        consumer = f"course-{uuid.uuid4().hex}"
+        try:
+            while not reader.done():
+                free = self._settings.window - len(in_flight)
+                if free <= 0:
+                    room.clear()
+                    await _first(room.wait(), reader)
+                    continue
+                deliveries = await self._engine.fetch(
+                    self.queue, consumer, count=free, wait=0 if self._wake.is_set() else _FETCH_WAIT
+                )
+                self._wake.clear()
+                frames: list[bytes] = []
+                expired: list[Delivery] = []
+                now = time.time()
+                for delivery in deliveries:
+                    expires = float(delivery.message.headers.get("expires", "inf"))
+                    if expires <= now:
+                        expired.append(delivery)
+                        continue
+                    in_flight[delivery.message.id] = delivery
+                    frames.append(delivery.message.payload)
+                if expired:
+                    await self._engine.ack(self.queue, [d.receipt for d in expired])
+                    for delivery in expired:
+                        self._finish(delivery, delivered=False)
+                # A lone crossing as itself, a backlog in batches (courses.wire.pack);
+                # never an iterable, which websockets sends as one fragmented message.
+                for message in pack(frames):
+                    await ws.send(message)
+                self.sent += len(frames)
+            await reader
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, WebSocketException, OSError):
+                await reader
+            if in_flight:
+                # Back to the head of the queue, in order: the next link sends them first.
+                await self._engine.release(self.queue, [d.receipt for d in in_flight.values()])
+
+    async def _read_acks(
+        self, ws: ClientConnection, in_flight: dict[str, Delivery], room: asyncio.Event
+    ) -> None:
+        async for data in ws:
+            ack = asbp.decode(_bytes(data))
+            if ack.name != ACK:
+                continue
+            ids = ack.get(ID_KEY)
+            acked = [ids] if isinstance(ids, str) else list(ids or ())
+            done = [in_flight.pop(i) for i in acked if i in in_flight]
+            if not done:
+                continue
+            await self._engine.ack(self.queue, [d.receipt for d in done])
+            self.acknowledged += len(done)
+            for delivery in done:
+                self._finish(delivery, delivered=True)
+            room.set()
+
+    def _finish(self, delivery: Delivery, *, delivered: bool) -> None:
+        message = delivery.message
+        self.depth -= 1
+        self.bytes -= len(message.payload)
+        self._on_done(Crossing(message.id, message.payload, delivered, message.headers))
+
+
+def _bytes(data: str | bytes) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+async def _first(event_wait: Coroutine[object, object, object], task: asyncio.Task[None]) -> None:
+    """Until ``event_wait`` returns or ``task`` ends, whichever is first."""
+    waiter = asyncio.ensure_future(event_wait)
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

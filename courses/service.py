@@ -1,0 +1,396 @@
+"""Courses: Commands addressed ``local*domain`` within this bus and across to others.
+
+Theory of operation
+-------------------
+A Subject that an agent signed in with a Conversation-Address (``p``, §7.3.1) is
+reachable as that address. A User-Agent Command with ``r`` (and the sending
+Subject's ``s``) reaches the router, which hands it here (:meth:`Courses.route`):
+
+1. The sender must be a Subject with an address (2212 otherwise). ``p`` becomes
+   that address, whatever the sender wrote; ``x`` is kept; ``course.*`` keys the
+   sender wrote are dropped (they are the buses' own).
+2. Recipients are grouped by domain. Those of this bus's domain go to every
+   Subject holding the address (2201 per address nobody holds). Every other
+   domain gets one copy (``r`` narrowed to its recipients) in the queue of the
+   Course that reaches it (2202 if none does; 2211 if the peer's policy refuses
+   it; 2209 if the queue is full), sent by courses.link.
+3. The receiving bus (courses.endpoint, :meth:`Courses.accept`) drops a copy it has
+   seen, refuses a loop (its domain in ``course.via``, 2208) or a hop too many
+   (2207), delivers to its Subjects or passes it on to a further domain (never back
+   to the one it came from), remembers the id and acknowledges it.
+4. Faults the receiving bus finds go back to ``p`` as ``asbp.fault`` Commands,
+   addressed by ``r``, through the same queues: they too survive an outage. A fault
+   is never answered with a fault, so none can circle.
+
+Replies are Commands too: the recipient answers with ``r`` set to the ``p`` it got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import asbp
+from asbp import Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from asbp.names import FAULT
+from courses.credential import SigningKey
+from courses.link import Crossing, OutboundCourse
+from courses.seen import MemorySeen, RedisSeen, Seen
+from courses.settings import CourseSettings
+from courses.wire import (
+    BROKER_KEYS,
+    DELIVERED,
+    ID_KEY,
+    VIA_KEY,
+    domain_of,
+    split_by_domain,
+    via_of,
+)
+from gateway.acl import AccessContext
+from gateway.auth.credentials import AgentCredentials
+from gateway.connections.channels import Channel
+from gateway.connections.subjects import Subject, SubjectState
+from gateway.engines.base import Engine, QueueFull
+
+__all__ = ["Courses", "LocalReplies"]
+
+#: Keys a Command loses on its way out of this bus: the sender's and this broker's.
+_LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
+
+
+class LocalReplies(Protocol):
+    """What the Courses need of the router: leave frames and faults for Channels."""
+
+    def deliver(self, channel: Channel, frame: bytes) -> None: ...
+
+    def fault(
+        self,
+        channel: Channel,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None: ...
+
+
+class Courses:
+    """This bus's domain, its outbound Courses and the delivery of addressed Commands.
+
+    Args:
+        settings: the ``[courses]`` table, checked.
+        engine: where the per-domain queues live.
+        replies: the router's outboxes and faults.
+        subjects: the live Subjects of this broker, when asked.
+        may_cross: whether a Subject (its access context) may send to a domain (the
+            ACL's ``COURSE`` rows); None: every Subject may.
+        allow_plain: the Tubes' dev flag: ``ws://`` between loopback addresses.
+        redis_url: the engine's Redis (the seen ids survive a restart); None: memory.
+        log: the broker's logger.
+    """
+
+    def __init__(
+        self,
+        settings: CourseSettings,
+        *,
+        engine: Engine,
+        replies: LocalReplies,
+        subjects: Callable[[], Iterable[Subject]],
+        may_cross: Callable[[AccessContext, str], bool] | None = None,
+        allow_plain: bool,
+        redis_url: str | None,
+        log: logging.Logger,
+    ) -> None:
+        self.settings = settings
+        self.domain = settings.domain
+        self.allow_plain = allow_plain
+        self.signing = SigningKey(settings.signing_key, domain=settings.domain, kid=settings.kid)
+        #: Verifies the credentials of peers dialling in (courses.endpoint).
+        self.credentials = AgentCredentials(
+            {peer.domain: peer.keys for peer in settings.peers.values()},
+            audience=settings.domain,
+            max_lifetime=max(settings.credential_lifetime, 1.0) + 1,
+        )
+        self.seen: Seen = (
+            RedisSeen(redis_url, settings.dedupe_window)
+            if redis_url is not None
+            else MemorySeen(settings.dedupe_window)
+        )
+        self._replies = replies
+        self._subjects = subjects
+        self._may_cross = may_cross
+        #: The broker's logger.
+        self.log = self._log = log
+        self.links = {
+            domain: OutboundCourse(
+                settings,
+                peer,
+                signing=self.signing,
+                engine=engine,
+                allow_plain=allow_plain,
+                on_done=self._crossed,
+                log=log,
+            )
+            for domain, peer in settings.peers.items()
+        }
+        #: Crossings accepted from peers, and repeats dropped, for the metrics.
+        self.accepted = 0
+        self.duplicates = 0
+        self.spoofed = 0
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._stopped = False
+
+    def peers(self) -> list[tuple[str, bool, int, int, int]]:
+        """Per peer dialled: (domain, up, queued, sent, acknowledged), for the metrics."""
+        return [
+            (domain, link.connected.is_set(), link.depth, link.sent, link.acknowledged)
+            for domain, link in self.links.items()
+            if link.peer.urls
+        ]
+
+    async def start(self) -> None:
+        """Start dialling the peers."""
+        for link in self.links.values():
+            await link.start()
+
+    async def stop(self) -> None:
+        """Stop dialling; queued Commands stay queued. Idempotent (the server and the
+        lifespan both call it)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for link in self.links.values():
+            await link.stop()
+        if self._pending:
+            await asyncio.wait(self._pending)
+        await self.seen.close()
+
+    # -- from this bus's User-Agents ------------------------------------------------
+
+    def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
+        """A Command with ``r`` from a User-Agent: to its recipients, here or across."""
+        command_id = command.command_id
+        name = command.name or ""
+        if subject is None or subject.address is None:
+            self._replies.fault(
+                channel,
+                FaultCode.NO_ADDRESS,
+                "'r' needs 's' of a Subject signed in with a Conversation-Address",
+                command_id=command_id,
+                cause=name,
+            )
+            return
+        outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+        outbound = outbound.with_keys(p=subject.address)
+
+        def refuse(code: FaultCode, message: str) -> None:
+            self._replies.fault(channel, code, message, command_id=command_id, cause=name)
+
+        may_cross = self._may_cross
+        if may_cross is not None:
+            access = subject.access
+            for domain in split_by_domain(outbound.recipients):
+                if domain != self.domain and not may_cross(access, domain):
+                    # Checked before anything is sent, so a refusal sends nothing at all.
+                    refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
+                    return
+        self._send(outbound, via=(), came_from=None, refuse=refuse)
+
+    # -- from peer buses ---------------------------------------------------------------
+
+    async def accept(self, peer: str, command: Command) -> bool:
+        """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
+
+        Returns once it is accepted (delivered here, or stored for the next Course),
+        when the peer may be acknowledged.
+        """
+        crossing_id = command.get(ID_KEY)
+        if not isinstance(crossing_id, str):
+            return False
+        # Claimed before delivery, with no await between the claim and handing the
+        # Command to the Channels' outboxes: a receiver killed after the claim has
+        # lost those Channels too, while one that delivered has always claimed, so a
+        # copy resent after a crash is never delivered twice (docs/courses.md).
+        if not await self.seen.claim(peer, crossing_id):
+            self.duplicates += 1
+            return False
+        via = via_of(command)
+        name = command.name or ""
+        publisher = command.publisher
+        looped = self.domain in via
+        if (not looped and publisher is not None and domain_of(publisher) == self.domain) or (
+            not via or via[-1] != peer
+        ):
+            # A peer speaking for this bus's own users, or hiding where it came from:
+            # dropped (and acknowledged, so it is not sent again), never answered,
+            # since an answer would go to the user it spoofed.
+            self._log.warning(
+                "course.spoofed",
+                extra={"peer": peer, "publisher": publisher, "via": ",".join(via)},
+            )
+            self.spoofed += 1
+            return True
+        bare = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+        waits: list[asyncio.Future[Any]] = []
+
+        def refuse(code: FaultCode, message: str) -> None:
+            self._log.info(
+                "course.refused_command",
+                extra={"peer": peer, "code": int(code), "reason": message, "command": name},
+            )
+            if name == FAULT or publisher is None:
+                return  # a fault is never answered with a fault
+            fault = fault_command(code, message, command_id=command.command_id, cause=name)
+            self._send(
+                fault.with_keys(r=[publisher]),
+                via=(),
+                came_from=None,
+                refuse=lambda *_: None,
+                waits=waits,
+            )
+
+        if looped:
+            # Back where it started: the fault goes to its sender, a user of this bus.
+            refuse(
+                FaultCode.COURSE_LOOP,
+                f"the Command came back to {self.domain} (via {', '.join(via)})",
+            )
+        elif len(via) > self.settings.max_hops:
+            refuse(
+                FaultCode.HOP_LIMIT,
+                f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
+            )
+        else:
+            self._send(bare, via=via, came_from=peer, refuse=refuse, waits=waits)
+        for wait in waits:
+            # Stored for the next Course (or refused, and then faulted): accepted.
+            await asyncio.gather(wait, return_exceptions=True)
+        self.accepted += 1
+        return True
+
+    # -- both ---------------------------------------------------------------------------
+
+    def _send(
+        self,
+        command: Command,
+        *,
+        via: tuple[str, ...],
+        came_from: str | None,
+        refuse: Callable[[FaultCode, str], None],
+        waits: list[asyncio.Future[Any]] | None = None,
+    ) -> None:
+        """``command`` to each of its recipients: local Subjects or one copy per domain."""
+        name = command.name or ""
+        for domain, addresses in split_by_domain(command.recipients).items():
+            if domain == self.domain:
+                self._deliver_here(command, addresses, refuse)
+                continue
+            peer = self.settings.course_for(domain)
+            if peer is None:
+                for address in addresses:
+                    refuse(FaultCode.NO_COURSE, f"no Course reaches {domain} (for {address})")
+                continue
+            if peer.domain == came_from:
+                refuse(
+                    FaultCode.COURSE_LOOP,
+                    f"{domain} is reached over the Course the Command came from",
+                )
+                continue
+            if name != FAULT:
+                why = peer.permits(name, command.exchange_name, addresses)
+                if why is not None:
+                    refuse(FaultCode.COURSE_NOT_PERMITTED, why)
+                    continue
+            copy = command.with_keys(r=list(addresses), **{VIA_KEY: [*via, self.domain]})
+            # Read back when it is done, so the common case (acknowledged, no notice
+            # asked for) costs no decoding of the frame.
+            notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
+            stored = self.links[peer.domain].submit(copy, notify=notify)
+            self._watch(stored, refuse, peer.domain)
+            if waits is not None:
+                waits.append(stored)
+
+    def _watch(
+        self,
+        stored: asyncio.Future[None],
+        refuse: Callable[[FaultCode, str], None],
+        domain: str,
+    ) -> None:
+        self._pending.add(stored)
+
+        def done(future: asyncio.Future[None]) -> None:
+            self._pending.discard(future)
+            if future.cancelled():
+                return
+            exc = future.exception()
+            if isinstance(exc, QueueFull):
+                refuse(FaultCode.COURSE_QUEUE_FULL, f"the queue for {domain} is full")
+            elif isinstance(exc, ProtocolError):
+                refuse(exc.code, exc.message)
+            elif exc is not None:
+                refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {exc}")
+
+        stored.add_done_callback(done)
+
+    def _deliver_here(
+        self,
+        command: Command,
+        addresses: tuple[str, ...],
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        holders: dict[str, list[Subject]] = {address: [] for address in addresses}
+        for subject in self._subjects():
+            if subject.state is SubjectState.AUTHENTICATED and subject.address in holders:
+                holders[subject.address].append(subject)
+        delivered: set[str] = set()
+        for address, subjects in holders.items():
+            if not subjects:
+                refuse(FaultCode.UNKNOWN_ADDRESS, f"no Subject at {self.domain} is {address}")
+                continue
+            for subject in subjects:
+                if subject.id in delivered:
+                    continue
+                delivered.add(subject.id)
+                try:
+                    frame = asbp.encode(command.with_keys(s=subject.id))
+                except ProtocolError as exc:
+                    refuse(exc.code, exc.message)
+                    return
+                self._replies.deliver(subject.channel, frame)
+
+    def _crossed(self, crossing: Crossing) -> None:
+        """A crossing was acknowledged or expired: tell its sender, if it asked or failed."""
+        if crossing.delivered and "notice" not in crossing.headers:
+            return
+        try:
+            command = asbp.decode(crossing.frame)
+        except ProtocolError:  # pragma: no cover - we encoded it
+            return
+        publisher = command.publisher
+        name = command.name or ""
+        if publisher is None or name == FAULT:
+            return
+        if crossing.delivered:
+            if command.get("notice") != DELIVERED:
+                return
+            header: dict[str, Any] = {
+                "c": "asbp.notice",
+                "event": DELIVERED,
+                "r": [publisher],
+                ID_KEY: crossing.id,
+            }
+            if command.command_id is not None:
+                header["u"] = command.command_id
+            notice = Command(header)
+        else:
+            notice = fault_command(
+                FaultCode.COURSE_EXPIRED,
+                f"not accepted by {', '.join(sorted(split_by_domain(command.recipients)))} "
+                f"within {self.settings.max_age:g} seconds",
+                command_id=command.command_id,
+                cause=name,
+            ).with_keys(r=[publisher])
+        self._send(notice, via=(), came_from=None, refuse=lambda *_: None)

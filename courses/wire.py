@@ -1,0 +1,129 @@
+"""What crosses a Course: the Conversation Protocol profile's keys and Commands (pure).
+
+A Command addressed by ``r`` crosses as itself, with two keys of ours added
+(docs/courses.md, "On the wire"):
+
+``course.id``
+    The crossing's id, unique per sending bus (``<domain>:<random>``); the
+    receiving bus acknowledges it and drops a second copy within its window.
+``course.via``
+    The domains the Command has left, oldest first. Its length is the hop count;
+    a bus that finds its own domain there refuses the Command (a loop, 2208).
+
+and the receiving bus answers each with ``c=asbp.course.ack,course.id=…``.
+``p`` is always the sending bus's stamp (the sender's verified address), ``x``
+travels untouched, ``r`` holds only the recipients of the receiving domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from asbp import Command
+
+__all__ = [
+    "ACK",
+    "BATCH",
+    "BROKER_KEYS",
+    "DELIVERED",
+    "HELLO",
+    "ID_KEY",
+    "MAX_BATCH_BYTES",
+    "VIA_KEY",
+    "domain_of",
+    "pack",
+    "split_by_domain",
+    "unpack",
+    "via_of",
+]
+
+#: The answering bus's signed answer, the first frame on a Course.
+HELLO: Final = "asbp.course"
+#: The acknowledgement of one crossing.
+ACK: Final = "asbp.course.ack"
+#: Several crossings in one WebSocket message: the body holds each encoded crossing
+#: as ``<length in decimal>:<frame>``, one after the other (see :func:`pack`).
+BATCH: Final = "asbp.course.batch"
+#: A batch's body stays under this, well inside the receiver's frame limit (256 KiB).
+MAX_BATCH_BYTES: Final = 192 * 1024
+#: The notice a sender who asked (``notice=delivered``) gets once the peer accepted it.
+DELIVERED: Final = "delivered"
+#: The crossing's id.
+ID_KEY: Final = "course.id"
+#: The domains crossed so far.
+VIA_KEY: Final = "course.via"
+#: Keys a User-Agent may not write: the broker's alone.
+BROKER_KEYS: Final = (ID_KEY, VIA_KEY)
+
+
+def pack(frames: list[bytes], *, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
+    """The WebSocket messages that carry ``frames``, in order: a lone frame as itself,
+    several as ``asbp.course.batch`` Commands of at most ``max_bytes`` of body each.
+
+    One message per crossing costs a message's framing, a system call and the
+    receiving server's per-message work each; a backlog drains in batches.
+    """
+    messages: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+
+    def flush() -> None:
+        if len(group) == 1:
+            messages.append(group[0][group[0].index(b":") + 1 :])
+        elif group:
+            messages.append(b"c=" + BATCH.encode() + b";" + b"".join(group))
+        group.clear()
+
+    for frame in frames:
+        item = b"%d:%b" % (len(frame), frame)
+        if group and size + len(item) > max_bytes:
+            flush()
+            size = 0
+        group.append(item)
+        size += len(item)
+    flush()
+    return messages
+
+
+def unpack(body: bytes) -> list[bytes]:
+    """The frames of an ``asbp.course.batch`` body.
+
+    Raises:
+        ValueError: the body is not a sequence of ``<length>:<frame>``.
+    """
+    frames: list[bytes] = []
+    position = 0
+    while position < len(body):
+        colon = body.find(b":", position, position + 8)
+        digits = body[position:colon]
+        if colon < 0 or not digits.isdigit():
+            raise ValueError(f"no length at byte {position}")
+        length = int(digits)
+        start = colon + 1
+        if start + length > len(body):
+            raise ValueError(f"a frame of {length} bytes runs past the body at byte {start}")
+        frames.append(body[start : start + length])
+        position = start + length
+    return frames
+
+
+def domain_of(address: str) -> str:
+    """The domain of a Conversation-Address ``local*domain``, lower case."""
+    return address.rpartition("*")[2].lower()
+
+
+def split_by_domain(recipients: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Recipients grouped by domain, each once, in the order first named."""
+    groups: dict[str, dict[str, None]] = {}
+    for address in recipients:
+        groups.setdefault(domain_of(address), {})[address] = None
+    return {domain: tuple(addresses) for domain, addresses in groups.items()}
+
+
+def via_of(command: Command) -> tuple[str, ...]:
+    """The domains ``command`` has crossed from (``course.via``)."""
+    value = command.get(VIA_KEY)
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)

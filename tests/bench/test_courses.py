@@ -1,0 +1,36 @@
+"""bench/courses.py --quick: both buses start, both figures and the outage counts print.
+
+A smoke test, not a timed one: the figures of a quick run are rough, and the
+benchmark itself (``python bench/courses.py``) is where they are measured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.timing import T
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_quick_run_prints_the_ratio_the_drain_and_the_outage_counts() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "courses.py"), "--quick", "--outage", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180 * T,
+        env=env,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert re.search(r"^  ratio two-buses / one-bus .+: \d+\.\d\d$", run.stdout, re.MULTILINE)
+    assert re.search(r"^drain of a 1000-Command backlog: \d+ Commands/s", run.stdout, re.MULTILINE)
+    counts = re.search(r": (\d+) sent, (\d+) delivered once and in order", run.stdout)
+    assert counts is not None, run.stdout
+    assert counts[1] == counts[2] and int(counts[1]) > 0

@@ -1,0 +1,39 @@
+"""bench/tiers.py --quick: every layout starts, answers, and the ratios are printed.
+
+A smoke test, not a timed one: the figures of a quick run are rough, and the
+benchmark itself (``python bench/tiers.py``) is where they are measured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.timing import T
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_prints_the_ratios() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "tiers.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=180 * T,
+        env=env,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    for layout in ("direct", "four-tier", "broker-agent"):
+        assert re.search(rf"^{layout} +\d+ +\d+ +\d+ +\d+$", run.stdout, re.MULTILINE), run.stdout
+    for layout in ("four-tier", "broker-agent"):
+        pattern = (
+            rf"^  ratio {layout}/direct: throughput \d+\.\d\d .*"
+            r"p50 latency \d+\.\d\d .*server CPU per trip \d+\.\d\d"
+        )
+        assert re.search(pattern, run.stdout, re.MULTILINE), run.stdout
