@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -77,8 +77,54 @@ class _ASGIEndpoint:
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
 
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # The endpoint's own coroutine, not one more around it: each suspended
+        # coroutine is held for the life of its WebSocket (bench/soak.py).
+        return self._app(scope, receive, send)
+
+
+#: What the broker's WebSocket endpoints are: ASGI functions (coroutines).
+WebSocketEndpoint = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
+
+
+class _BrokerApp(Starlette):
+    """Starlette, with the broker's WebSocket endpoints (``/asbp``, ``/tube``) called
+    directly instead of through its middleware and router.
+
+    A WebSocket lives for as long as its Channel or Tube, and with it every
+    coroutine suspended between the server and the endpoint: Starlette's error
+    and exception middleware, its router and route, and their closures held
+    about 2.5 KiB per idle Channel, a tenth of all the broker keeps for one
+    (bench/soak.py). For a WebSocket they add nothing the endpoints need: no
+    exception handlers apply to them, and an endpoint that raises is closed by
+    the server (1011) either way. The routes stay in :attr:`routes` as well, so
+    the app still describes itself whole; every other request goes through
+    Starlette as before.
+    """
+
+    def __init__(self, *, websockets: Mapping[str, WebSocketEndpoint], **options: Any) -> None:
+        super().__init__(**options)
+        self._websockets = dict(websockets)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        # A coroutine function, not a function returning the endpoint's coroutine:
+        # Uvicorn tells ASGI 3 from ASGI 2 by that.
+        if scope["type"] == "websocket":
+            endpoint = self._websockets.get(_route_path(scope))
+            if endpoint is not None:
+                scope["app"] = self
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below ``root_path``, as Starlette's router matches it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path
 
 
 async def _healthz(request: Request) -> Response:
@@ -219,7 +265,8 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             management += ConsoleSignIn(config.management).routes()
         # The console is only files: what it may see and do is the API's to decide.
         management.append(Mount("/console", StaticFiles(directory=STATIC, html=True)))
-    return Starlette(
+    return _BrokerApp(
+        websockets={"/asbp": websocket.channel_endpoint, "/tube": websocket.tube_endpoint},
         routes=[
             *pages,
             Route("/healthz", _healthz),

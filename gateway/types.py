@@ -28,6 +28,7 @@ from asbp import Command, FaultCode
 if TYPE_CHECKING:
     from gateway.acl import AccessContext
     from gateway.connections.channels import Channel
+    from gateway.connections.flow import FlowGate
     from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
 
@@ -37,8 +38,10 @@ __all__ = [
     "Faults",
     "MessagingHooks",
     "Outlets",
+    "RemembersOrigins",
     "Replies",
     "SubjectReplies",
+    "TakesOrigins",
 ]
 
 
@@ -151,4 +154,22 @@ class AddressRoutes(Protocol):
 
     def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
         """Deliver or queue ``command`` for each recipient; faults go to ``channel``."""
+        ...
+
+
+class RemembersOrigins(Protocol):
+    """Where publishing notes which local publisher a topic message came from
+    (gateway.connections.flow.TopicOrigins, as the messaging dispatcher sees it)."""
+
+    def remember(self, message_id: str, gate: FlowGate) -> None:
+        """``gate``'s connection published ``message_id``: pending until delivered."""
+        ...
+
+
+class TakesOrigins(Protocol):
+    """Where topic delivery finds the local publisher to hold back
+    (gateway.connections.flow.TopicOrigins, as the subscribers see it)."""
+
+    def take(self, message_id: str) -> FlowGate | None:
+        """The gate of ``message_id``'s local publisher, if any, forgotten once asked."""
         ...

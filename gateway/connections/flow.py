@@ -13,7 +13,7 @@ excess is pushed back to where it comes from, the publisher:
   at :data:`PUBLISHER`, the :class:`FlowGate` of the connection whose Command is
   being routed right now (the intake sets it around each frame; a topic
   delivery sets it to the gate of the local publisher the message came from,
-  see :func:`remember_origin`), and blocks that gate on the outbox.
+  see :class:`TopicOrigins`), and blocks that gate on the outbox.
 * A blocked gate opens again once every outbox it waits on has drained below
   its **low-water mark** (a quarter of its bounds) or closed.
 * The transports read no further from a connection whose gate is blocked: a
@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
-__all__ = ["PUBLISHER", "Drains", "FlowGate", "origin_of", "remember_origin"]
+__all__ = ["MAX_PENDING", "ORIGINS_KEPT", "PUBLISHER", "Drains", "FlowGate", "TopicOrigins"]
 
 
 class _Publisher(threading.local):
@@ -56,35 +56,57 @@ class _Publisher(threading.local):
 
 #: Where the intake and topic delivery say who is publishing (see _Publisher).
 PUBLISHER: Final = _Publisher()
-#: Topic messages whose local publisher is remembered until delivery, at most.
-_ORIGINS_KEPT: Final = 65_536
-_origins: OrderedDict[str, FlowGate] = OrderedDict()
+#: Topic messages whose local publisher is remembered until delivery, at most
+#: (per broker: see TopicOrigins).
+ORIGINS_KEPT: Final = 65_536
 
 
-def remember_origin(message_id: str, gate: FlowGate) -> None:
-    """Remember that ``gate``'s connection published ``message_id`` (a topic message).
+class TopicOrigins:
+    """Which local publisher each topic message in transit came from (one per broker).
 
-    Until it is delivered, it counts as pending on the gate: the delivery comes
-    a few loop turns (a Redis round trip) after the publish is routed, and a
-    publisher read on meanwhile would overshoot its subscribers' outboxes.
+    A topic message goes out through the engine and comes back to be delivered
+    a few loop turns (a Redis round trip) later; until then it counts as
+    pending on its publisher's gate (:attr:`FlowGate.pending`), so a publisher
+    read on meanwhile does not overshoot its subscribers' outboxes. Owned by the
+    broker's messaging (gateway.messaging.service) and handed to the dispatcher
+    that remembers and the subscribers that deliver, as the narrow protocols
+    gateway.types.RemembersOrigins and gateway.types.TakesOrigins: two brokers
+    in one process keep separate books.
+
+    Args:
+        kept: messages remembered at most; past it the oldest is forgotten and
+            counts as delivered (a message another broker's engine dropped, or
+            one published to a topic nobody hears back from, never ties up a
+            publisher or memory for good).
     """
-    _origins[message_id] = gate
-    gate.pending += 1
-    if len(_origins) > _ORIGINS_KEPT:
-        _, forgotten = _origins.popitem(last=False)
-        forgotten.delivered()
 
+    __slots__ = ("_gates", "_kept")
 
-def origin_of(message_id: str) -> FlowGate | None:
-    """The gate of the local publisher of ``message_id``, forgotten once asked."""
-    gate = _origins.pop(message_id, None)
-    if gate is not None:
-        gate.delivered()
-    return gate
+    def __init__(self, kept: int = ORIGINS_KEPT) -> None:
+        self._kept = kept
+        self._gates: OrderedDict[str, FlowGate] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._gates)
+
+    def remember(self, message_id: str, gate: FlowGate) -> None:
+        """Remember that ``gate``'s connection published ``message_id`` (a topic message)."""
+        self._gates[message_id] = gate
+        gate.pending += 1
+        if len(self._gates) > self._kept:
+            _, forgotten = self._gates.popitem(last=False)
+            forgotten.delivered()
+
+    def take(self, message_id: str) -> FlowGate | None:
+        """The gate of the local publisher of ``message_id``, forgotten once asked."""
+        gate = self._gates.pop(message_id, None)
+        if gate is not None:
+            gate.delivered()
+        return gate
 
 
 #: Topic messages a publisher may have routed but not yet delivered before it is
-#: held back (see remember_origin).
+#: held back (see TopicOrigins).
 MAX_PENDING: Final = 4
 
 
@@ -102,8 +124,9 @@ class FlowGate:
     __slots__ = ("_opened", "_waiting", "own", "pending", "since")
 
     def __init__(self) -> None:
-        #: The outboxes it waits on to drain.
-        self._waiting: set[Drains] = set()
+        #: The outboxes it waits on to drain; made on first need (most gates never
+        #: block, and an empty set per idle Channel is a fifth of a KiB).
+        self._waiting: set[Drains] | None = None
         self._opened: asyncio.Event | None = None
         #: Loop time when it last blocked on an outbox.
         self.since = 0.0
@@ -126,11 +149,14 @@ class FlowGate:
 
     def block_on(self, outbox: Drains) -> None:
         """Stay blocked until ``outbox`` drains below its low-water mark."""
-        if outbox is self.own or outbox in self._waiting:
+        waiting = self._waiting
+        if waiting is None:
+            waiting = self._waiting = set()
+        if outbox is self.own or outbox in waiting:
             return
-        if not self._waiting:
+        if not waiting:
             self.since = asyncio.get_running_loop().time()
-        self._waiting.add(outbox)
+        waiting.add(outbox)
         outbox.on_relief(functools.partial(self._relieved, outbox))
 
     def delivered(self) -> None:
@@ -140,7 +166,8 @@ class FlowGate:
         self._maybe_open()
 
     def _relieved(self, outbox: Drains) -> None:
-        self._waiting.discard(outbox)
+        if self._waiting is not None:
+            self._waiting.discard(outbox)
         self._maybe_open()
 
     def _maybe_open(self) -> None:
@@ -167,7 +194,9 @@ class FlowGate:
 
     def give_up(self) -> None:
         """Open, giving up on every outbox still waited on (see the module doc)."""
-        for outbox in list(self._waiting):
-            outbox.stalled()
-            self._waiting.discard(outbox)
+        waiting = self._waiting
+        if waiting is not None:
+            for outbox in list(waiting):
+                outbox.stalled()
+                waiting.discard(outbox)
         self.pending = 0

@@ -25,7 +25,7 @@ from asbp import AsbpError, Command, FaultCode
 from asbp.names import ACK, POLL, PUBLISH, SUBSCRIBE, UNSUBSCRIBE
 from gateway.acl import AccessContext, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
-from gateway.connections.flow import PUBLISHER, remember_origin
+from gateway.connections.flow import PUBLISHER
 from gateway.engines.base import DEFAULT_PRIORITY, Engine, new_message
 from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
@@ -38,6 +38,7 @@ from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import Subscribers
 from gateway.messaging.subscriptions import Endpoint, Operation
 from gateway.metrics.counts import MessagingCounts
+from gateway.types import RemembersOrigins
 
 __all__ = ["CommandDispatcher", "MessageTooLarge"]
 
@@ -61,6 +62,8 @@ class CommandDispatcher:
         subscribers: subscriptions, queue consumers and their leases.
         poller: carries out polls.
         sequencer: starts and answers operations in order.
+        origins: where each topic message's local publisher is noted until it
+            is delivered (flow control: gateway.connections.flow).
         clock: wall-clock seconds, as the engine uses.
     """
 
@@ -76,10 +79,12 @@ class CommandDispatcher:
         subscribers: Subscribers,
         poller: Poller,
         sequencer: Sequencer,
+        origins: RemembersOrigins,
         clock: Callable[[], float],
         counts: MessagingCounts | None = None,
     ) -> None:
         self._engine = engine
+        self._origins = origins
         self._counts = counts if counts is not None else MessagingCounts()
         self._limits = limits
         self._max_pending = limits.max_pending
@@ -188,7 +193,7 @@ class CommandDispatcher:
             # subscriber's outbox (gateway.connections.flow).
             gate = PUBLISHER.gate
             if gate is not None:
-                remember_origin(message.id, gate)
+                self._origins.remember(message.id, gate)
         engine = self._engine
         run = functools.partial(engine.enqueue if queued else engine.publish, message)
         if queued:

@@ -112,6 +112,7 @@ import asbp
 from asbp import Command, FaultCode
 from gateway.acl import AccessContext, Acl
 from gateway.config.model import MessagingLimits
+from gateway.connections.flow import TopicOrigins
 from gateway.engines.base import Engine
 from gateway.messaging.acl_gate import AclGate
 from gateway.messaging.background import BackgroundWork
@@ -180,6 +181,8 @@ class Messaging:
         self._endpoints = Endpoints(outlets)
         self._by_key = self._endpoints.by_key
         self._gate = gate = AclGate(acl, log=log)
+        #: Each topic message's local publisher until delivery (flow control).
+        self.origins = origins = TopicOrigins()
         self._subscribers = Subscribers(
             engine,
             broker_id=broker_id,
@@ -187,6 +190,7 @@ class Messaging:
             system=self.system,
             gate=gate,
             watch=self._endpoints.watch,
+            origins=origins,
             background=self._background,
             clock=clock,
             log=log,
@@ -211,6 +215,7 @@ class Messaging:
                 counts=counts,
             ),
             sequencer=self._sequencer,
+            origins=origins,
             clock=clock,
             counts=counts,
         )

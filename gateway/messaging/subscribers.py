@@ -29,7 +29,7 @@ from asbp import AsbpError, FaultCode
 from asbp.names import SUBSCRIBE, UNSUBSCRIBE
 from gateway.acl import AccessContext, DestinationType
 from gateway.config.model import MessagingLimits
-from gateway.connections.flow import PUBLISHER, origin_of
+from gateway.connections.flow import PUBLISHER
 from gateway.engines.base import Engine, Message
 from gateway.errors import GatewayError
 from gateway.messaging.acl_gate import AclGate
@@ -40,6 +40,7 @@ from gateway.messaging.requests import Destination
 from gateway.messaging.subscriptions import Endpoint, Topics
 from gateway.messaging.system_topics import SystemTopics
 from gateway.metrics.counts import MessagingCounts
+from gateway.types import TakesOrigins
 
 __all__ = ["FETCH_WAIT", "Subscribers", "TooManySubscriptions"]
 
@@ -63,6 +64,8 @@ class Subscribers:
         system: where member counts are published.
         gate: which topics a pattern subscription or virtual queue may deliver.
         watch: wakes an endpoint's consumers once its outbox drains.
+        origins: the local publisher of each topic message, held back when its
+            delivery fills a subscriber's outbox (gateway.connections.flow).
         background: where lease releases run.
         clock: wall-clock seconds, as lease deadlines are given.
         log: the broker's logger.
@@ -77,6 +80,7 @@ class Subscribers:
         system: SystemTopics,
         gate: AclGate,
         watch: Callable[[Endpoint], object],
+        origins: TakesOrigins,
         background: BackgroundWork,
         clock: Callable[[], float],
         log: logging.Logger,
@@ -89,6 +93,7 @@ class Subscribers:
         self._system = system
         self._may_read = gate.may_read
         self._watch = watch
+        self._origins = origins
         self._background = background
         self._clock = clock
         self._log = log
@@ -218,7 +223,7 @@ class Subscribers:
         """A topic message, from any broker sharing the engine: notify its subscribers."""
         # A subscriber's outbox this fills past its high-water mark holds the
         # publisher back, when it is a connection of this broker.
-        previous, PUBLISHER.gate = PUBLISHER.gate, origin_of(message.id)
+        previous, PUBLISHER.gate = PUBLISHER.gate, self._origins.take(message.id)
         try:
             self._notify(message)
         finally:

@@ -253,7 +253,9 @@ async def post(request: Request) -> Response:
         channel, secret = broker.open_http_channel(
             remote,
             address=client.host if client else None,
-            tls=request.url.scheme == "https",
+            # The scope, not request.url: a query string that is not UTF-8 (HTTP/2 lets
+            # one through) would make building the URL raise.
+            tls=request.scope.get("scheme") == "https",
             address_key=key,
         )
     else:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from asbp import Command
+from gateway.app import _route_path
 from tests.support.gateway import BROKER_ID, SERVERS, Gateway, GatewayFactory
 
 
@@ -72,3 +74,23 @@ async def test_two_apps_in_one_process_are_separate_brokers(make_gateway: Gatewa
     reply = await user.request(Command(c="quote", u=1))
     assert reply.name == "asbp.fault"
     assert reply.get("code") == "2101"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("server_name", SERVERS)
+async def test_a_websocket_elsewhere_still_goes_through_starlette(gateway: Gateway) -> None:
+    # /asbp and /tube skip Starlette's stack (gateway.app._BrokerApp); any other
+    # WebSocket path is Starlette's to refuse, as before.
+    with pytest.raises(InvalidStatus) as refused:
+        await gateway.websocket("/nowhere")
+    assert refused.value.response.status_code == 403
+    assert (await gateway.channel()).greeting.name == "asbp.channel"
+
+
+def test_the_websocket_endpoints_are_found_below_a_root_path() -> None:
+    # As Starlette's router matches: the path below root_path, when under it.
+    assert _route_path({"path": "/bus/asbp", "root_path": "/bus"}) == "/asbp"
+    assert _route_path({"path": "/asbp", "root_path": ""}) == "/asbp"
+    assert _route_path({"path": "/asbp"}) == "/asbp"
+    assert _route_path({"path": "/busasbp", "root_path": "/bus"}) == "/busasbp"
+    assert _route_path({"path": "/tube", "root_path": "/bus"}) == "/tube"

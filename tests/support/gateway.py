@@ -219,6 +219,16 @@ class Peer:
         await self.ws.close()
 
 
+async def agent_answers(user: Peer, agent: Peer, n: int) -> None:
+    """A User-Agent's Command reaches the agent and its reply comes back (no engine needed)."""
+    await user.send(Command(c="echo", u=n))
+    command = await agent.recv()
+    assert command.name == "echo", command
+    await agent.send(Command(c="echo.reply", d=command.get("i"), u=n))
+    reply = await user.recv()
+    assert (reply.name, reply.get("u")) == ("echo.reply", str(n)), reply
+
+
 @dataclass(eq=False)
 class HttpChannel:
     """A stateless HTTP User-Agent over an ``httpx`` client."""

@@ -54,6 +54,9 @@ class RedisServer:
         directory: where Redis keeps its files (e.g. pytest's ``tmp_path``).
         appendonly: enable the AOF with ``appendfsync always``, so every acknowledged
             write survives :meth:`kill` and :meth:`restart`.
+        appendfsync: the AOF's fsync policy when ``appendonly``: ``always`` (the
+            default) or ``everysec`` (what most deployments run: on a full disk
+            Redis refuses writes until it can append again, where ``always`` exits).
         executable: the program to look up on ``PATH``.
         options: more ``redis-server`` arguments (a cluster node's, say), appended.
     """
@@ -63,11 +66,13 @@ class RedisServer:
         directory: Path,
         *,
         appendonly: bool = False,
+        appendfsync: str = "always",
         executable: str = "redis-server",
         options: Sequence[str] = (),
     ) -> None:
         self.directory = directory
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.executable = executable
         self.options = tuple(options)
         self.port = free_port(_HOST)
@@ -158,6 +163,21 @@ class RedisServer:
         """Kill Redis with SIGKILL and reap it, as a crash would."""
         self._terminate(signal.SIGKILL, timeout)
 
+    def wait(self, timeout: float = 10 * T) -> int:
+        """Wait for Redis to exit by itself (a fatal error); its exit status.
+
+        Raises:
+            RedisServerError: not running, or still running after ``timeout`` seconds.
+        """
+        if self._process is None:
+            raise RedisServerError("redis-server is not running")
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RedisServerError(
+                f"redis-server still runs after {timeout:g}s{self._tail()}"
+            ) from None
+
     def restart(self, timeout: float = 10 * T) -> None:
         """Stop Redis if it runs, then start it on the same port and directory."""
         self.stop(timeout)
@@ -187,7 +207,7 @@ class RedisServer:
             "--daemonize", "no",
         ]  # fmt: skip
         if self.appendonly:
-            command += ["--appendonly", "yes", "--appendfsync", "always"]
+            command += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             command += ["--appendonly", "no"]
         return command + list(self.options)

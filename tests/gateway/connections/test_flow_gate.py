@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 
 import pytest
 
 from gateway.connections import flow
-from gateway.connections.flow import PUBLISHER, FlowGate, origin_of, remember_origin
+from gateway.connections.flow import PUBLISHER, FlowGate, TopicOrigins
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 
 pytestmark = pytest.mark.anyio
@@ -66,26 +65,36 @@ async def test_its_own_outbox_holds_no_publisher_back() -> None:
     assert not gate.blocked
 
 
-async def test_topic_messages_pending_delivery_hold_the_publisher(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    gate = FlowGate()
+async def test_topic_messages_pending_delivery_hold_the_publisher() -> None:
+    gate, origins = FlowGate(), TopicOrigins()
     for n in range(flow.MAX_PENDING + 1):
-        remember_origin(f"m{n}", gate)
+        origins.remember(f"m{n}", gate)
     assert gate.held and not gate.blocked
     waiting = asyncio.ensure_future(gate.wait(5.0))
     await asyncio.sleep(0)
-    assert origin_of("m0") is gate  # delivered: one fewer pending
+    assert origins.take("m0") is gate  # delivered: one fewer pending
     await asyncio.wait_for(waiting, 1.0)
-    assert origin_of("m0") is None  # asked once
-    # Forgotten origins (past the bound) count as delivered.
-    monkeypatch.setattr(flow, "_ORIGINS_KEPT", 2)
-    monkeypatch.setattr(flow, "_origins", OrderedDict())
-    other = FlowGate()
-    for n in range(5):
-        remember_origin(f"o{n}", other)
-    assert other.pending == 2
+    assert origins.take("m0") is None  # asked once
     gate.give_up()
     assert gate.pending == 0
     gate.delivered()  # never below 0
+    assert gate.pending == 0
+
+
+async def test_origins_past_the_bound_are_forgotten_as_delivered() -> None:
+    origins, gate = TopicOrigins(kept=2), FlowGate()
+    for n in range(5):
+        origins.remember(f"o{n}", gate)
+    assert gate.pending == 2 and len(origins) == 2
+    assert origins.take("o0") is None  # the oldest went first
+    assert origins.take("o4") is gate
+
+
+async def test_each_broker_keeps_its_own_origins() -> None:
+    # No module-level book: one broker's delivery never finds another's publisher.
+    first, second, gate = TopicOrigins(), TopicOrigins(), FlowGate()
+    first.remember("m", gate)
+    assert second.take("m") is None
+    assert gate.pending == 1
+    assert first.take("m") is gate
     assert gate.pending == 0

@@ -7,8 +7,9 @@ AOF, or while ``CLIENT KILL`` drops the broker's connections:
 * while Redis is down each publication is answered, within the test's deadline
   (never a hang), with ``asbp.accepted`` or fault 2005 (engine unavailable),
   never anything else;
-* the publisher's WebSocket Channel stays open, and what needs no engine
-  (``asbp.ping``) is still answered;
+* the publisher's WebSocket Channel stays open, and what needs no engine is
+  still routed: ``asbp.ping`` is answered, and a User-Agent's Command reaches an
+  Application-Agent and its reply comes back;
 * once Redis is back the broker recovers by itself: publications are accepted
   again, and a consumer gets every publication that was accepted, each once
   (counted: accepted versus delivered).
@@ -16,8 +17,8 @@ AOF, or while ``CLIENT KILL`` drops the broker's connections:
 ``/readyz`` answers 503 (``"engine": false``) while Redis is killed, and 200
 again once it is back. SIGSTOP for ten seconds, then SIGCONT: a publication is
 answered 2005 after the engine's command timeout, never left hanging.
-``maxmemory`` reached: 2005 until memory is freed. Not covered here (issue 16,
-left for later): a full disk (the AOF on a small tmpfs needs mount rights).
+``maxmemory`` reached: 2005 until memory is freed. A full disk (the AOF on a
+small tmpfs): tests/gateway/engines/test_redis_full_disk.py.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import redis.asyncio as aioredis
 
 from asbp import Command
 from tests.support import T
-from tests.support.gateway import Gateway, GatewayFactory, decode
+from tests.support.gateway import Gateway, GatewayFactory, agent_answers, decode
 from tests.support.messaging import Messenger, user
 from tests.support.redis import RedisServer
 
@@ -85,6 +86,8 @@ async def test_redis_fails_and_comes_back(
     try:
         gateway = await make_gateway(engine="redis", redis_url=server.url)
         publisher = await user(gateway)
+        agent = await gateway.tube(serves=("echo",))
+        asking = await gateway.channel()
         accepted: set[int] = set()
         for n in range(10):
             await publish_until_accepted(publisher, n, accepted)
@@ -98,6 +101,7 @@ async def test_redis_fails_and_comes_back(
                 reply = await publish(publisher, n)  # answered within take()'s deadline
                 assert (reply.name, reply.get("code")) == ("asbp.fault", "2005"), reply
                 assert (await publisher.call("asbp.ping")).name == "asbp.pong"
+                await agent_answers(asking, agent, n)
             await asyncio.to_thread(server.start)
         else:
             client = aioredis.Redis.from_url(server.url)
@@ -136,6 +140,7 @@ async def test_redis_stopped_for_ten_seconds_then_continued(
         gateway = await make_gateway(engine="redis", redis_url=server.url)
         publisher = await gateway.channel()
         pinger = await gateway.channel()
+        agent = await gateway.tube(serves=("echo",))
         accepted: set[int] = set()
         messenger = Messenger.of(publisher)
         for n in range(5):
@@ -147,6 +152,7 @@ async def test_redis_stopped_for_ten_seconds_then_continued(
             )
             # Meanwhile everything that needs no engine is answered at once.
             assert (await pinger.request(Command(c="asbp.ping", u=1))).name == "asbp.pong"
+            await agent_answers(pinger, agent, 2)
             readyz = await (await gateway.http_client()).get(f"{gateway.server.http_url}/readyz")
             assert readyz.status_code == 503
             # Bounded by the engine's command timeout (10 s): never a hang.

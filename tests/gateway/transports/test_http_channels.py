@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import DataReceived, ResponseReceived, StreamEnded
 
 import asbp
 from asbp import Command
@@ -422,3 +425,43 @@ async def test_routing_faults_arrive_through_the_mailbox(gateway: Gateway) -> No
     assert (status, accepted.name) == (200, "asbp.accepted")
     [(_, fault)] = await user.poll()
     assert_fault(fault, 2101, u=5)
+
+
+async def test_a_query_string_that_is_not_utf8_gets_no_server_error(gateway: Gateway) -> None:
+    """Found by bench/fuzz.py: building the request's URL raised on such a query
+    string (a 500). HTTP/1.1 (h11) refuses it in the request line; HTTP/2 lets
+    it through to the application, so this speaks h2c to Hypercorn."""
+    running = gateway.server
+    reader, writer = await asyncio.open_connection(running.host, running.port)
+    try:
+        h2 = H2Connection(H2Configuration(client_side=True, header_encoding=None))
+        h2.initiate_connection()
+        body = asbp.encode(Command(c="asbp.ping", u=3))
+        headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":authority", running.host.encode()),
+            (b":path", b"/asbp?x=\xff"),
+            (b"content-type", b"application/asbp"),
+            (b"content-length", b"%d" % len(body)),
+        ]
+        h2.send_headers(1, headers)
+        h2.send_data(1, body, end_stream=True)
+        writer.write(h2.data_to_send())
+        status, answer, ended = b"", b"", False
+        while not ended:
+            data = await asyncio.wait_for(reader.read(65536), 5 * T)
+            assert data, "the server closed the connection"
+            for event in h2.receive_data(data):
+                if isinstance(event, ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                elif isinstance(event, DataReceived):
+                    answer += event.data
+                    h2.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, StreamEnded):
+                    ended = True
+            writer.write(h2.data_to_send())
+        assert status == b"200", answer
+        assert decode(answer).name == "asbp.accepted"
+    finally:
+        writer.close()
