@@ -145,7 +145,11 @@ class Downstream:
             raise ValueError("timeout must be positive, and max_in_flight and channels at least 1")
         if isinstance(target, str):
             url = target
-            self._make: Callable[[], UserAgent] = lambda: UserAgent.websocket(url, logger=logger)
+            # The Downstream redials itself (withdrawing its names upstream meanwhile),
+            # so its User-Agents must not reconnect on their own.
+            self._make: Callable[[], UserAgent] = lambda: UserAgent.websocket(
+                url, logger=logger, reconnect=None
+            )
             self.target = url
         else:
             self._make = target

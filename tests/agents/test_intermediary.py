@@ -244,7 +244,7 @@ async def test_four_tiers_through_two_brokers(tmp_path_factory: pytest.TempPathF
 def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="timeout"):
         Downstream("ws://127.0.0.1:1/asbp", timeout=0)
-    downstream = Downstream(lambda: UserAgent.websocket("ws://127.0.0.1:1/asbp"))
+    downstream = Downstream(lambda: UserAgent.websocket("ws://127.0.0.1:1/asbp", reconnect=None))
     assert "0/1 connected" in repr(downstream)
     with pytest.raises(ValueError, match="channels"):
         Downstream("ws://127.0.0.1:1/asbp", channels=0)
@@ -274,7 +274,9 @@ async def test_a_downstream_over_http_long_polling(tmp_path: Path) -> None:
         async with responder:
             await responder.wait_registered(10 * T)
             downstream = Downstream(
-                lambda: UserAgent.http(broker_b.http_url + "/asbp", poll_wait=1 * T),
+                lambda: UserAgent.http(
+                    broker_b.http_url + "/asbp", poll_wait=1 * T, reconnect=None
+                ),
                 backoff=FAST,
             )
             outer = BrokerAgent("outer")
