@@ -181,7 +181,7 @@ async def _owned_channel(
         digest,
         f"{client.host}:{client.port}" if client else "",
         address=client.host if client else None,
-        tls=request.url.scheme == "https",
+        tls=request.scope.get("scheme") == "https",
     )
 
 
@@ -199,7 +199,7 @@ def _set_secret(response: Response, request: Request, channel_id: str, secret: s
     response.set_cookie(
         cookie_name(channel_id),
         secret,
-        path=request.url.path,
+        path=request.scope["path"],  # not request.url: its query may not be UTF-8
         httponly=True,
         secure=True,
         samesite="none" if cross else "strict",

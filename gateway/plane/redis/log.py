@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import LogRead, LogRetention
+from gateway.plane.redis.keys import stream_key
 from gateway.plane.redis.log_scripts import (
     LOG_ACK,
     LOG_APPEND,
@@ -52,6 +53,10 @@ def _none(reply: Any) -> None:
     return None
 
 
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
 def _read(reply: Any) -> LogRead | None:
     if reply is None:
         return None
@@ -69,6 +74,7 @@ class RedisChannelLog:
         retention: what each log keeps at most.
         stream_max: the cap of the brokers' inbound streams.
         clock: seconds since the epoch (the scripts compare times from it).
+        cluster: the plane is on a Redis Cluster.
     """
 
     def __init__(
@@ -80,9 +86,13 @@ class RedisChannelLog:
         retention: LogRetention,
         stream_max: int,
         clock: Callable[[], float] = time.time,
+        cluster: bool = False,
     ) -> None:
         self._submit = submit
         self._prefix = prefix
+        #: On a Redis Cluster the scripts cannot reach other brokers' streams (other
+        #: slots): they get an empty prefix and return whom to wake (log_scripts.py).
+        self._cluster = cluster
         self._broker_id = broker_id
         self._retention = retention
         self._stream_max = stream_max
@@ -112,13 +122,27 @@ class RedisChannelLog:
         return self._submit(command, _none)
 
     def _append_args(self, channel_id: str, frame: bytes) -> tuple[Any, ...]:
-        return (frame, self._now(), *self._limits, self._prefix, channel_id, self._stream_max)
+        prefix = "" if self._cluster else self._prefix
+        return (frame, self._now(), *self._limits, prefix, channel_id, self._stream_max)
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
         command = script_command(
             LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
         )
-        return self._submit(command, int)
+        if not self._cluster:
+            return self._submit(command, int)
+        return self._submit(command, lambda reply: self._woken(channel_id, reply[1:], reply[0]))
+
+    def _woken(self, channel_id: str, brokers: Any, result: Any) -> int:
+        """Send the wake-ups a cluster's script left to us; ``result`` as an int."""
+        for broker in brokers:
+            stream = stream_key(self._prefix, _text(broker))
+            wake_up = ("k", "w", "o", "", "i", channel_id, "g", "", "f", "")
+            self._submit(("XADD", stream, "MAXLEN", "~", self._stream_max, "*", *wake_up), _none)
+        return int(result)
+
+    def _dropped(self, channel_id: str, brokers: Any) -> None:
+        self._woken(channel_id, brokers, 0)
 
     def log_or_forward(self, channel_id: str, frame: bytes, directory: str) -> tuple[Any, ...]:
         """The script call of ``forward_to_channel``: its log if it has one, else its broker."""
@@ -133,10 +157,11 @@ class RedisChannelLog:
         return self._submit(command, _none)
 
     def drop(self, channel_id: str) -> asyncio.Future[None]:
+        prefix = "" if self._cluster else self._prefix
         command = script_command(
-            LOG_DROP, self._keys(channel_id), (self._prefix, channel_id, self._stream_max)
+            LOG_DROP, self._keys(channel_id), (prefix, channel_id, self._stream_max)
         )
-        return self._submit(command, _none)
+        return self._submit(command, lambda reply: self._dropped(channel_id, reply))
 
     async def digest(self, channel_id: str) -> bytes | None:
         command = script_command(LOG_DIGEST, self._keys(channel_id), (self._now(),))

@@ -18,8 +18,9 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
 Brokers' inbound streams and leases are named as gateway/plane/redis/keys.py
 names them (``{<prefix>in:<b>}``, ``{<prefix>}alive:<b>``). A wake-up or a
 forward touches another broker's stream from the log's slot, so on a Redis
-Cluster these scripts would cross slots: HTTP Channels on a cluster are not
-served by any broker yet (docs/kubernetes.md).
+Cluster the plane passes an empty prefix: the scripts return the brokers to wake
+and the plane sends each wake-up to that broker's stream itself (and a frame for
+a Channel is appended first, then forwarded by a lookup when there is no log).
 
 Times come from the broker's clock in ARGV, as the engine's scripts do, so
 tests can move it; the keys also get a PEXPIRE a minute past their idle
@@ -91,6 +92,20 @@ local function trim(now, max_age, max_frames, max_bytes)
   redis.call('HSET', meta, 'b', size)
   if lost > 0 then redis.call('HSET', meta, 'l', lost) end
 end
+-- The brokers to wake that a script could not reach itself: with an empty
+-- prefix (on a Redis Cluster, where their streams are in other slots) the
+-- caller sends the wake-ups, and the script returns these.
+local woken = {}
+local function wake_waiting(prefix, channel, cap)
+  for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
+    if prefix == '' then
+      woken[#woken + 1] = b
+    else
+      redis.call('XADD', '{' .. prefix .. 'in:' .. b .. '}', 'MAXLEN', '~', cap, '*',
+        'k', 'w', 'o', '', 'i', channel, 'g', '', 'f', '')
+    end
+  end
+end
 local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
   local now = tonumber(at)
   if not live(now) then return 0 end
@@ -98,10 +113,7 @@ local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel
   redis.call('XADD', stream, '0-' .. n, 'f', frame, 't', at)
   redis.call('HINCRBY', meta, 'b', #frame)
   trim(now, tonumber(max_age), tonumber(max_frames), tonumber(max_bytes))
-  for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
-    redis.call('XADD', '{' .. prefix .. 'in:' .. b .. '}', 'MAXLEN', '~', cap, '*',
-      'k', 'w', 'o', '', 'i', channel, 'g', '', 'f', '')
-  end
+  wake_waiting(prefix, channel, cap)
   redis.call('DEL', waiting)
   return n
 end
@@ -120,12 +132,18 @@ return 1
 )
 
 #: ARGV: frame, now ms, max age ms, max frames, max bytes, plane prefix, channel,
-#: inbound stream cap. Returns the frame's number, 0 when there is no log.
+#: inbound stream cap. Returns the frame's number, 0 when there is no log (with an
+#: empty prefix, on a cluster: {number, the brokers to wake, ...}).
 LOG_APPEND: Final = Script(
     "log_append",
     _PRELUDE
     + """
-return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+local n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+if ARGV[6] == '' then
+  table.insert(woken, 1, n)
+  return woken
+end
+return n
 """,
 )
 
@@ -197,17 +215,15 @@ return redis.call('HGET', meta, 'h')
 """,
 )
 
-#: ARGV: plane prefix, channel, inbound stream cap: the log forgotten, its readers woken.
+#: ARGV: plane prefix, channel, inbound stream cap: the log forgotten, its readers woken
+#: (with an empty prefix, on a cluster: returns the brokers to wake).
 LOG_DROP: Final = Script(
     "log_drop",
     _PRELUDE
     + """
-for _, b in ipairs(redis.call('SMEMBERS', waiting)) do
-  redis.call('XADD', '{' .. ARGV[1] .. 'in:' .. b .. '}', 'MAXLEN', '~', ARGV[3], '*',
-    'k', 'w', 'o', '', 'i', ARGV[2], 'g', '', 'f', '')
-end
+wake_waiting(ARGV[1], ARGV[2], ARGV[3])
 redis.call('DEL', meta, stream, waiting)
-return 1
+return woken
 """,
 )
 

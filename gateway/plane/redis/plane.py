@@ -276,6 +276,7 @@ class RedisPlane:
             retention=retention or LogRetention(),
             stream_max=STREAM_MAX,
             clock=clock,
+            cluster=self._cluster,
         )
 
     @property
@@ -606,10 +607,12 @@ class RedisPlane:
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         if envelope.kind is EnvelopeKind.CHANNEL and not self._cluster:
             # A Channel with a log (an HTTP Channel) takes it there, in the same call.
-            # (On a cluster the log, the directory and the target's stream are in
-            # three slots: HTTP Channels there stay with one broker for now.)
             command = self._log.log_or_forward(channel_id, envelope.frame, f"{self._prefix}ch")
             return self._submit(command, self._peer)
+        if envelope.kind is EnvelopeKind.CHANNEL:
+            # On a cluster the log, the directory and the target's stream are three
+            # slots: the log first, then (no log) the lookup and the send.
+            return self._log_then_forward(channel_id, envelope)
         keys = (f"{self._prefix}ch",)
         # The lookup writes a JOIN's groups into the directory too (scripts.py).
         lookup = (self._prefix, channel_id, envelope.kind.value, _SEPARATOR.join(envelope.among))
@@ -618,6 +621,37 @@ class RedisPlane:
             return self._submit(script_command(FORWARD_CHANNEL, keys, args), self._peer)
         lookup_command = script_command(FORWARD_CHANNEL, keys, lookup)
         return self._forward(lookup_command, envelope, channel=channel_id)
+
+    def _log_then_forward(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        result: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        logged = self._log.append(channel_id, envelope.frame)
+
+        def settle(future: asyncio.Future[str | None]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+            elif (error := future.exception()) is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(future.result())
+
+        def appended(future: asyncio.Future[int]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+            elif (error := future.exception()) is not None:
+                result.set_exception(error)
+            elif future.result() > 0:
+                result.set_result(self._broker_id)  # into the Channel's log (as _peer says)
+            else:
+                lookup = (self._prefix, channel_id, envelope.kind.value, "")
+                command = script_command(FORWARD_CHANNEL, (f"{self._prefix}ch",), lookup)
+                self._forward(command, envelope, channel=channel_id).add_done_callback(settle)
+
+        logged.add_done_callback(appended)
+        return result
 
     def forward_to_servers(self, name: str, envelope: Envelope) -> asyncio.Future[tuple[str, ...]]:
         return self._forward_each((f"{self._prefix}name:{name}",), envelope)

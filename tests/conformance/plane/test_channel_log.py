@@ -37,9 +37,10 @@ async def test_a_read_acknowledges_what_it_is_after_and_honours_its_limit(bus: B
     a = await bus.join("broker-a")
     b = await bus.join("broker-b")
     log_a, log_b = a.plane.channel_log, b.plane.channel_log
-    log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
-    for n in range(1, 8):
-        log_a.append(CHANNEL, b"c=n;%d" % n)
+    # Awaited: another broker's read follows them only once they are in Redis
+    # (one plane's calls keep their order; two planes' need not, as on a cluster).
+    await log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    await asyncio.gather(*(log_a.append(CHANNEL, b"c=n;%d" % n) for n in range(1, 8)))
     first = await log_b.read(CHANNEL, 2, 3, 0)
     assert first is not None and [seq for seq, _ in first.frames] == [3, 4, 5]
     # Acknowledged through 2: gone for every reader, and never counted as lost.
@@ -93,9 +94,8 @@ async def test_retention_by_commands_drops_the_oldest_and_reports_the_gap(bus: B
     b = await bus.join("broker-b", retention=retention)
     log_a, log_b = a.plane.channel_log, b.plane.channel_log
     assert log_a.retention == retention
-    log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
-    for n in range(1, 6):
-        log_a.append(CHANNEL, b"c=n;%d" % n)
+    await log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    await asyncio.gather(*(log_a.append(CHANNEL, b"c=n;%d" % n) for n in range(1, 6)))
     read = await log_b.read(CHANNEL, 0, 100, 0)
     assert read is not None
     assert [seq for seq, _ in read.frames] == [3, 4, 5]
@@ -154,8 +154,8 @@ async def test_an_idle_log_expires_bus_wide_and_use_keeps_it(bus: Bus) -> None:
     a = await bus.join("broker-a")
     b = await bus.join("broker-b")
     log_a, log_b = a.plane.channel_log, b.plane.channel_log
-    log_a.open(CHANNEL, digest=DIGEST, idle=100.0)
-    log_a.append(CHANNEL, b"c=n;")
+    await log_a.open(CHANNEL, digest=DIGEST, idle=100.0)
+    await log_a.append(CHANNEL, b"c=n;")
     bus.skew += 90
     assert await log_b.digest(CHANNEL) == DIGEST  # a use at any broker renews it
     bus.skew += 90

@@ -30,9 +30,6 @@ from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.engines.redis.connection import Client
-from gateway.engines.redis.connection import connect as connect_redis
-from gateway.plane.redis.keys import directory_prefix
-from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import (
     abandon,
     broker_process,
@@ -41,6 +38,7 @@ from tests.gateway.engines._broker_process import (
 )
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
+from tests.support.bus import DIRECTORY, client_for, flush, until_in_directory
 from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
@@ -48,10 +46,6 @@ pytestmark = pytest.mark.anyio
 LEASE = 1.5
 #: The agent credentials of each bus, by broker A's port, for a second agent.
 CREDENTIALS: dict[int, AgentCredentialSource] = {}
-
-
-#: Where the directory's keys are (their hash tag included).
-DIRECTORY = directory_prefix(PREFIX)
 
 
 @pytest.fixture(scope="module", params=["redis", "redis-cluster"])
@@ -65,21 +59,6 @@ def redis_url(
         return
     with RedisServer(tmp_path_factory.mktemp("bus-redis")) as server:
         yield server.url
-
-
-def client_for(redis_url: str) -> Client:
-    return connect_redis(redis_url, connect_timeout=T, command_timeout=5 * T)
-
-
-async def flush(redis_url: str) -> None:
-    client = client_for(redis_url)
-    try:
-        if isinstance(client, redis.asyncio.RedisCluster):
-            await client.flushall(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
-        else:
-            await client.flushall()
-    finally:
-        await client.aclose()
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
@@ -101,37 +80,6 @@ def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
 async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterator[RunningServer]:
     async with serve_app_async(create_app(config(tmp_path, broker_id, redis_url))) as running:
         yield running
-
-
-async def until_in_directory(redis_url: str, key: str, field: str, present: bool = True) -> None:
-    """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``.
-
-    Woken by the key's keyspace notifications, subscribed to before each look, so a
-    change cannot fall between a look and the wait.
-    """
-    client = client_for(redis_url)
-    full_key = DIRECTORY + key
-    pubsub: Any
-    if isinstance(client, redis.asyncio.RedisCluster):
-        # A cluster node notifies only its own clients of its own keys.
-        await client.initialize()
-        node = client.get_node_from_key(full_key)
-        assert node is not None
-        await client.config_set("notify-keyspace-events", "KA", target_nodes=node)
-        pubsub = client.pubsub(node=node)
-        db = 0
-    else:
-        await client.config_set("notify-keyspace-events", "KA")
-        pubsub = client.pubsub()
-        db = client.connection_pool.connection_kwargs.get("db", 0)
-    try:
-        await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
-        with anyio.fail_after(5 * T):
-            while bool(await client.hexists(full_key, field)) != present:
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()
-        await client.aclose()
 
 
 async def frame(connection: ClientConnection, timeout: float = 5 * T) -> Command:

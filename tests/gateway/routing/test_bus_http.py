@@ -18,16 +18,15 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-import redis.asyncio
 
 from agents import ApplicationAgent, Request
 from asbp import Command, decode
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
-from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
+from tests.support.bus import flush, until_in_directory
 from tests.support.gateway import HttpChannel, assert_fault, parse_multipart
 
 pytestmark = pytest.mark.anyio
@@ -50,33 +49,10 @@ def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
     )
 
 
-async def until_in_directory(redis_url: str, key: str, field: str) -> None:
-    """Wait until the plane's Redis holds ``field`` of ``key`` (keyspace notifications)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    full_key = PREFIX + key
-    try:
-        await client.config_set("notify-keyspace-events", "KA")
-        db = client.connection_pool.connection_kwargs.get("db", 0)
-        await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
-        with anyio.fail_after(5 * T):
-            while not await client.hexists(full_key, field):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()
-        await client.aclose()
-
-
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(tmp_path_factory.mktemp("bus-http-redis")) as server:
         yield server
-
-
-async def flush(redis_url: str) -> None:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushall()
-    await client.aclose()
 
 
 @contextlib.asynccontextmanager
