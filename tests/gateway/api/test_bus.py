@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
+from tests.gateway.ops.test_admin import asbp_cli
 from tests.support import RedisServer, T, serve_app_async
 from tests.support.gateway import Gateway, GatewayFactory
 
@@ -284,3 +285,39 @@ async def test_the_bus_lists_out_of_reach_are_503(
             assert "unreachable" in response.json()["detail"]
     finally:
         redis_server.start()
+
+
+async def test_the_cli_shows_each_channel_and_agent_with_its_broker(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    a, b = bus
+    ids = sorted([(await a.channel()).id, (await a.channel()).id, (await b.channel()).id])
+    await b.tube("billing")
+    await until_channels(redis_server.url, "broker-b", 1)
+
+    async def card_agents(client: redis.asyncio.Redis) -> bool:
+        card = await client.get(f"{PREFIX}card:broker-b")
+        return card is not None and json.loads(card)["agents"] == {"billing": 1}
+
+    await until(redis_server.url, "card:broker-b", card_agents)
+
+    async def cli(*args: str) -> list[list[str]]:
+        # In a thread: the brokers serve on this event loop.
+        done = await anyio.to_thread.run_sync(
+            lambda: asbp_cli(*args, "--url", a.server.http_url, cwd=tmp_path)
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.split() for line in done.stdout.splitlines()]
+
+    first = await cli("channels", "--limit", "2")
+    assert first[0][:2] == ["channel", "broker"]
+    assert first[-1][-2:] == ["--after", f"{ids[1]})"]
+    rest = await cli("channels", "--limit", "2", "--after", ids[1])
+    assert [row[0] for row in rest[2:-1]] == [ids[2]]
+    listed = {row[0]: row[1] for row in first[2:-1] + rest[2:-1]}
+    assert sorted(listed) == ids
+    assert sorted(listed.values()) == ["broker-a", "broker-a", "broker-b"]
+
+    agents = await cli("agents")
+    assert agents[0][:3] == ["agent", "broker", "tube"]
+    assert agents[2][:4] == ["billing", "broker-b", "(1", "Tubes)"]
