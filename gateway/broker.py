@@ -275,6 +275,7 @@ class Broker:
             tubes=len(self.respondents.tubes()),
             subjects=len(auth.subjects) if auth is not None else 0,
             in_flight=self.router.in_flight,
+            agents={agent: len(tubes) for agent, tubes in self.respondents.agents().items()},
         )
 
     # -- life cycle ----------------------------------------------------------

@@ -1,10 +1,13 @@
 """The management API's operations: what each reads or changes in the Broker.
 
-``GET /broker`` lists every live broker of the bus when the routing plane is on
-Redis (``scope: "bus"``, from the plane's directory: gateway.plane.census), the
-broker answering alone otherwise (``scope: "broker"``). The other lists are the
-answering broker's (queues are the engine's, so shared on Redis); every
-Channel and queue carries the broker holding it.
+``GET /broker``, ``/channels``, ``/agents`` and ``/subjects`` cover every live
+broker of the bus when the routing plane is on Redis (``scope: "bus"``, from
+the plane's directory and the brokers' cards: gateway.plane.census), the
+broker answering alone otherwise (``scope: "broker"``). Every Channel and
+agent entry names the broker holding it; another broker's Channel shows its id
+and broker only, and closing it is a 409 naming that broker (the operator asks
+it: the API never acts for another broker). Topics are the answering broker's;
+queues are the engine's, so shared on Redis.
 
 Writes (closing a Channel, ending a Subject, purging a queue, moving dead
 letters back) are logged at
@@ -14,6 +17,7 @@ WARNING with the caller's principal, the target and the reason.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from typing import Any, Final
 
@@ -70,6 +74,11 @@ _OFFSET = Param("offset", "query", "integer", "Items to skip.", minimum=0, defau
 _LIMIT = Param(
     "limit", "query", "integer", "Items per page.", minimum=1, maximum=MAX_PAGE, default=100
 )
+_AFTER = Param(
+    "after", "query", "string",
+    "A cursor: start after this Channel-Identifier (next_after of the page before).",
+    max_length=128,
+)  # fmt: skip
 _CHANNEL_ID = Param("channel_id", "path", "string", "The Channel-Identifier.", max_length=128)
 _QUEUE = Param("queue", "path", "string", "The queue's name.", max_length=1024, slashes=True)
 _PEEK_LIMIT = Param(
@@ -138,32 +147,80 @@ def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
     )
 
 
+async def _bus_channels(broker: Broker) -> dict[str, str] | None:
+    try:
+        return await broker.census.channels()
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+
+
+def _remote_channel(channel_id: str, broker_id: str) -> ChannelInfo:
+    return ChannelInfo(id=channel_id, broker=broker_id)
+
+
 async def list_channels(call: Call) -> ChannelPage:
     broker = _broker(call)
-    offset, limit = call.params["offset"], call.params["limit"]
-    channels = sorted(broker.channels, key=lambda channel: channel.id)
-    page = channels[offset : offset + limit]
+    offset, limit, after = call.params["offset"], call.params["limit"], call.params["after"]
+    held = await _bus_channels(broker)
+    # This broker's entries come from its own table below, not the directory.
+    held = {c: b for c, b in (held or {}).items() if b != broker.broker_id}
+    # This broker's own Channels from its table (the directory is written
+    # behind a batcher, so a Channel opened a moment ago may not be in it yet).
+    held.update((channel.id, broker.broker_id) for channel in broker.channels)
+    ids = sorted(held)
+    if after is not None:
+        # A cursor by identifier stays put while Channels open and close
+        # before it, where an offset would shift.
+        ids = ids[bisect.bisect_right(ids, after) :]
+    page = ids[offset : offset + limit]
+    items = []
+    for channel_id in page:
+        channel = broker.channels.get(channel_id)
+        items.append(
+            _channel_info(broker, channel)
+            if channel is not None
+            else _remote_channel(channel_id, held[channel_id])
+        )
+    more = offset + limit < len(ids)
     return ChannelPage(
-        items=[_channel_info(broker, channel) for channel in page],
-        total=len(channels),
+        items=items,
+        total=len(held),
         offset=offset,
         limit=limit,
+        scope="bus" if broker.census.spans_brokers else "broker",
+        next_after=page[-1] if more and page else None,
     )
 
 
-def _channel(call: Call) -> Channel:
-    channel = _broker(call).channels.get(call.params["channel_id"])
-    if channel is None:
-        raise ApiError(404, "no open Channel has this identifier at this broker")
-    return channel
+async def _locate(call: Call) -> tuple[Channel | None, str]:
+    """The Channel if here, else the live broker holding it; 404 if none does."""
+    broker = _broker(call)
+    channel_id = call.params["channel_id"]
+    channel = broker.channels.get(channel_id)
+    if channel is not None:
+        return channel, broker.broker_id
+    try:
+        holder = await broker.plane.locate_channel(channel_id)
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    if holder is None or holder == broker.broker_id:
+        raise ApiError(404, "no broker of the bus has an open Channel with this identifier")
+    return None, holder
 
 
 async def get_channel(call: Call) -> ChannelInfo:
-    return _channel_info(_broker(call), _channel(call))
+    channel, holder = await _locate(call)
+    if channel is None:
+        return _remote_channel(call.params["channel_id"], holder)
+    return _channel_info(_broker(call), channel)
 
 
 async def close_channel(call: Call) -> Closed:
-    channel = _channel(call)
+    channel, holder = await _locate(call)
+    if channel is None:
+        raise ApiError(
+            409, f"the Channel is at broker {holder}: ask that broker's management API to close it"
+        )
     body: CloseChannel = call.body
     _audit(call, "channel.close", channel=channel.id, reason=body.reason)
     # 2104: the Channel is gone; the reason is in the broker's log, with who asked.
@@ -171,11 +228,19 @@ async def close_channel(call: Call) -> Closed:
     return Closed(id=channel.id, closed=True)
 
 
+async def _cards(broker: Broker) -> list[BrokerCard]:
+    try:
+        return await broker.census.brokers()
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+
+
 async def list_agents(call: Call) -> AgentList:
     broker = _broker(call)
     items = [
         AgentInfo(
             agent=agent,
+            broker=broker.broker_id,
             tubes=[
                 TubeInfo(
                     id=tube.id,
@@ -186,14 +251,27 @@ async def list_agents(call: Call) -> AgentList:
                 )
                 for tube in tubes
             ],
+            tube_count=len(tubes),
         )
-        for agent, tubes in sorted(broker.respondents.agents().items())
+        for agent, tubes in broker.respondents.agents().items()
     ]
-    return AgentList(items=items)
+    if broker.census.spans_brokers:
+        # Other brokers' Tubes from their cards (at most lease / 6 seconds old).
+        for card in (await _cards(broker))[1:]:
+            items.extend(
+                AgentInfo(agent=agent, broker=card.broker, tubes=[], tube_count=count)
+                for agent, count in card.agents.items()
+            )
+    items.sort(key=lambda item: (item.agent, item.broker))
+    return AgentList(items=items, scope="bus" if broker.census.spans_brokers else "broker")
 
 
 async def count_subjects(call: Call) -> SubjectCount:
-    auth = _broker(call).router.auth
+    broker = _broker(call)
+    if broker.census.spans_brokers:
+        # The answering broker's card is fresh; the others' from the bus.
+        return SubjectCount(count=sum(card.subjects for card in await _cards(broker)), scope="bus")
+    auth = broker.router.auth
     return SubjectCount(count=len(auth.subjects) if auth is not None else 0)
 
 
@@ -362,18 +440,19 @@ OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
               "broker", "read", BusInfo, get_broker, errors=(503,)),
     Operation("GET", "/channels", "listChannels", "Open Channels, a page at a time",
-              "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT)),
+              "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT, _AFTER),
+              errors=(400, 503)),
     Operation("GET", "/channels/{channel_id}", "getChannel", "One open Channel",
               "channels", "read", ChannelInfo, get_channel, params=(_CHANNEL_ID,),
-              errors=(400, 404)),
+              errors=(400, 404, 503)),
     Operation("POST", "/channels/{channel_id}/close", "closeChannel",
               "Close a Channel, with a reason for the log", "channels", "write", Closed,
-              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404)),
+              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404, 409, 503)),
     Operation("GET", "/agents", "listAgents",
               "Application-Agents with open Tubes, and what each Tube serves", "agents",
-              "read", AgentList, list_agents, errors=()),
+              "read", AgentList, list_agents, errors=(503,)),
     Operation("GET", "/subjects", "countSubjects", "How many Subjects there are",
-              "subjects", "read", SubjectCount, count_subjects, errors=()),
+              "subjects", "read", SubjectCount, count_subjects, errors=(503,)),
     Operation("DELETE", "/subjects/{subject_id}", "endSubject",
               "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
               end_subject, params=(_SUBJECT_ID,), errors=(400, 404)),

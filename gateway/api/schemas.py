@@ -82,18 +82,18 @@ class BusInfo(Struct, kw_only=True):
 
 
 class ChannelInfo(Struct, kw_only=True):
-    """One open Channel."""
+    """One open Channel (of another broker of the bus: its id and broker only)."""
 
     id: str
     #: The broker holding the Channel.
     broker: str
-    transport: Literal["websocket", "http"]
-    remote: str
-    groups: list[str]
+    transport: Literal["websocket", "http"] | None = None
+    remote: str | None = None
+    groups: list[str] | None = None
     #: Its Commands awaiting an answer.
-    in_flight: int
+    in_flight: int | None = None
     #: Bytes waiting for the User-Agent to read.
-    outbox_bytes: int
+    outbox_bytes: int | None = None
 
 
 class ChannelPage(Struct, kw_only=True):
@@ -103,6 +103,10 @@ class ChannelPage(Struct, kw_only=True):
     total: int
     offset: int
     limit: int
+    #: ``bus``: every broker's Channels (the plane is on Redis); ``broker``: this one's.
+    scope: Literal["bus", "broker"] = "broker"
+    #: Pass as ``after`` for the next page; null on the last page.
+    next_after: str | None = None
 
 
 class CloseChannel(Struct, kw_only=True):
@@ -130,22 +134,28 @@ class TubeInfo(Struct, kw_only=True):
 
 
 class AgentInfo(Struct, kw_only=True):
-    """An Application-Agent identity with open Tubes."""
+    """An Application-Agent identity with open Tubes at one broker."""
 
     agent: str
+    #: The broker holding these Tubes.
+    broker: str
+    #: Its Tubes at that broker (of another broker of the bus: empty, see tube_count).
     tubes: list[TubeInfo]
+    tube_count: int
 
 
 class AgentList(Struct, kw_only=True):
-    """Every Application-Agent with open Tubes at this broker."""
+    """Every Application-Agent with open Tubes, by agent then broker."""
 
     items: list[AgentInfo]
+    scope: Literal["bus", "broker"] = "broker"
 
 
 class SubjectCount(Struct, kw_only=True):
-    """Subjects signed in or signing in at this broker."""
+    """Subjects signed in or signing in (at every broker of the bus, with ``scope: bus``)."""
 
     count: int
+    scope: Literal["bus", "broker"] = "broker"
 
 
 class SubjectEnded(Struct, kw_only=True):

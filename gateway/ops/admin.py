@@ -62,6 +62,7 @@ def add_commands(commands: Any) -> None:
     channels = commands.add_parser("channels", help="open Channels")
     _common(channels)
     _paged(channels)
+    channels.add_argument("--after", help="start after this Channel-Identifier (a page's next)")
     _common(commands.add_parser("agents", help="Application-Agents, their Tubes and names"))
     queues = commands.add_parser(
         "queues",
@@ -182,23 +183,37 @@ def _status(body: Any) -> str:
     return _table(headers, rows) + f"\n(scope: {body['scope']})"
 
 
+def _dash(value: object) -> object:
+    """A cell another broker of the bus does not describe."""
+    return "-" if value is None else value
+
+
 def _channels(body: Any) -> str:
     rows = [
-        (c["id"], c["transport"], c["remote"], c["in_flight"], c["outbox_bytes"],
-         ",".join(c["groups"]))
+        (c["id"], c["broker"], _dash(c["transport"]), _dash(c["remote"]), _dash(c["in_flight"]),
+         _dash(c["outbox_bytes"]), ",".join(c["groups"] or ()))
         for c in body["items"]
     ]  # fmt: skip
-    table = _table(("channel", "transport", "remote", "in flight", "outbox", "groups"), rows)
-    return table + f"\n{len(rows)} of {body['total']} (offset {body['offset']})"
+    table = _table(
+        ("channel", "broker", "transport", "remote", "in flight", "outbox", "groups"), rows
+    )
+    more = f", next: --after {body['next_after']}" if body.get("next_after") else ""
+    return table + f"\n{len(rows)} of {body['total']} (offset {body['offset']}{more})"
 
 
 def _agents(body: Any) -> str:
     rows = [
-        (a["agent"], t["id"], t["remote"], " ".join(t["serves"]), t["in_flight"])
+        (a["agent"], a["broker"], t["id"], t["remote"], " ".join(t["serves"]), t["in_flight"])
         for a in body["items"]
         for t in a["tubes"]
     ]
-    return _table(("agent", "tube", "remote", "serves", "in flight"), rows)
+    # Another broker's agents: their Tube count only (from its census card).
+    rows += [
+        (a["agent"], a["broker"], f"({a['tube_count']} Tubes)", "-", "-", "-")
+        for a in body["items"]
+        if not a["tubes"]
+    ]
+    return _table(("agent", "broker", "tube", "remote", "serves", "in flight"), rows)
 
 
 def _queues(body: Any) -> str:
@@ -271,6 +286,8 @@ def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -
             calls[command] = ("GET", f"{path}/{where}", {"params": params}, _messages)
     elif command in ("channels", "queues"):
         params = {"limit": args.limit, "offset": args.offset}
+        if command == "channels" and args.after is not None:
+            params["after"] = args.after
         render: Callable[[Any], str] = _channels if command == "channels" else _queues
         calls[command] = ("GET", f"/{command}", {"params": params}, render)
     elif command == "purge":

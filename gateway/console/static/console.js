@@ -115,9 +115,19 @@ function showAgents(agents) {
     for (const tube of agent.tubes) {
       const row = body.insertRow();
       cell(row, agent.agent);
+      cell(row, agent.broker);
       cell(row, tube.id);
       cell(row, tube.serves.join(" "));
       cell(row, tube.in_flight, true);
+    }
+    if (agent.tubes.length === 0) {
+      // Another broker of the bus: its Tube count only (from its census card).
+      const row = body.insertRow();
+      cell(row, agent.agent);
+      cell(row, agent.broker);
+      cell(row, `(${agent.tube_count} Tubes)`);
+      cell(row, "");
+      cell(row, "", true);
     }
   }
 }

@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
+from tests.gateway.ops.test_admin import asbp_cli
 from tests.support import RedisServer, T, serve_app_async
 from tests.support.gateway import Gateway, GatewayFactory
 
@@ -171,3 +172,152 @@ async def test_a_bus_out_of_reach_is_a_503_and_the_broker_keeps_serving(
         assert (await refused.get(f"{a.server.http_url}/healthz")).status_code == 200
     finally:
         redis_server.start()
+
+
+async def api(gateway: Gateway, method: str, path: str, **options: Any) -> Any:
+    client = await gateway.http_client()
+    return await client.request(method, f"{gateway.server.http_url}/api/v1{path}", **options)
+
+
+async def test_channels_are_listed_and_paged_across_the_bus_from_either_broker(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    on_a = {(await a.channel()).id for _ in range(3)}
+    on_b = {(await b.channel()).id for _ in range(2)}
+    await until_channels(redis_server.url, "broker-a", 3)
+    await until_channels(redis_server.url, "broker-b", 2)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        # A dead broker's entry the sweep has not forgotten yet is not listed.
+        await client.hset(f"{PREFIX}ch", "ghost", "dead")
+    finally:
+        await client.aclose()
+    expected = {**dict.fromkeys(on_a, "broker-a"), **dict.fromkeys(on_b, "broker-b")}
+
+    for gateway, here in ((a, on_a), (b, on_b)):
+        # Two Channels a page: three pages, by the cursor, cover the bus once.
+        seen: dict[str, dict[str, Any]] = {}
+        after: str | None = None
+        pages = 0
+        while True:
+            params: dict[str, Any] = {"limit": 2} | ({"after": after} if after else {})
+            response = await api(gateway, "GET", "/channels", params=params)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert (body["scope"], body["total"]) == ("bus", 5)
+            seen.update((item["id"], item) for item in body["items"])
+            pages += 1
+            after = body["next_after"]
+            if after is None:
+                break
+        assert pages == 3
+        assert {i: item["broker"] for i, item in seen.items()} == expected
+        # This broker's Channels in full; the other's by id and broker.
+        assert all((item["transport"] is not None) == (i in here) for i, item in seen.items())
+        # The offset pages the same list.
+        response = await api(gateway, "GET", "/channels", params={"offset": 4, "limit": 2})
+        assert [item["id"] for item in response.json()["items"]] == [sorted(expected)[4]]
+
+
+async def test_a_channel_at_the_other_broker_is_found_and_closed_there(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    peer = await b.channel()
+    await until_channels(redis_server.url, "broker-b", 1)
+
+    found = await api(a, "GET", f"/channels/{peer.id}")
+    assert found.status_code == 200, found.text
+    assert (found.json()["id"], found.json()["broker"]) == (peer.id, "broker-b")
+    assert found.json()["transport"] is None
+
+    # broker-a does not act for broker-b: a 409 names the broker that can.
+    refused = await api(a, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
+    assert refused.status_code == 409
+    assert "broker-b" in refused.json()["detail"]
+    closed = await api(b, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
+    assert closed.status_code == 200, closed.text
+    await until_channels(redis_server.url, "broker-b", 0)
+
+    # Gone from the bus: a 404 from either broker.
+    for gateway in (a, b):
+        assert (await api(gateway, "GET", f"/channels/{peer.id}")).status_code == 404
+        response = await api(gateway, "POST", f"/channels/{peer.id}/close", json={"reason": "x"})
+        assert response.status_code == 404
+
+
+async def test_agents_and_subjects_across_the_bus(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    await a.tube("billing", serves=("quote",))
+    await b.tube("billing")
+    await b.tube("billing")
+
+    async def card_agents(client: redis.asyncio.Redis) -> bool:
+        card = await client.get(f"{PREFIX}card:broker-b")
+        return card is not None and json.loads(card)["agents"] == {"billing": 2}
+
+    await until(redis_server.url, "card:broker-b", card_agents)
+
+    body = (await api(a, "GET", "/agents")).json()
+    assert body["scope"] == "bus"
+    listed = {(item["agent"], item["broker"]): item for item in body["items"]}
+    assert set(listed) == {("billing", "broker-a"), ("billing", "broker-b")}
+    here, there = listed["billing", "broker-a"], listed["billing", "broker-b"]
+    assert (here["tube_count"], here["tubes"][0]["serves"]) == (1, ["quote"])
+    assert (there["tube_count"], there["tubes"]) == (2, [])
+
+    subjects = (await api(b, "GET", "/subjects")).json()
+    assert subjects == {"count": 0, "scope": "bus"}
+
+
+async def test_the_bus_lists_out_of_reach_are_503(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, _ = bus
+    redis_server.stop()
+    try:
+        for path in ("/channels", "/channels/nobody", "/agents", "/subjects"):
+            response = await api(a, "GET", path)
+            assert response.status_code == 503, (path, response.text)
+            assert "unreachable" in response.json()["detail"]
+    finally:
+        redis_server.start()
+
+
+async def test_the_cli_shows_each_channel_and_agent_with_its_broker(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    a, b = bus
+    ids = sorted([(await a.channel()).id, (await a.channel()).id, (await b.channel()).id])
+    await b.tube("billing")
+    await until_channels(redis_server.url, "broker-b", 1)
+
+    async def card_agents(client: redis.asyncio.Redis) -> bool:
+        card = await client.get(f"{PREFIX}card:broker-b")
+        return card is not None and json.loads(card)["agents"] == {"billing": 1}
+
+    await until(redis_server.url, "card:broker-b", card_agents)
+
+    async def cli(*args: str) -> list[list[str]]:
+        # In a thread: the brokers serve on this event loop.
+        done = await anyio.to_thread.run_sync(
+            lambda: asbp_cli(*args, "--url", a.server.http_url, cwd=tmp_path)
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.split() for line in done.stdout.splitlines()]
+
+    first = await cli("channels", "--limit", "2")
+    assert first[0][:2] == ["channel", "broker"]
+    assert first[-1][-2:] == ["--after", f"{ids[1]})"]
+    rest = await cli("channels", "--limit", "2", "--after", ids[1])
+    assert [row[0] for row in rest[2:-1]] == [ids[2]]
+    listed = {row[0]: row[1] for row in first[2:-1] + rest[2:-1]}
+    assert sorted(listed) == ids
+    assert sorted(listed.values()) == ["broker-a", "broker-a", "broker-b"]
+
+    agents = await cli("agents")
+    assert agents[0][:3] == ["agent", "broker", "tube"]
+    assert agents[2][:4] == ["billing", "broker-b", "(1", "Tubes)"]

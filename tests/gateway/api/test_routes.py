@@ -88,7 +88,7 @@ async def test_agents_show_their_tubes_and_what_they_serve(make_gateway: Gateway
     assert [(a["agent"], [t["serves"] for t in a["tubes"]]) for a in agents] == [
         ("billing", [["invoice", "quote"]])
     ]
-    assert (await api(gateway, "GET", "/subjects")).json() == {"count": 0}
+    assert (await api(gateway, "GET", "/subjects")).json() == {"count": 0, "scope": "broker"}
     assert (await api(gateway, "DELETE", "/subjects/nobody")).status_code == 404
 
 
