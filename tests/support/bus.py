@@ -7,6 +7,7 @@ cannot fall between a look and the wait.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -20,7 +21,15 @@ from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX
 from tests.support.timing import T
 
-__all__ = ["DIRECTORY", "client_for", "flush", "frame", "open_with_id", "until_in_directory"]
+__all__ = [
+    "DIRECTORY",
+    "client_for",
+    "flush",
+    "frame",
+    "open_with_id",
+    "until",
+    "until_in_directory",
+]
 
 #: Where the plane's directory keys are (their hash tag included).
 DIRECTORY = directory_prefix(PREFIX)
@@ -85,3 +94,21 @@ async def open_with_id(url: str) -> tuple[ClientConnection, str]:
     identifier = greeting.get("i")
     assert isinstance(identifier, str)
     return connection, identifier
+
+
+async def until(
+    redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
+) -> None:
+    """Wait until ``holds(client)``, woken by keyspace notifications of ``DIRECTORY + key``
+    (subscribed to before each look, so no change falls between a look and the wait)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        await pubsub.subscribe(f"__keyspace@0__:{DIRECTORY}{key}")
+        with anyio.fail_after(5 * T):
+            while not await holds(client):
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+        await client.aclose()

@@ -4,7 +4,7 @@ each listing both, with their Channels (from the plane's directory) and Tubes.""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
-from tests.gateway.ops.test_admin import asbp_cli
-from tests.support import RedisServer, T, serve_app_async
+from tests.support import RedisServer, serve_app_async
+from tests.support.admin import asbp_cli
+from tests.support.bus import until
 from tests.support.gateway import Gateway, GatewayFactory
 
 #: Where the plane's directory (and the census's cards) are, hash tag included.
@@ -48,24 +49,6 @@ async def bus(
         }
 
     yield await make_gateway(**options("broker-a")), await make_gateway(**options("broker-b"))
-
-
-async def until(
-    redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
-) -> None:
-    """Wait until ``holds(client)``, woken by keyspace notifications of ``PREFIX + key``
-    (subscribed to before each look, so no change falls between a look and the wait)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    try:
-        await client.config_set("notify-keyspace-events", "KA")
-        await pubsub.subscribe(f"__keyspace@0__:{PREFIX}{key}")
-        with anyio.fail_after(5 * T):
-            while not await holds(client):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
-        await client.aclose()
 
 
 async def until_card(redis_url: str, broker_id: str, **wanted: int) -> None:

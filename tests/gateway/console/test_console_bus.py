@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from tests.gateway.api.test_bus import PREFIX, until
 from tests.support import RedisServer, T
+from tests.support.bus import DIRECTORY as PREFIX
+from tests.support.bus import until
 from tests.support.gateway import GatewayFactory
 
 HERE = Path(__file__).resolve().parent

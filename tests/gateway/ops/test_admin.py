@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -19,8 +18,8 @@ import orjson
 
 import asbp
 from asbp import Command
-from gateway.config.fields import FOREIGN_ENV_VARS
 from tests.support import T
+from tests.support.admin import asbp_cli, clean_environ
 from tests.support.ports import free_port
 
 POLICY = """
@@ -32,28 +31,6 @@ privileges = ["WRITE"]
 condition = { always = true }
 """
 TOKEN = "a-long-enough-admin-token"
-
-
-def clean_environ() -> dict[str, str]:
-    """This environment without ``ASBP_*`` settings from the developer's shell."""
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("ASBP_") or name in FOREIGN_ENV_VARS
-    }
-
-
-def asbp_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``asbp ARGS``: the console script's module, so this checkout's code runs."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.ops.cli", *args],
-        cwd=cwd,
-        env=clean_environ(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=20 * T,
-    )
 
 
 @contextlib.contextmanager
