@@ -79,8 +79,9 @@ serves `echo`, `clock` and sign-ins. Open {base}/ in a browser for the demo
 page, or try it from another terminal:
 
   # a stateless HTTP Channel: send a Command, then long-poll for the answer
+  # with the Channel's i and secret from the first answer
   curl -s -d 'c=echo,u=1;hello' {base}/asbp
-  curl -s '{base}/asbp?i=<the i from the first answer>&wait=5'
+  curl -s -H 'ASBP-Secret: <secret>' '{base}/asbp?i=<i>&wait=5'
 
   # or a WebSocket Channel, with websocat, then type: c=echo,u=1;hello
   websocat {base.replace("http", "ws", 1)}/asbp
