@@ -87,6 +87,8 @@ STREAM_MAX: Final = 100_000
 #: Milliseconds one XREAD waits for an entry before it asks again (and the reader
 #: sees whether the plane is stopping).
 _BLOCK_MS: Final = 200
+#: Seconds a closing plane waits to leave the directory, then for its last calls.
+_CLOSE_TIMEOUT: Final = 4.0
 #: Entries one XREAD returns at most.
 _READ_COUNT: Final = 1024
 _READER: Final = "asbp-plane-inbound"
@@ -332,8 +334,12 @@ class RedisPlane:
     async def close(self) -> None:
         await self._halt()
         if self._batcher is not None and self._client is not None:
-            with contextlib.suppress(PlaneUnavailable, EngineUnavailable):
-                await self._leave()
+            # Bounded: on a cluster a call may keep being sent again for up to
+            # REDIRECT_DEADLINE (15 s) while slots move; a broker that cannot leave in
+            # time is forgotten when its lease runs out, as a crashed one is.
+            with contextlib.suppress(PlaneUnavailable, EngineUnavailable, TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await self._leave()
         await self._disconnect()
 
     async def abandon(self) -> None:
@@ -357,7 +363,11 @@ class RedisPlane:
     async def _disconnect(self) -> None:
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
-            await batcher.close()
+            # What is still being sent again after _CLOSE_TIMEOUT fails as the client
+            # closes below (a Command in flight at a stopping broker faults anyway).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await batcher.close()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
