@@ -84,7 +84,11 @@ HOST: Final = "127.0.0.1"
 # then cancel what is left, so the thread join below can afford a fixed deadline.
 _GRACEFUL_TIMEOUT: Final = 3 * T
 _START_TIMEOUT: Final = 10 * T
-_STOP_TIMEOUT: Final = _GRACEFUL_TIMEOUT + 10 * T
+#: A broker of a bus closes its engine, routing plane and census, each bounded by
+#: a Redis command timeout (10 s) when Redis is slow: under coverage on two cores
+#: a stop took longer than 13 s in CI (issue 11's note: to be bounded in the
+#: broker itself), and a server left running misleads every test after it.
+_STOP_TIMEOUT: Final = _GRACEFUL_TIMEOUT + 25 * T
 
 _Ready = Callable[[], None]
 _Serve = Callable[[_Ready, asyncio.Event], Coroutine[Any, Any, None]]
