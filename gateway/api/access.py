@@ -17,12 +17,17 @@ Three ways in, from ``[management]``:
   token names a ``kid`` the cached set lacks (the issuer rotated keys), at most
   once per ``jwks_refetch_interval`` (a minute).
 
-JWTs are verified with joserfc, which the broker already uses for agent
-credentials: authlib's own ``authlib.jose`` is deprecated by its authors in
-favour of joserfc (their own successor to it; importing it raises
-``AuthlibDeprecationWarning``), so the resource server's one job, checking a
-JWT against a JWKS, stays on joserfc; authlib does the console's OpenID Connect
-sign-in (gateway.console.oidc), where it is the client the issue names.
+JWTs are verified with joserfc, as authlib itself does: authlib's resource-server
+validator for JWT access tokens (``authlib.oauth2.rfc9068.JWTBearerTokenValidator``,
+authlib 1.6 on) decodes with joserfc, and its older ``authlib.jose`` is deprecated
+by its authors in favour of joserfc (importing it raises
+``AuthlibDeprecationWarning``). That validator is not used as is because RFC 9068
+makes ``client_id``, ``jti`` and ``iat`` essential, which common identity
+providers leave out of their access tokens (Keycloak puts the client in ``azp``,
+Okta in ``cid``): the checks here are the ones every provider's tokens pass
+(signature by the issuer's JWKS, ``iss``, ``aud``, ``exp``, the scope). authlib
+does the console's OpenID Connect sign-in (gateway.console.oidc), where it is the
+client the issue names.
 """
 
 from __future__ import annotations
