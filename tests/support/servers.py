@@ -431,6 +431,7 @@ def _uvicorn(
             # As gateway/ops/server.py runs Uvicorn: websockets-sansio, writes coalesced.
             ws=CoalescingWebSocketProtocol if ws == "coalescing" else ws,
             ws_max_size=max_message_bytes,
+            ws_per_message_deflate=False,  # as gateway/ops/server.py's default
             lifespan="auto",
             log_config=None,  # leave the process's logging configuration alone
             access_log=False,
