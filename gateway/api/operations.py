@@ -5,8 +5,9 @@ broker of the bus when the routing plane is on Redis (``scope: "bus"``, from
 the plane's directory and the brokers' cards: gateway.plane.census), the
 broker answering alone otherwise (``scope: "broker"``). Every Channel and
 agent entry names the broker holding it; another broker's Channel shows its id
-and broker only, and closing it is a 409 naming that broker (the operator asks
-it: the API never acts for another broker). Topics are the answering broker's;
+and broker only; closing it is handed to that broker over the routing plane
+(an ``EnvelopeKind.CLOSE`` envelope, answered 202 once it is in that broker's
+inbound stream), which closes it as its own API would. Topics are the answering broker's;
 queues are the engine's, so shared on Redis.
 
 Writes (closing a Channel, ending a Subject, purging a queue, moving dead
@@ -56,7 +57,7 @@ from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
 from gateway.engines.base import MAX_DEAD_LETTERS, QueuedMessage
 from gateway.errors import LocalError
-from gateway.plane.base import PlaneUnavailable
+from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.census import BrokerCard
 
 __all__ = ["OPERATIONS", "version"]
@@ -217,15 +218,38 @@ async def get_channel(call: Call) -> ChannelInfo:
 
 async def close_channel(call: Call) -> Closed:
     channel, holder = await _locate(call)
-    if channel is None:
-        raise ApiError(
-            409, f"the Channel is at broker {holder}: ask that broker's management API to close it"
-        )
     body: CloseChannel = call.body
+    broker = _broker(call)
+    if channel is None:
+        return await _close_elsewhere(call, broker, holder, body.reason)
     _audit(call, "channel.close", channel=channel.id, reason=body.reason)
     # 2104: the Channel is gone; the reason is in the broker's log, with who asked.
-    _broker(call).close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
-    return Closed(id=channel.id, closed=True)
+    broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+    return Closed(id=channel.id, closed=True, broker=broker.broker_id)
+
+
+async def _close_elsewhere(call: Call, broker: Broker, holder: str, reason: str) -> Closed:
+    """Hand the close to ``holder`` over the routing plane: 202 once it is in
+    that broker's inbound stream, which closes the Channel as its own API would
+    (gateway.routing.remote), logging the reason, the principal and this broker."""
+    channel_id: str = call.params["channel_id"]
+    _audit(call, "channel.close", channel=channel_id, reason=reason, broker=holder)
+    envelope = Envelope(
+        EnvelopeKind.CLOSE,
+        broker.broker_id,
+        channel_id,
+        reason.encode(),
+        among=(call.principal,),
+    )
+    try:
+        handed = await broker.plane.send_to(holder, envelope)
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    if not handed:
+        # Its broker left the bus between the lookup and the send: so did the Channel.
+        raise ApiError(404, "no broker of the bus has an open Channel with this identifier")
+    call.status = 202
+    return Closed(id=channel_id, closed=False, broker=holder)
 
 
 async def _cards(broker: Broker) -> list[BrokerCard]:
@@ -436,6 +460,14 @@ async def get_config(call: Call) -> ConfigDocument:
     return ConfigDocument(config=config_to_dict(_broker(call).config))
 
 
+_CLOSE_CHANNEL: Final = (
+    "200 (closed: true): the Channel was at the broker answering, which closed it. "
+    "202 (closed: false): it is at another broker of the bus (broker), to which the "
+    "close was handed over the routing plane; that broker closes it as soon as it "
+    "reads the request (milliseconds), with the same fault and log record (reason, "
+    "principal) as a close asked of its own API. 404: no live broker holds it."
+)
+
 OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
               "broker", "read", BusInfo, get_broker, errors=(503,)),
@@ -447,7 +479,8 @@ OPERATIONS: Final = (
               errors=(400, 404, 503)),
     Operation("POST", "/channels/{channel_id}/close", "closeChannel",
               "Close a Channel, with a reason for the log", "channels", "write", Closed,
-              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404, 409, 503)),
+              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404, 503),
+              successes=(202,), description=_CLOSE_CHANNEL),
     Operation("GET", "/agents", "listAgents",
               "Application-Agents with open Tubes, and what each Tube serves", "agents",
               "read", AgentList, list_agents, errors=(503,)),

@@ -116,10 +116,14 @@ class CloseChannel(Struct, kw_only=True):
 
 
 class Closed(Struct, kw_only=True):
-    """A Channel the operator closed."""
+    """A Channel the operator closed, or had closed by the broker holding it."""
 
     id: str
+    #: True: closed by the broker answering (200). False: handed to ``broker``,
+    #: which closes it as soon as it reads the request (202).
     closed: bool
+    #: The broker that holds (held) the Channel.
+    broker: str
 
 
 class TubeInfo(Struct, kw_only=True):

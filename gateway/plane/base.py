@@ -109,6 +109,10 @@ class EnvelopeKind(enum.Enum):
     #: A REQUEST from a Channel with a Channel log (an HTTP Channel on a bus): its
     #: answers go into that log (``channel_log.append``), not back to ``origin``.
     LOGGED_REQUEST = "h"
+    #: An operator closes the Channel ``channel`` at the receiving broker (the
+    #: management API of ``origin`` was asked): ``frame`` is the reason (UTF-8),
+    #: ``among`` the principal who asked, for the receiving broker's log.
+    CLOSE = "x"
 
 
 @dataclass(frozen=True, slots=True)

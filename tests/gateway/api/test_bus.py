@@ -3,6 +3,7 @@ each listing both, with their Channels (from the plane's directory) and Tubes.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,9 +15,9 @@ import redis.asyncio
 
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from gateway.plane.redis.keys import directory_prefix
+from gateway.plane.redis.keys import directory_prefix, stream_key
 from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
-from tests.support import RedisServer, serve_app_async
+from tests.support import RedisServer, T, serve_app_async
 from tests.support.admin import asbp_cli
 from tests.support.bus import until
 from tests.support.gateway import Gateway, GatewayFactory
@@ -207,27 +208,68 @@ async def test_a_channel_at_the_other_broker_is_found_and_closed_there(
     bus: tuple[Gateway, Gateway], redis_server: RedisServer
 ) -> None:
     a, b = bus
-    peer = await b.channel()
-    await until_channels(redis_server.url, "broker-b", 1)
+    peer, local = await b.channel(), await b.channel()
+    await until_channels(redis_server.url, "broker-b", 2)
 
     found = await api(a, "GET", f"/channels/{peer.id}")
     assert found.status_code == 200, found.text
     assert (found.json()["id"], found.json()["broker"]) == (peer.id, "broker-b")
     assert found.json()["transport"] is None
 
-    # broker-a does not act for broker-b: a 409 names the broker that can.
-    refused = await api(a, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
-    assert refused.status_code == 409
-    assert "broker-b" in refused.json()["detail"]
-    closed = await api(b, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
+    # broker-a hands the close to broker-b over the plane: 202, not yet closed.
+    handed = await api(a, "POST", f"/channels/{peer.id}/close", json={"reason": "abuse"})
+    assert handed.status_code == 202, handed.text
+    assert handed.json() == {"id": peer.id, "closed": False, "broker": "broker-b"}
+    await a.events.wait("management.write", action="channel.close", broker="broker-b")
+    # broker-b closes it as its own API does, and logs who asked, through which broker.
+    record = await b.events.wait("management.write", action="channel.close", via="broker-a")
+    fields = record.__dict__
+    assert (fields["channel"], fields["reason"], fields["principal"]) == (
+        peer.id,
+        "abuse",
+        "loopback",
+    )
+    await asyncio.wait_for(peer.ws.wait_closed(), 5 * T)
+    closed = await api(b, "POST", f"/channels/{local.id}/close", json={"reason": "abuse"})
     assert closed.status_code == 200, closed.text
+    assert closed.json() == {"id": local.id, "closed": True, "broker": "broker-b"}
+    await asyncio.wait_for(local.ws.wait_closed(), 5 * T)
+    # The client cannot tell a close handed over from one made where it is.
+    assert (peer.ws.close_code, peer.ws.close_reason) == (
+        local.ws.close_code,
+        local.ws.close_reason,
+    )
     await until_channels(redis_server.url, "broker-b", 0)
 
-    # Gone from the bus: a 404 from either broker.
+    # Gone from the bus: a 404 from either broker, and from the bus's list.
     for gateway in (a, b):
         assert (await api(gateway, "GET", f"/channels/{peer.id}")).status_code == 404
         response = await api(gateway, "POST", f"/channels/{peer.id}/close", json={"reason": "x"})
         assert response.status_code == 404
+        listed = (await api(gateway, "GET", "/channels")).json()
+        assert (listed["total"], listed["items"]) == (0, [])
+
+
+async def test_a_close_for_a_channel_already_gone_is_logged_and_dropped(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    survivor = await b.channel()
+    # What broker-a's API writes when the Channel closes on its own between its
+    # lookup and broker-b reading the request.
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        await client.xadd(
+            stream_key(PLANE_PREFIX, "broker-b"),
+            {"k": "x", "o": "broker-a", "i": "long-gone", "g": "loopback", "f": "abuse"},
+        )
+    finally:
+        await client.aclose()
+    record = await b.events.wait("plane.channel_gone", channel="long-gone")
+    assert record.__dict__["reason"] == "abuse"
+    # broker-b keeps serving.
+    listed = (await api(a, "GET", f"/channels/{survivor.id}")).json()
+    assert listed["broker"] == "broker-b"
 
 
 async def test_agents_and_subjects_across_the_bus(
