@@ -57,7 +57,7 @@ from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
 from gateway.engines.base import MAX_DEAD_LETTERS, QueuedMessage
 from gateway.errors import LocalError
-from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
+from gateway.plane.base import ChannelListing, Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.census import BrokerCard
 
 __all__ = ["OPERATIONS", "version"]
@@ -148,48 +148,54 @@ def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
     )
 
 
-async def _bus_channels(broker: Broker) -> dict[str, str] | None:
-    try:
-        return await broker.census.channels()
-    except PlaneUnavailable as exc:
-        raise ApiError(503, str(exc)) from exc
-
-
 def _remote_channel(channel_id: str, broker_id: str) -> ChannelInfo:
     return ChannelInfo(id=channel_id, broker=broker_id)
+
+
+async def _bus_page(broker: Broker, after: str, offset: int, limit: int) -> ChannelListing:
+    """A page of the bus's directory (one script over its sorted set of ids)."""
+    plane = broker.plane
+    try:
+        # This broker's announcements are behind a batcher: once they are
+        # written, a Channel opened here a moment ago is in the page.
+        await plane.written()
+        return await plane.channel_page(after, offset, limit)
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
 
 
 async def list_channels(call: Call) -> ChannelPage:
     broker = _broker(call)
     offset, limit, after = call.params["offset"], call.params["limit"], call.params["after"]
-    held = await _bus_channels(broker)
-    # This broker's entries come from its own table below, not the directory.
-    held = {c: b for c, b in (held or {}).items() if b != broker.broker_id}
-    # This broker's own Channels from its table (the directory is written
-    # behind a batcher, so a Channel opened a moment ago may not be in it yet).
-    held.update((channel.id, broker.broker_id) for channel in broker.channels)
-    ids = sorted(held)
-    if after is not None:
-        # A cursor by identifier stays put while Channels open and close
-        # before it, where an offset would shift.
-        ids = ids[bisect.bisect_right(ids, after) :]
-    page = ids[offset : offset + limit]
+    if broker.census.spans_brokers:
+        # One more than the page, to know whether another follows.
+        listing = await _bus_page(broker, after or "", offset, limit + 1)
+        total, held = listing.total, listing.channels
+    else:
+        ids = sorted(channel.id for channel in broker.channels)
+        if after is not None:
+            # A cursor by identifier stays put while Channels open and close
+            # before it, where an offset would shift.
+            ids = ids[bisect.bisect_right(ids, after) :]
+        total = len(broker.channels)
+        held = tuple((c, broker.broker_id) for c in ids[offset : offset + limit + 1])
+    more = len(held) > limit
+    page = held[:limit]
     items = []
-    for channel_id in page:
-        channel = broker.channels.get(channel_id)
+    for channel_id, holder in page:
+        channel = broker.channels.get(channel_id) if holder == broker.broker_id else None
         items.append(
             _channel_info(broker, channel)
             if channel is not None
-            else _remote_channel(channel_id, held[channel_id])
+            else _remote_channel(channel_id, holder)
         )
-    more = offset + limit < len(ids)
     return ChannelPage(
         items=items,
-        total=len(held),
+        total=total,
         offset=offset,
         limit=limit,
         scope="bus" if broker.census.spans_brokers else "broker",
-        next_after=page[-1] if more and page else None,
+        next_after=page[-1][0] if more else None,
     )
 
 

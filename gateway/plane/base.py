@@ -57,6 +57,7 @@ from gateway.engines.base import EngineUnavailable
 __all__ = [
     "DEFAULT_LEASE",
     "Balance",
+    "ChannelListing",
     "ChannelLog",
     "Envelope",
     "EnvelopeKind",
@@ -129,6 +130,16 @@ class Envelope:
     #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
     #: JOIN, LEAVE and GROUP: the groups.
     among: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelListing:
+    """A page of the bus's Channels, in identifier order (``Plane.channel_page``)."""
+
+    #: Channels of live brokers on the whole bus.
+    total: int
+    #: ``(channel id, broker id)``, at most the ``limit`` asked for.
+    channels: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +322,21 @@ class Plane(Protocol):
 
     async def locate_channel(self, channel_id: str) -> str | None:
         """The live broker holding the Channel, or None."""
+        ...
+
+    async def channel_page(self, after: str, offset: int, limit: int) -> ChannelListing:
+        """The bus's Channels at live brokers, by identifier: skipping ``offset``
+        of those after ``after`` ("": from the first), at most ``limit``.
+
+        For the management API, never on a Command's path. On Redis one script
+        over a sorted set of identifiers kept beside the directory, so a page
+        costs its offset and size, not the size of the bus. It reads the
+        directory as written: await ``written()`` first to see this broker's
+        latest announcements.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
         ...
 
     async def group_brokers(self, group: str) -> frozenset[str]:

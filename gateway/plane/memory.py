@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import time
 import uuid
@@ -24,6 +25,7 @@ from typing import TypeVar
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
+    ChannelListing,
     ChannelLog,
     Envelope,
     EnvelopeKind,
@@ -239,6 +241,13 @@ class MemoryPlane:
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = self._bus.channels.get(channel_id)
         return broker_id if broker_id is not None and self._bus.alive(broker_id) else None
+
+    async def channel_page(self, after: str, offset: int, limit: int) -> ChannelListing:
+        # Brokers of one process (tests): a scan per page is cheap enough.
+        bus = self._bus
+        live = {c: b for c, b in bus.channels.items() if bus.alive(b)}
+        wanted = heapq.nsmallest(offset + limit, (c for c in live if c > after))[offset:]
+        return ChannelListing(len(live), tuple((c, live[c]) for c in wanted))
 
     async def respondents(self, name: str) -> frozenset[str]:
         bus = self._bus

@@ -175,6 +175,7 @@ async def test_channels_are_listed_and_paged_across_the_bus_from_either_broker(
     try:
         # A dead broker's entry the sweep has not forgotten yet is not listed.
         await client.hset(f"{PREFIX}ch", "ghost", "dead")
+        await client.zadd(f"{PREFIX}chz", {"ghost": 0})
     finally:
         await client.aclose()
     expected = {**dict.fromkeys(on_a, "broker-a"), **dict.fromkeys(on_b, "broker-b")}
