@@ -306,13 +306,37 @@ async def count_subjects(call: Call) -> SubjectCount:
 
 
 async def end_subject(call: Call) -> SubjectEnded:
-    auth = _broker(call).router.auth
+    broker = _broker(call)
+    auth = broker.router.auth
     subject = auth.subjects.get(call.params["subject_id"]) if auth is not None else None
-    if auth is None or subject is None:
-        raise ApiError(404, "no Subject has this identifier at this broker")
-    _audit(call, "subject.end", subject=subject.id)
-    auth.end(subject, "ended by an operator")
-    return SubjectEnded(id=subject.id, ended=True)
+    if auth is not None and subject is not None:
+        _audit(call, "subject.end", subject=subject.id)
+        auth.end(subject, "ended by an operator")
+        return SubjectEnded(id=subject.id, ended=True, brokers=[broker.broker_id])
+    if auth is not None and broker.census.spans_brokers:
+        return await _end_elsewhere(call, broker)
+    raise ApiError(404, "no Subject has this identifier at this broker")
+
+
+async def _end_elsewhere(call: Call, broker: Broker) -> SubjectEnded:
+    """Hand the end to every other live broker: no directory says where a Subject
+    lives (its User-Agent's broker), so each is asked and the one holding it ends it
+    (gateway.routing.remote_subjects); 202 once the request is on their streams."""
+    subject_id: str = call.params["subject_id"]
+    others = [card.broker for card in (await _cards(broker))[1:]]
+    envelope = Envelope(
+        EnvelopeKind.END_SUBJECT, broker.broker_id, subject_id, b"", among=(call.principal,)
+    )
+    try:
+        sent = await asyncio.gather(*(broker.plane.send_to(b, envelope) for b in others))
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    handed = [b for b, ok in zip(others, sent, strict=True) if ok]
+    if not handed:
+        raise ApiError(404, "no Subject has this identifier, and no other broker is on the bus")
+    _audit(call, "subject.end", subject=subject_id, brokers=handed)
+    call.status = 202
+    return SubjectEnded(id=subject_id, ended=False, brokers=handed)
 
 
 async def list_topics(call: Call) -> TopicList:
@@ -474,6 +498,16 @@ _CLOSE_CHANNEL: Final = (
     "principal) as a close asked of its own API. 404: no live broker holds it."
 )
 
+_END_SUBJECT: Final = (
+    "200 (ended: true): the Subject lived at the broker answering, which ended it. "
+    "202 (ended: false): it does not live here, and the routing plane spans brokers: "
+    "the end was handed to every other live broker of the bus (brokers), and the one "
+    "where it lives (its User-Agent's broker) ends it as soon as it reads the request, "
+    "with the same notice to its agents and log record as its own API would; the "
+    "others ignore it, so a 202 does not say the Subject exists. 404: not here, and no "
+    "other broker to ask."
+)
+
 OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
               "broker", "read", BusInfo, get_broker, errors=(503,)),
@@ -494,7 +528,8 @@ OPERATIONS: Final = (
               "subjects", "read", SubjectCount, count_subjects, errors=(503,)),
     Operation("DELETE", "/subjects/{subject_id}", "endSubject",
               "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
-              end_subject, params=(_SUBJECT_ID,), errors=(400, 404)),
+              end_subject, params=(_SUBJECT_ID,), errors=(400, 404, 503), successes=(202,),
+              description=_END_SUBJECT),
     Operation("GET", "/topics", "listTopics", "Topic subscriptions at this broker", "topics",
               "read", TopicList, list_topics, errors=()),
     Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",

@@ -114,6 +114,11 @@ class EnvelopeKind(enum.Enum):
     #: management API of ``origin`` was asked): ``frame`` is the reason (UTF-8),
     #: ``among`` the principal who asked, for the receiving broker's log.
     CLOSE = "x"
+    #: An operator ends the Subject ``channel`` (its ``s``) if it lives at the
+    #: receiving broker (the management API of ``origin`` was asked and sent it to
+    #: every live broker); ``among`` is the principal who asked. Not SUBJECT_END,
+    #: the notice a Subject's own broker sends once it has ended one.
+    END_SUBJECT = "z"
 
 
 @dataclass(frozen=True, slots=True)

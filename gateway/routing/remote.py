@@ -97,6 +97,7 @@ _SUBJECT_KINDS: Final = frozenset(
         EnvelopeKind.SUBJECT_ASKED,
         EnvelopeKind.SUBJECT_ANSWER,
         EnvelopeKind.SUBJECT_END,
+        EnvelopeKind.END_SUBJECT,
     )
 )
 #: Proxies of remote Channels kept at most (least recently used go first).

@@ -13,6 +13,7 @@ import anyio
 import pytest
 import redis.asyncio
 
+from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.keys import directory_prefix, stream_key
@@ -297,6 +298,77 @@ async def test_agents_and_subjects_across_the_bus(
 
     subjects = (await api(b, "GET", "/subjects")).json()
     assert subjects == {"count": 0, "scope": "bus"}
+
+
+@pytest.fixture
+async def subject_bus(
+    redis_server: RedisServer, make_gateway: GatewayFactory, tmp_path: Path
+) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """Two brokers with Subjects on: billing may serve the Authenticate-Command."""
+
+    def options(broker_id: str) -> dict[str, Any]:
+        return {
+            "broker_id": broker_id,
+            "data_dir": tmp_path / broker_id,
+            "engine": "redis",
+            "redis_url": redis_server.url,
+            "bus_lease": LEASE,
+            "agents": {"billing": {"public_key": "billing.pem", "serves": [".*", "auth.login"]}},
+            "authenticate_command": "auth.login",
+        }
+
+    yield await make_gateway(**options("broker-a")), await make_gateway(**options("broker-b"))
+
+
+async def test_a_subject_living_at_the_other_broker_is_ended_there(
+    subject_bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = subject_bus
+    agent = await b.tube("billing", serves=("auth.login",))
+    user = await b.channel()
+    await user.send("c=auth.login,u=1;alice")
+    login = await agent.recv()
+    subject = login.get("s")
+    assert (login.name, isinstance(subject, str)) == ("auth.login", True)
+    await agent.send(Command({"c": "asbp.authenticated", "s": subject, "u": 5}))
+    assert (await agent.recv()).name == "asbp.accepted"
+    assert (await user.recv()).name == "asbp.authenticated"
+    await until_card(redis_server.url, "broker-b", subjects=1)
+
+    # broker-a does not hold it: every other live broker is asked, 202.
+    handed = await api(a, "DELETE", f"/subjects/{subject}")
+    assert handed.status_code == 202, handed.text
+    assert handed.json() == {"id": subject, "ended": False, "brokers": ["broker-b"]}
+    # broker-b ends it as its own API does: its agent is told, the write logged.
+    ended = await agent.recv()
+    assert (ended.name, ended.get("s"), ended.get("cause")) == (
+        "asbp.subject.ended",
+        subject,
+        "ended by an operator",
+    )
+    record = await b.events.wait("management.write", action="subject.end", via="broker-a")
+    assert (record.__dict__["subject"], record.__dict__["principal"]) == (subject, "loopback")
+    assert (await api(b, "GET", "/subjects")).json() == {"count": 0, "scope": "bus"}
+    # Its Commands are refused now, as after a local end.
+    await user.send(f"c=whoami,s={subject},u=2;")
+    refused = await user.recv()
+    assert (refused.name, refused.command_id) == ("asbp.fault", 2)
+
+
+async def test_a_subject_ended_where_it_lives_is_a_200(
+    subject_bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, _ = subject_bus
+    agent = await a.tube("billing", serves=("auth.login",))
+    user = await a.channel()
+    await user.send("c=auth.login,u=1;alice")
+    subject = (await agent.recv()).get("s")
+    await agent.send(Command({"c": "asbp.authenticated", "s": subject, "u": 5}))
+    assert (await agent.recv()).name == "asbp.accepted"
+    ended = await api(a, "DELETE", f"/subjects/{subject}")
+    assert ended.status_code == 200, ended.text
+    assert ended.json() == {"id": subject, "ended": True, "brokers": ["broker-a"]}
+    assert (await agent.recv()).name == "asbp.subject.ended"
 
 
 async def test_the_bus_lists_out_of_reach_are_503(
