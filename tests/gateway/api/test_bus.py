@@ -335,6 +335,10 @@ async def test_a_subject_living_at_the_other_broker_is_ended_there(
     assert (await user.recv()).name == "asbp.authenticated"
     await until_card(redis_server.url, "broker-b", subjects=1)
 
+    # A Subject nobody holds is handed over too (broker-b ignores it): a 202 says
+    # where the request went, not that the Subject exists.
+    unknown = await api(a, "DELETE", "/subjects/nobody")
+    assert (unknown.status_code, unknown.json()["brokers"]) == (202, ["broker-b"])
     # broker-a does not hold it: every other live broker is asked, 202.
     handed = await api(a, "DELETE", f"/subjects/{subject}")
     assert handed.status_code == 202, handed.text
