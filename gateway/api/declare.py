@@ -117,6 +117,9 @@ class Call:
     body: Any = None
     #: Objects the handlers need (the Broker, the throttle), from the lifespan.
     state: Mapping[str, Any] = field(default_factory=dict)
+    #: The status of a success: a handler sets another of its operation's
+    #: ``successes`` (202: handed to another broker) when it applies.
+    status: int = 200
 
 
 Handler = Callable[[Call], Awaitable[msgspec.Struct]]
@@ -139,9 +142,15 @@ class Operation:
     body: type[msgspec.Struct] | None = None
     #: Statuses besides 200 and the authentication ones it may answer with.
     errors: tuple[int, ...] = (400,)
+    #: Successes besides 200, each with the response's schema (202: accepted,
+    #: done by another broker a moment later).
+    successes: tuple[int, ...] = ()
+    #: What the operation does, at more length than ``summary`` (OpenAPI's ``description``).
+    description: str | None = None
 
 
 _PHRASES = {
+    202: "Accepted",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -177,6 +186,11 @@ def openapi_document(operations: Sequence[Operation], *, version: str) -> dict[s
                 "content": {"application/json": {"schema": ref[operation.response]}},
             }
         }
+        for status in operation.successes:
+            responses[str(status)] = {
+                "description": _PHRASES.get(status, "Success"),
+                "content": {"application/json": {"schema": ref[operation.response]}},
+            }
         for status in (*operation.errors, 401, 403):
             responses[str(status)] = {
                 "description": _PHRASES.get(status, "Error"),
@@ -199,6 +213,8 @@ def openapi_document(operations: Sequence[Operation], *, version: str) -> dict[s
             ],
             "responses": responses,
         }
+        if operation.description is not None:
+            entry["description"] = operation.description
         if operation.body is not None:
             entry["requestBody"] = {
                 "required": True,

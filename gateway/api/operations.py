@@ -5,8 +5,9 @@ broker of the bus when the routing plane is on Redis (``scope: "bus"``, from
 the plane's directory and the brokers' cards: gateway.plane.census), the
 broker answering alone otherwise (``scope: "broker"``). Every Channel and
 agent entry names the broker holding it; another broker's Channel shows its id
-and broker only, and closing it is a 409 naming that broker (the operator asks
-it: the API never acts for another broker). Topics are the answering broker's;
+and broker only; closing it is handed to that broker over the routing plane
+(an ``EnvelopeKind.CLOSE`` envelope, answered 202 once it is in that broker's
+inbound stream), which closes it as its own API would. Topics are the answering broker's;
 queues are the engine's, so shared on Redis.
 
 Writes (closing a Channel, ending a Subject, purging a queue, moving dead
@@ -56,7 +57,7 @@ from gateway.config.rendering import config_to_dict
 from gateway.connections.channels import Channel
 from gateway.engines.base import MAX_DEAD_LETTERS, QueuedMessage
 from gateway.errors import LocalError
-from gateway.plane.base import PlaneUnavailable
+from gateway.plane.base import ChannelListing, Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.census import BrokerCard
 
 __all__ = ["OPERATIONS", "version"]
@@ -147,48 +148,54 @@ def _channel_info(broker: Broker, channel: Channel) -> ChannelInfo:
     )
 
 
-async def _bus_channels(broker: Broker) -> dict[str, str] | None:
-    try:
-        return await broker.census.channels()
-    except PlaneUnavailable as exc:
-        raise ApiError(503, str(exc)) from exc
-
-
 def _remote_channel(channel_id: str, broker_id: str) -> ChannelInfo:
     return ChannelInfo(id=channel_id, broker=broker_id)
+
+
+async def _bus_page(broker: Broker, after: str, offset: int, limit: int) -> ChannelListing:
+    """A page of the bus's directory (one script over its sorted set of ids)."""
+    plane = broker.plane
+    try:
+        # This broker's announcements are behind a batcher: once they are
+        # written, a Channel opened here a moment ago is in the page.
+        await plane.written()
+        return await plane.channel_page(after, offset, limit)
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
 
 
 async def list_channels(call: Call) -> ChannelPage:
     broker = _broker(call)
     offset, limit, after = call.params["offset"], call.params["limit"], call.params["after"]
-    held = await _bus_channels(broker)
-    # This broker's entries come from its own table below, not the directory.
-    held = {c: b for c, b in (held or {}).items() if b != broker.broker_id}
-    # This broker's own Channels from its table (the directory is written
-    # behind a batcher, so a Channel opened a moment ago may not be in it yet).
-    held.update((channel.id, broker.broker_id) for channel in broker.channels)
-    ids = sorted(held)
-    if after is not None:
-        # A cursor by identifier stays put while Channels open and close
-        # before it, where an offset would shift.
-        ids = ids[bisect.bisect_right(ids, after) :]
-    page = ids[offset : offset + limit]
+    if broker.census.spans_brokers:
+        # One more than the page, to know whether another follows.
+        listing = await _bus_page(broker, after or "", offset, limit + 1)
+        total, held = listing.total, listing.channels
+    else:
+        ids = sorted(channel.id for channel in broker.channels)
+        if after is not None:
+            # A cursor by identifier stays put while Channels open and close
+            # before it, where an offset would shift.
+            ids = ids[bisect.bisect_right(ids, after) :]
+        total = len(broker.channels)
+        held = tuple((c, broker.broker_id) for c in ids[offset : offset + limit + 1])
+    more = len(held) > limit
+    page = held[:limit]
     items = []
-    for channel_id in page:
-        channel = broker.channels.get(channel_id)
+    for channel_id, holder in page:
+        channel = broker.channels.get(channel_id) if holder == broker.broker_id else None
         items.append(
             _channel_info(broker, channel)
             if channel is not None
-            else _remote_channel(channel_id, held[channel_id])
+            else _remote_channel(channel_id, holder)
         )
-    more = offset + limit < len(ids)
     return ChannelPage(
         items=items,
-        total=len(held),
+        total=total,
         offset=offset,
         limit=limit,
         scope="bus" if broker.census.spans_brokers else "broker",
-        next_after=page[-1] if more and page else None,
+        next_after=page[-1][0] if more else None,
     )
 
 
@@ -217,15 +224,38 @@ async def get_channel(call: Call) -> ChannelInfo:
 
 async def close_channel(call: Call) -> Closed:
     channel, holder = await _locate(call)
-    if channel is None:
-        raise ApiError(
-            409, f"the Channel is at broker {holder}: ask that broker's management API to close it"
-        )
     body: CloseChannel = call.body
+    broker = _broker(call)
+    if channel is None:
+        return await _close_elsewhere(call, broker, holder, body.reason)
     _audit(call, "channel.close", channel=channel.id, reason=body.reason)
     # 2104: the Channel is gone; the reason is in the broker's log, with who asked.
-    _broker(call).close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
-    return Closed(id=channel.id, closed=True)
+    broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+    return Closed(id=channel.id, closed=True, broker=broker.broker_id)
+
+
+async def _close_elsewhere(call: Call, broker: Broker, holder: str, reason: str) -> Closed:
+    """Hand the close to ``holder`` over the routing plane: 202 once it is in
+    that broker's inbound stream, which closes the Channel as its own API would
+    (gateway.routing.remote), logging the reason, the principal and this broker."""
+    channel_id: str = call.params["channel_id"]
+    _audit(call, "channel.close", channel=channel_id, reason=reason, broker=holder)
+    envelope = Envelope(
+        EnvelopeKind.CLOSE,
+        broker.broker_id,
+        channel_id,
+        reason.encode(),
+        among=(call.principal,),
+    )
+    try:
+        handed = await broker.plane.send_to(holder, envelope)
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    if not handed:
+        # Its broker left the bus between the lookup and the send: so did the Channel.
+        raise ApiError(404, "no broker of the bus has an open Channel with this identifier")
+    call.status = 202
+    return Closed(id=channel_id, closed=False, broker=holder)
 
 
 async def _cards(broker: Broker) -> list[BrokerCard]:
@@ -276,13 +306,37 @@ async def count_subjects(call: Call) -> SubjectCount:
 
 
 async def end_subject(call: Call) -> SubjectEnded:
-    auth = _broker(call).router.auth
+    broker = _broker(call)
+    auth = broker.router.auth
     subject = auth.subjects.get(call.params["subject_id"]) if auth is not None else None
-    if auth is None or subject is None:
-        raise ApiError(404, "no Subject has this identifier at this broker")
-    _audit(call, "subject.end", subject=subject.id)
-    auth.end(subject, "ended by an operator")
-    return SubjectEnded(id=subject.id, ended=True)
+    if auth is not None and subject is not None:
+        _audit(call, "subject.end", subject=subject.id)
+        auth.end(subject, "ended by an operator")
+        return SubjectEnded(id=subject.id, ended=True, brokers=[broker.broker_id])
+    if auth is not None and broker.census.spans_brokers:
+        return await _end_elsewhere(call, broker)
+    raise ApiError(404, "no Subject has this identifier at this broker")
+
+
+async def _end_elsewhere(call: Call, broker: Broker) -> SubjectEnded:
+    """Hand the end to every other live broker: no directory says where a Subject
+    lives (its User-Agent's broker), so each is asked and the one holding it ends it
+    (gateway.routing.remote_subjects); 202 once the request is on their streams."""
+    subject_id: str = call.params["subject_id"]
+    others = [card.broker for card in (await _cards(broker))[1:]]
+    envelope = Envelope(
+        EnvelopeKind.END_SUBJECT, broker.broker_id, subject_id, b"", among=(call.principal,)
+    )
+    try:
+        sent = await asyncio.gather(*(broker.plane.send_to(b, envelope) for b in others))
+    except PlaneUnavailable as exc:
+        raise ApiError(503, str(exc)) from exc
+    handed = [b for b, ok in zip(others, sent, strict=True) if ok]
+    if not handed:
+        raise ApiError(404, "no Subject has this identifier, and no other broker is on the bus")
+    _audit(call, "subject.end", subject=subject_id, brokers=handed)
+    call.status = 202
+    return SubjectEnded(id=subject_id, ended=False, brokers=handed)
 
 
 async def list_topics(call: Call) -> TopicList:
@@ -436,6 +490,24 @@ async def get_config(call: Call) -> ConfigDocument:
     return ConfigDocument(config=config_to_dict(_broker(call).config))
 
 
+_CLOSE_CHANNEL: Final = (
+    "200 (closed: true): the Channel was at the broker answering, which closed it. "
+    "202 (closed: false): it is at another broker of the bus (broker), to which the "
+    "close was handed over the routing plane; that broker closes it as soon as it "
+    "reads the request (milliseconds), with the same fault and log record (reason, "
+    "principal) as a close asked of its own API. 404: no live broker holds it."
+)
+
+_END_SUBJECT: Final = (
+    "200 (ended: true): the Subject lived at the broker answering, which ended it. "
+    "202 (ended: false): it does not live here, and the routing plane spans brokers: "
+    "the end was handed to every other live broker of the bus (brokers), and the one "
+    "where it lives (its User-Agent's broker) ends it as soon as it reads the request, "
+    "with the same notice to its agents and log record as its own API would; the "
+    "others ignore it, so a 202 does not say the Subject exists. 404: not here, and no "
+    "other broker to ask."
+)
+
 OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
               "broker", "read", BusInfo, get_broker, errors=(503,)),
@@ -447,7 +519,8 @@ OPERATIONS: Final = (
               errors=(400, 404, 503)),
     Operation("POST", "/channels/{channel_id}/close", "closeChannel",
               "Close a Channel, with a reason for the log", "channels", "write", Closed,
-              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404, 409, 503)),
+              close_channel, params=(_CHANNEL_ID,), body=CloseChannel, errors=(400, 404, 503),
+              successes=(202,), description=_CLOSE_CHANNEL),
     Operation("GET", "/agents", "listAgents",
               "Application-Agents with open Tubes, and what each Tube serves", "agents",
               "read", AgentList, list_agents, errors=(503,)),
@@ -455,7 +528,8 @@ OPERATIONS: Final = (
               "subjects", "read", SubjectCount, count_subjects, errors=(503,)),
     Operation("DELETE", "/subjects/{subject_id}", "endSubject",
               "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
-              end_subject, params=(_SUBJECT_ID,), errors=(400, 404)),
+              end_subject, params=(_SUBJECT_ID,), errors=(400, 404, 503), successes=(202,),
+              description=_END_SUBJECT),
     Operation("GET", "/topics", "listTopics", "Topic subscriptions at this broker", "topics",
               "read", TopicList, list_topics, errors=()),
     Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",

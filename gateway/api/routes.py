@@ -77,7 +77,7 @@ def _endpoint(
             result = await operation.handler(call)
         except ApiError as error:
             return _problem_response(error)
-        return Response(to_json(result), media_type="application/json")
+        return Response(to_json(result), status_code=call.status, media_type="application/json")
 
     return endpoint
 

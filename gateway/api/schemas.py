@@ -116,10 +116,14 @@ class CloseChannel(Struct, kw_only=True):
 
 
 class Closed(Struct, kw_only=True):
-    """A Channel the operator closed."""
+    """A Channel the operator closed, or had closed by the broker holding it."""
 
     id: str
+    #: True: closed by the broker answering (200). False: handed to ``broker``,
+    #: which closes it as soon as it reads the request (202).
     closed: bool
+    #: The broker that holds (held) the Channel.
+    broker: str
 
 
 class TubeInfo(Struct, kw_only=True):
@@ -159,10 +163,15 @@ class SubjectCount(Struct, kw_only=True):
 
 
 class SubjectEnded(Struct, kw_only=True):
-    """A Subject the operator ended."""
+    """A Subject the operator ended, or asked the other brokers of the bus to end."""
 
     id: str
+    #: True: ended by the broker answering (200). False: not there, so handed
+    #: to ``brokers``, every other live broker of the bus; the one where it
+    #: lives ends it as soon as it reads the request (202).
     ended: bool
+    #: Where it was ended (the broker answering), or the brokers it was handed to.
+    brokers: list[str]
 
 
 class TopicSubscription(Struct, kw_only=True):

@@ -57,6 +57,7 @@ from gateway.engines.base import EngineUnavailable
 __all__ = [
     "DEFAULT_LEASE",
     "Balance",
+    "ChannelListing",
     "ChannelLog",
     "Envelope",
     "EnvelopeKind",
@@ -109,6 +110,15 @@ class EnvelopeKind(enum.Enum):
     #: A REQUEST from a Channel with a Channel log (an HTTP Channel on a bus): its
     #: answers go into that log (``channel_log.append``), not back to ``origin``.
     LOGGED_REQUEST = "h"
+    #: An operator closes the Channel ``channel`` at the receiving broker (the
+    #: management API of ``origin`` was asked): ``frame`` is the reason (UTF-8),
+    #: ``among`` the principal who asked, for the receiving broker's log.
+    CLOSE = "x"
+    #: An operator ends the Subject ``channel`` (its ``s``) if it lives at the
+    #: receiving broker (the management API of ``origin`` was asked and sent it to
+    #: every live broker); ``among`` is the principal who asked. Not SUBJECT_END,
+    #: the notice a Subject's own broker sends once it has ended one.
+    END_SUBJECT = "z"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,16 @@ class Envelope:
     #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
     #: JOIN, LEAVE and GROUP: the groups.
     among: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelListing:
+    """A page of the bus's Channels, in identifier order (``Plane.channel_page``)."""
+
+    #: Channels of live brokers on the whole bus.
+    total: int
+    #: ``(channel id, broker id)``, at most the ``limit`` asked for.
+    channels: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +327,21 @@ class Plane(Protocol):
 
     async def locate_channel(self, channel_id: str) -> str | None:
         """The live broker holding the Channel, or None."""
+        ...
+
+    async def channel_page(self, after: str, offset: int, limit: int) -> ChannelListing:
+        """The bus's Channels at live brokers, by identifier: skipping ``offset``
+        of those after ``after`` ("": from the first), at most ``limit``.
+
+        For the management API, never on a Command's path. On Redis one script
+        over a sorted set of identifiers kept beside the directory, so a page
+        costs its offset and size, not the size of the bus. It reads the
+        directory as written: await ``written()`` first to see this broker's
+        latest announcements.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
         ...
 
     async def group_brokers(self, group: str) -> frozenset[str]:

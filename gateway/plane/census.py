@@ -17,10 +17,10 @@ card. The broker answering is described fresh rather than from its card.
 A card is at most ``lease / 6`` seconds old (1.7 s with the default lease);
 that is the staleness of the bus-wide view of another broker's Tubes.
 
-:meth:`RedisCensus.channels` reads the directory's ``ch`` hash (every
-Channel with its broker), keeping the Channels of live brokers: the bus-wide
-Channel list of the management API. A card also carries the broker's Tubes per
-Application-Agent, for the bus-wide agents list.
+The bus-wide Channel list of the management API is the plane's
+(``Plane.channel_page``: a page of the directory's sorted set of identifiers).
+A card also carries the broker's Tubes per Application-Agent, for the bus-wide
+agents list.
 
 On the ``memory`` engine a broker is alone on its bus: :class:`LocalCensus`
 lists it only. Nothing here is on a Command's path.
@@ -99,14 +99,6 @@ class Census(Protocol):
         """
         ...
 
-    async def channels(self) -> dict[str, str] | None:
-        """Every Channel of the bus with its live broker, or None when alone.
-
-        Raises:
-            PlaneUnavailable: the bus cannot be asked.
-        """
-        ...
-
 
 class LocalCensus:
     """A broker alone on its bus (the ``memory`` engine)."""
@@ -126,9 +118,6 @@ class LocalCensus:
 
     async def brokers(self) -> list[BrokerCard]:
         return [self._describe()]
-
-    async def channels(self) -> dict[str, str] | None:
-        return None
 
 
 class RedisCensus:
@@ -218,28 +207,6 @@ class RedisCensus:
             # The directory's own count is the authority for Channels.
             cards.append(msgspec.structs.replace(seen, broker=broker_id, channels=int(channels)))
         return cards
-
-    async def channels(self) -> dict[str, str] | None:
-        # The directory's ``ch`` hash names each Channel's broker; a broker
-        # whose lease has run out holds nothing, though the sweep may not have
-        # forgotten its entries yet. One HGETALL: the list is sorted by
-        # identifier for paging, which needs every identifier anyway.
-        client = self._redis()
-        prefix = self._prefix
-        try:
-            held = {
-                _text(channel_id): _text(broker_id)
-                for channel_id, broker_id in (await client.hgetall(f"{prefix}ch")).items()
-            }
-            others = sorted(set(held.values()) - {self._broker_id})
-            async with client.pipeline(transaction=False) as pipe:
-                for broker_id in others:
-                    pipe.exists(f"{prefix}alive:{broker_id}")
-                alive = await pipe.execute()
-        except RedisError as exc:
-            raise PlaneUnavailable(f"the bus is unreachable: {exc}") from exc
-        live = {self._broker_id} | {b for b, up in zip(others, alive, strict=True) if up}
-        return {channel_id: b for channel_id, b in held.items() if b in live}
 
     def _card_key(self, broker_id: str) -> str:
         return f"{self._prefix}card:{broker_id}"

@@ -14,6 +14,7 @@ against both implementations.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 import uuid
@@ -23,6 +24,7 @@ from typing import TypeVar
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
+    ChannelListing,
     ChannelLog,
     Envelope,
     EnvelopeKind,
@@ -237,6 +239,13 @@ class MemoryPlane:
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = self._bus.channels.get(channel_id)
         return broker_id if broker_id is not None and self._bus.alive(broker_id) else None
+
+    async def channel_page(self, after: str, offset: int, limit: int) -> ChannelListing:
+        # Brokers of one process (tests): a scan per page is cheap enough.
+        bus = self._bus
+        live = {c: b for c, b in bus.channels.items() if bus.alive(b)}
+        wanted = heapq.nsmallest(offset + limit, (c for c in live if c > after))[offset:]
+        return ChannelListing(len(live), tuple((c, live[c]) for c in wanted))
 
     async def respondents(self, name: str) -> frozenset[str]:
         bus = self._bus

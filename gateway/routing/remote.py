@@ -97,6 +97,7 @@ _SUBJECT_KINDS: Final = frozenset(
         EnvelopeKind.SUBJECT_ASKED,
         EnvelopeKind.SUBJECT_ANSWER,
         EnvelopeKind.SUBJECT_END,
+        EnvelopeKind.END_SUBJECT,
     )
 )
 #: Proxies of remote Channels kept at most (least recently used go first).
@@ -213,9 +214,13 @@ class Remote:
         limits: asbp.Limits,
         timeout: float,
         log: logging.Logger,
+        close_channel: Callable[[Channel], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plane = plane
+        #: How a Channel here is closed (the router's ``close_channel``): a CLOSE
+        #: envelope closes it exactly as a local close does.
+        self._close_channel = close_channel
         self._channels = channels
         self._respondents = respondents
         self._replies = replies
@@ -581,8 +586,38 @@ class Remote:
             tube = self._respondents.get(envelope.channel)
             if tube is not None and not tube.closed:
                 self._replies.send_tube_frame(tube, envelope.frame)
+        elif kind is EnvelopeKind.CLOSE:
+            self._for_close(envelope)
         else:
             self._for_membership(envelope)
+
+    def _for_close(self, envelope: Envelope) -> None:
+        """An operator at ``origin`` closes a Channel here (gateway.api.operations)."""
+        reason = envelope.frame.decode("utf-8", "replace")
+        principal = envelope.among[0] if envelope.among else ""
+        channel = self._channels.get(envelope.channel)
+        if channel is None:
+            # Closed by its client between the lookup at origin and now: nothing to do.
+            self._log.info(
+                "plane.channel_gone", extra={"channel": envelope.channel, "reason": reason}
+            )
+            return
+        # The same record and fault as a close asked of this broker's own API, and
+        # which broker's API was asked.
+        self._log.warning(
+            "management.write",
+            extra={
+                "action": "channel.close",
+                "principal": principal,
+                "channel": channel.id,
+                "reason": reason,
+                "via": envelope.origin,
+            },
+        )
+        if channel.fault is None:
+            # 2104: the Channel is gone; the reason is in the log, with who asked.
+            channel.fault = FaultCode.UNKNOWN_CHANNEL
+        self._close_channel(channel)
 
     def _for_groups(self, envelope: Envelope) -> None:
         skip = set(envelope.channel.split(",")) if envelope.channel else set()

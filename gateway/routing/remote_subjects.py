@@ -125,8 +125,28 @@ class RemoteSubjects:
             self._asked_here(envelope)
         elif kind is EnvelopeKind.SUBJECT_END:
             self._end_here(envelope)
+        elif kind is EnvelopeKind.END_SUBJECT:
+            self._ended_by_operator(envelope)
         else:
             self._at_origin(envelope)
+
+    def _ended_by_operator(self, envelope: Envelope) -> None:
+        """An operator at ``origin`` ends ``s``: every broker was asked, the one
+        where it lives ends it as its own management API would."""
+        auth = self._auth
+        subject = auth.subjects.get(envelope.channel) if auth is not None else None
+        if auth is None or subject is None:
+            return  # it lives at another broker, or is gone already
+        self._log.warning(
+            "management.write",
+            extra={
+                "action": "subject.end",
+                "principal": envelope.among[0] if envelope.among else "",
+                "subject": subject.id,
+                "via": envelope.origin,
+            },
+        )
+        auth.end(subject, "ended by an operator")
 
     def _asked_here(self, envelope: Envelope) -> None:
         auth = self._auth

@@ -188,6 +188,7 @@ class Router:
                 timeout=tube_limits.respondent_timeout,
                 log=log,
                 clock=clock,
+                close_channel=self.close_channel,
             )
             if plane is not None and plane.spans_brokers
             else None

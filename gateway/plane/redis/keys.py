@@ -4,7 +4,8 @@ On a Redis Cluster, the keys one script touches must share a hash slot, and a
 hash tag (the part of a key between the first ``{`` and ``}``) is what puts
 keys in one slot. The plane has two kinds of keys:
 
-- *The directory*, tagged ``{<prefix>}``: ``ch``, ``chs:<b>``, ``name:<n>``,
+- *The directory*, tagged ``{<prefix>}``: ``ch`` (and ``chz``, its Channel
+  identifiers in a sorted set for paging), ``chs:<b>``, ``name:<n>``,
   ``names:<b>``, ``brokers``, ``turn`` and each broker's lease ``alive:<b>``.
   A lookup checks leases while it reads the directory, and the sweep forgets
   a dead broker's entries in one script, so all of them live together in one

@@ -3,9 +3,12 @@
 Theory of operation
 -------------------
 *The directory.* ``<prefix>ch`` maps each Channel-Identifier to the broker
-holding it, ``<prefix>name:<n>`` holds the brokers with Tubes for a
-Command-Name; ``chs:<b>`` and ``names:<b>`` list what each broker announced, so
-that its entries can be dropped in one go. No entry has a TTL of its own: a
+holding it (``<prefix>chz`` holds the same identifiers in a sorted set, every
+score 0, written and forgotten with ``ch``: the management API pages the bus's
+Channels with ZRANGEBYLEX from a cursor instead of reading the whole hash),
+``<prefix>name:<n>`` holds the brokers with Tubes for a Command-Name;
+``chs:<b>`` and ``names:<b>`` list what each broker announced, so that its
+entries can be dropped in one go. No entry has a TTL of its own: a
 broker's whole presence hangs on one key, ``alive:<b>``, set for ``lease / 2``
 and renewed every ``lease / 6``. Every lookup checks it, so a broker that dies
 drops out of every lookup within ``lease / 2``; each renewal also runs the
@@ -52,6 +55,7 @@ from gateway.engines.redis.connection import Client, batcher, connect, node_conn
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
+    ChannelListing,
     ChannelLog,
     Envelope,
     EnvelopeKind,
@@ -65,6 +69,7 @@ from gateway.plane.redis.log import RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
     CHANNEL_CLOSED,
+    CHANNEL_PAGE,
     DONE,
     FORWARD_CHANNEL,
     FORWARD_EACH,
@@ -543,11 +548,14 @@ class RedisPlane:
         if opened:
             return [
                 ("HSET", f"{self._prefix}ch", channel_id, self._broker_id),
+                ("ZADD", f"{self._prefix}chz", 0, channel_id),
                 ("SADD", own, channel_id),
             ]
         return [
             script_command(
-                CHANNEL_CLOSED, (f"{self._prefix}ch", own), (channel_id, self._broker_id)
+                CHANNEL_CLOSED,
+                (f"{self._prefix}ch", own, f"{self._prefix}chz"),
+                (channel_id, self._broker_id),
             )
         ]
 
@@ -588,6 +596,23 @@ class RedisPlane:
         if broker_id is None or not await self._alive(broker_id):
             return None
         return broker_id
+
+    async def channel_page(self, after: str, offset: int, limit: int) -> ChannelListing:
+        prefix = self._prefix
+        reply = await self._call(
+            script_command(
+                CHANNEL_PAGE,
+                (f"{prefix}chz", f"{prefix}ch", f"{prefix}brokers"),
+                (prefix, after, offset, limit),
+            )
+        )
+        pairs = reply[1:]
+        return ChannelListing(
+            int(reply[0]),
+            tuple(
+                (_text(pairs[n]) or "", _text(pairs[n + 1]) or "") for n in range(0, len(pairs), 2)
+            ),
+        )
 
     async def respondents(self, name: str) -> frozenset[str]:
         brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}name:{name}"))]

@@ -62,7 +62,10 @@ local function forget(prefix, b, budget)
   local names = prefix .. 'names:' .. b
   local popped = redis.call('SPOP', chs, budget)
   for _, c in ipairs(popped) do
-    if redis.call('HGET', prefix .. 'ch', c) == b then redis.call('HDEL', prefix .. 'ch', c) end
+    if redis.call('HGET', prefix .. 'ch', c) == b then
+      redis.call('HDEL', prefix .. 'ch', c)
+      redis.call('ZREM', prefix .. 'chz', c)
+    end
   end
   budget = budget - #popped
   if budget > 0 then
@@ -257,9 +260,56 @@ return {swept, 0}
 CHANNEL_CLOSED: Final = Script(
     "plane_channel_closed",
     """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
 redis.call('SREM', KEYS[2], ARGV[1])
 return 1
+""",
+)
+
+#: KEYS: chz, ch, brokers; ARGV: prefix, after ("": from the first), offset, limit.
+#: Returns the Channels of live brokers in total (each live broker's ``chs:<b>``),
+#: then id, broker pairs: ``offset`` skipped after ``after``, at most ``limit``.
+#: ``chz`` holds every id of ``ch`` at score 0, so ZRANGEBYLEX walks them in
+#: identifier order from ``after`` and a page reads its own entries, not the
+#: whole hash. Entries of dead brokers (not swept yet) are passed over.
+CHANNEL_PAGE: Final = Script(
+    "plane_channel_page",
+    """
+local prefix = ARGV[1]
+local skip = tonumber(ARGV[3])
+local want = tonumber(ARGV[4])
+local alive = {}
+local total = 0
+for _, b in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  if redis.call('EXISTS', prefix .. 'alive:' .. b) == 1 then
+    alive[b] = true
+    total = total + redis.call('SCARD', prefix .. 'chs:' .. b)
+  end
+end
+local out = {total}
+local cursor = '-'
+if ARGV[2] ~= '' then cursor = '(' .. ARGV[2] end
+local chunk = math.max(16, math.min(1000, skip + want))
+while #out < 1 + 2 * want do
+  local ids = redis.call('ZRANGEBYLEX', KEYS[1], cursor, '+', 'LIMIT', 0, chunk)
+  if #ids == 0 then break end
+  for _, c in ipairs(ids) do
+    local b = redis.call('HGET', KEYS[2], c)
+    if b and alive[b] then
+      if skip > 0 then
+        skip = skip - 1
+      elseif #out < 1 + 2 * want then
+        out[#out + 1] = c
+        out[#out + 1] = b
+      end
+    end
+  end
+  cursor = '(' .. ids[#ids]
+end
+return out
 """,
 )
 
@@ -273,4 +323,5 @@ SCRIPTS: Final = (
     LEAVE,
     SWEEP,
     CHANNEL_CLOSED,
+    CHANNEL_PAGE,
 )

@@ -30,6 +30,50 @@ async def test_a_channel_is_found_at_its_broker_until_it_closes(bus: Bus) -> Non
     assert await b.plane.locate_channel("f" * 32) is None
 
 
+async def test_the_bus_channels_are_paged_by_identifier_from_a_cursor(bus: Bus) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    held = {f"{n:032x}": broker for n, broker in enumerate(("broker-a", "broker-b") * 5)}
+    planes = {"broker-a": a.plane, "broker-b": b.plane}
+    for channel_id, broker_id in held.items():
+        planes[broker_id].channel_opened(channel_id)
+    for plane in planes.values():
+        await plane.written()
+    ids = sorted(held)
+
+    # Three at a time, each page after the last one's final identifier.
+    pages: list[tuple[tuple[str, str], ...]] = []
+    after = ""
+    while True:
+        listing = await c.plane.channel_page(after, 0, 3)
+        assert listing.total == 10
+        if not listing.channels:
+            break
+        pages.append(listing.channels)
+        after = listing.channels[-1][0]
+    assert [len(page) for page in pages] == [3, 3, 3, 1]
+    assert [entry for page in pages for entry in page] == [(i, held[i]) for i in ids]
+    # An offset skips from the cursor; a cursor need not be an open Channel's.
+    assert (await a.plane.channel_page(ids[2], 4, 2)).channels == tuple(
+        (i, held[i]) for i in ids[7:9]
+    )
+    assert [i for i, _ in (await a.plane.channel_page(ids[2] + "!", 0, 2)).channels] == ids[3:5]
+    assert (await a.plane.channel_page(ids[-1], 0, 5)).channels == ()
+
+    # A closed Channel leaves the page; a dead broker's drop out before any sweep.
+    a.plane.channel_closed(ids[0])
+    await a.plane.written()
+    # A peer of C's (C sent to it), so that C reports it lost once its lease is gone.
+    assert await c.plane.send_to("broker-b", Envelope(EnvelopeKind.TUBE, "broker-c", "t", b""))
+    await b.abandon()
+    with anyio.fail_after(bus_lease(c) + 5 * T):
+        assert await c.lost.get() == "broker-b"
+    listing = await c.plane.channel_page("", 0, 100)
+    assert listing.total == 4
+    assert listing.channels == tuple((i, "broker-a") for i in ids[1:] if held[i] == "broker-a")
+
+
 async def test_respondents_are_the_brokers_serving_a_name(bus: Bus) -> None:
     a = await bus.join("broker-a")
     b = await bus.join("broker-b")

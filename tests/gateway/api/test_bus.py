@@ -3,6 +3,7 @@ each listing both, with their Channels (from the plane's directory) and Tubes.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -12,11 +13,12 @@ import anyio
 import pytest
 import redis.asyncio
 
+from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from gateway.plane.redis.keys import directory_prefix
+from gateway.plane.redis.keys import directory_prefix, stream_key
 from gateway.plane.redis.plane import PREFIX as PLANE_PREFIX
-from tests.support import RedisServer, serve_app_async
+from tests.support import RedisServer, T, serve_app_async
 from tests.support.admin import asbp_cli
 from tests.support.bus import until
 from tests.support.gateway import Gateway, GatewayFactory
@@ -174,6 +176,7 @@ async def test_channels_are_listed_and_paged_across_the_bus_from_either_broker(
     try:
         # A dead broker's entry the sweep has not forgotten yet is not listed.
         await client.hset(f"{PREFIX}ch", "ghost", "dead")
+        await client.zadd(f"{PREFIX}chz", {"ghost": 0})
     finally:
         await client.aclose()
     expected = {**dict.fromkeys(on_a, "broker-a"), **dict.fromkeys(on_b, "broker-b")}
@@ -207,27 +210,68 @@ async def test_a_channel_at_the_other_broker_is_found_and_closed_there(
     bus: tuple[Gateway, Gateway], redis_server: RedisServer
 ) -> None:
     a, b = bus
-    peer = await b.channel()
-    await until_channels(redis_server.url, "broker-b", 1)
+    peer, local = await b.channel(), await b.channel()
+    await until_channels(redis_server.url, "broker-b", 2)
 
     found = await api(a, "GET", f"/channels/{peer.id}")
     assert found.status_code == 200, found.text
     assert (found.json()["id"], found.json()["broker"]) == (peer.id, "broker-b")
     assert found.json()["transport"] is None
 
-    # broker-a does not act for broker-b: a 409 names the broker that can.
-    refused = await api(a, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
-    assert refused.status_code == 409
-    assert "broker-b" in refused.json()["detail"]
-    closed = await api(b, "POST", f"/channels/{peer.id}/close", json={"reason": "test"})
+    # broker-a hands the close to broker-b over the plane: 202, not yet closed.
+    handed = await api(a, "POST", f"/channels/{peer.id}/close", json={"reason": "abuse"})
+    assert handed.status_code == 202, handed.text
+    assert handed.json() == {"id": peer.id, "closed": False, "broker": "broker-b"}
+    await a.events.wait("management.write", action="channel.close", broker="broker-b")
+    # broker-b closes it as its own API does, and logs who asked, through which broker.
+    record = await b.events.wait("management.write", action="channel.close", via="broker-a")
+    fields = record.__dict__
+    assert (fields["channel"], fields["reason"], fields["principal"]) == (
+        peer.id,
+        "abuse",
+        "loopback",
+    )
+    await asyncio.wait_for(peer.ws.wait_closed(), 5 * T)
+    closed = await api(b, "POST", f"/channels/{local.id}/close", json={"reason": "abuse"})
     assert closed.status_code == 200, closed.text
+    assert closed.json() == {"id": local.id, "closed": True, "broker": "broker-b"}
+    await asyncio.wait_for(local.ws.wait_closed(), 5 * T)
+    # The client cannot tell a close handed over from one made where it is.
+    assert (peer.ws.close_code, peer.ws.close_reason) == (
+        local.ws.close_code,
+        local.ws.close_reason,
+    )
     await until_channels(redis_server.url, "broker-b", 0)
 
-    # Gone from the bus: a 404 from either broker.
+    # Gone from the bus: a 404 from either broker, and from the bus's list.
     for gateway in (a, b):
         assert (await api(gateway, "GET", f"/channels/{peer.id}")).status_code == 404
         response = await api(gateway, "POST", f"/channels/{peer.id}/close", json={"reason": "x"})
         assert response.status_code == 404
+        listed = (await api(gateway, "GET", "/channels")).json()
+        assert (listed["total"], listed["items"]) == (0, [])
+
+
+async def test_a_close_for_a_channel_already_gone_is_logged_and_dropped(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    survivor = await b.channel()
+    # What broker-a's API writes when the Channel closes on its own between its
+    # lookup and broker-b reading the request.
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        await client.xadd(
+            stream_key(PLANE_PREFIX, "broker-b"),
+            {"k": "x", "o": "broker-a", "i": "long-gone", "g": "loopback", "f": "abuse"},
+        )
+    finally:
+        await client.aclose()
+    record = await b.events.wait("plane.channel_gone", channel="long-gone")
+    assert record.__dict__["reason"] == "abuse"
+    # broker-b keeps serving.
+    listed = (await api(a, "GET", f"/channels/{survivor.id}")).json()
+    assert listed["broker"] == "broker-b"
 
 
 async def test_agents_and_subjects_across_the_bus(
@@ -254,6 +298,81 @@ async def test_agents_and_subjects_across_the_bus(
 
     subjects = (await api(b, "GET", "/subjects")).json()
     assert subjects == {"count": 0, "scope": "bus"}
+
+
+@pytest.fixture
+async def subject_bus(
+    redis_server: RedisServer, make_gateway: GatewayFactory, tmp_path: Path
+) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """Two brokers with Subjects on: billing may serve the Authenticate-Command."""
+
+    def options(broker_id: str) -> dict[str, Any]:
+        return {
+            "broker_id": broker_id,
+            "data_dir": tmp_path / broker_id,
+            "engine": "redis",
+            "redis_url": redis_server.url,
+            "bus_lease": LEASE,
+            "agents": {"billing": {"public_key": "billing.pem", "serves": [".*", "auth.login"]}},
+            "authenticate_command": "auth.login",
+        }
+
+    yield await make_gateway(**options("broker-a")), await make_gateway(**options("broker-b"))
+
+
+async def test_a_subject_living_at_the_other_broker_is_ended_there(
+    subject_bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = subject_bus
+    agent = await b.tube("billing", serves=("auth.login",))
+    user = await b.channel()
+    await user.send("c=auth.login,u=1;alice")
+    login = await agent.recv()
+    subject = login.get("s")
+    assert (login.name, isinstance(subject, str)) == ("auth.login", True)
+    await agent.send(Command({"c": "asbp.authenticated", "s": subject, "u": 5}))
+    assert (await agent.recv()).name == "asbp.accepted"
+    assert (await user.recv()).name == "asbp.authenticated"
+    await until_card(redis_server.url, "broker-b", subjects=1)
+
+    # A Subject nobody holds is handed over too (broker-b ignores it): a 202 says
+    # where the request went, not that the Subject exists.
+    unknown = await api(a, "DELETE", "/subjects/nobody")
+    assert (unknown.status_code, unknown.json()["brokers"]) == (202, ["broker-b"])
+    # broker-a does not hold it: every other live broker is asked, 202.
+    handed = await api(a, "DELETE", f"/subjects/{subject}")
+    assert handed.status_code == 202, handed.text
+    assert handed.json() == {"id": subject, "ended": False, "brokers": ["broker-b"]}
+    # broker-b ends it as its own API does: its agent is told, the write logged.
+    ended = await agent.recv()
+    assert (ended.name, ended.get("s"), ended.get("cause")) == (
+        "asbp.subject.ended",
+        subject,
+        "ended by an operator",
+    )
+    record = await b.events.wait("management.write", action="subject.end", via="broker-a")
+    assert (record.__dict__["subject"], record.__dict__["principal"]) == (subject, "loopback")
+    assert (await api(b, "GET", "/subjects")).json() == {"count": 0, "scope": "bus"}
+    # Its Commands are refused now, as after a local end.
+    await user.send(f"c=whoami,s={subject},u=2;")
+    refused = await user.recv()
+    assert (refused.name, refused.command_id) == ("asbp.fault", 2)
+
+
+async def test_a_subject_ended_where_it_lives_is_a_200(
+    subject_bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, _ = subject_bus
+    agent = await a.tube("billing", serves=("auth.login",))
+    user = await a.channel()
+    await user.send("c=auth.login,u=1;alice")
+    subject = (await agent.recv()).get("s")
+    await agent.send(Command({"c": "asbp.authenticated", "s": subject, "u": 5}))
+    assert (await agent.recv()).name == "asbp.accepted"
+    ended = await api(a, "DELETE", f"/subjects/{subject}")
+    assert ended.status_code == 200, ended.text
+    assert ended.json() == {"id": subject, "ended": True, "brokers": ["broker-a"]}
+    assert (await agent.recv()).name == "asbp.subject.ended"
 
 
 async def test_the_bus_lists_out_of_reach_are_503(

@@ -70,7 +70,7 @@ async def test_channels_are_listed_paged_and_closed_with_the_reason_logged(
 
     victim = next(channel for channel in channels if channel.id == ids[0])
     closed = await api(gateway, "POST", f"/channels/{ids[0]}/close", json={"reason": "abuse"})
-    assert closed.json() == {"id": ids[0], "closed": True}
+    assert closed.json() == {"id": ids[0], "closed": True, "broker": BROKER_ID}
     await asyncio.wait_for(victim.ws.wait_closed(), 5 * T)
     record = await gateway.events.wait("management.write", action="channel.close")
     assert (record.__dict__["principal"], record.__dict__["reason"]) == ("loopback", "abuse")

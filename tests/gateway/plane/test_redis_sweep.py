@@ -46,7 +46,8 @@ def client_for(url: str) -> Client:
 
 async def forget_all(client: Client) -> None:
     """Nothing of an earlier test (this module's keys only: the cluster is shared)."""
-    await client.delete(D + "ch", D + "brokers", D + "chs:b", D + "names:b", D + "grps:b")
+    await client.delete(D + "ch", D + "chz", D + "brokers", D + "chs:b", D + "names:b")
+    await client.delete(D + "grps:b")
     await client.delete(D + "name:echo", D + "fwd:echo", D + "alive:a", D + "alive:b")
 
 
@@ -71,17 +72,21 @@ async def test_a_dead_broker_with_many_channels_is_swept_in_batches(
             b.group_joined(f"room-{n}")
         await b.written()
         assert await client.hlen(D + "ch") == CHANNELS
+        # The sorted set the management API pages holds the same identifiers.
+        assert await client.zcard(D + "chz") == CHANNELS
         await b.abandon()
         await client.delete(D + "alive:b")  # its lease ran out
 
         # One script call forgets one batch, no more: Redis is never held for long.
         await a._call(script_command(SWEEP, (D + "brokers",), (D, BATCH)))
         assert await client.hlen(D + "ch") == CHANNELS - BATCH
+        assert await client.zcard(D + "chz") == CHANNELS - BATCH
         assert await client.sismember(D + "brokers", "b")
 
         # The sweep calls it again until the broker is forgotten whole.
         assert await a.sweep() == 1
         assert await client.hlen(D + "ch") == 0
+        assert await client.zcard(D + "chz") == 0
         assert not await client.exists(D + "chs:b", D + "names:b", D + "name:echo")
         assert not await client.exists(D + "grps:b", D + "grp:room-0")
         assert not await client.sismember(D + "brokers", "b")
@@ -108,6 +113,7 @@ async def test_a_broker_leaving_with_many_channels_drops_them_all(
         await b.locate_channel("0" * 32)
         await b.close()
         assert await client.hlen(D + "ch") == 0
+        assert await client.zcard(D + "chz") == 0
         assert not await client.exists(D + "alive:b", D + "chs:b")
         assert not await client.exists(stream_key(PREFIX, "b"), live_key(PREFIX, "b"))
     finally:
