@@ -59,10 +59,11 @@ from asbp.names import MESSAGING, TUBE
 from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
+from gateway.connections.subjects import SubjectState
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.eventlog.recorder import Recorder
 from gateway.metrics.counts import NO_NAME, RouterCounts
-from gateway.plane.base import Envelope, Plane
+from gateway.plane.base import Envelope, EnvelopeKind, Plane
 from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
@@ -202,6 +203,9 @@ class Router:
             )
             subjects.attach(self.auth)
             self.remote.subjects = subjects
+            # Which brokers hold each Conversation-Address (courses/, ``r``).
+            self.auth.subjects.directory = self.remote.plane
+            self.auth.directory_written = self.remote.plane.written
         self._intake = intake = Intake(
             route_channel=self._route_channel,
             route_tube=self._route_tube,
@@ -357,6 +361,36 @@ class Router:
             intake.routed = ("agent", tube.agent_id, tube.agent_id)
         self.send_tube_frame(tube, outbound)
 
+    def _route_for_subject(self, tube: Tube, command: Command) -> None:
+        """An agent's Command with ``r``: sent for the Subject ``s`` it signed in here.
+
+        Only an agent that authenticated the Subject may speak for it, so knowing
+        ``s`` is not enough (docs/courses.md, "From Application-Agents").
+        """
+        assert self.courses is not None
+        auth = self.auth
+        subject_id = command.subject_id
+        subject = None
+        if subject_id is not None:
+            subject = auth.subjects.get(subject_id) if auth is not None else None
+            if (
+                subject is None
+                or subject.state is not SubjectState.AUTHENTICATED
+                or tube.agent_id not in subject.authenticated_by
+            ):
+                self.fault_tube(
+                    tube,
+                    FaultCode.ACCESS_DENIED,
+                    "'s' names no Subject this agent signed in at this broker",
+                    command_id=command.command_id,
+                    cause=command.name,
+                )
+                return
+        intake = self._intake
+        if intake.source is not None:
+            intake.routed = ("course", ",".join(command.recipients), None)
+        self.courses.route_for_agent(tube, subject, command)
+
     def _route_remote(
         self,
         channel: Channel,
@@ -464,6 +498,11 @@ class Router:
 
     def inbound(self, envelope: Envelope) -> None:
         """An envelope another broker forwarded to this one (the plane calls it)."""
+        if envelope.kind is EnvelopeKind.ADDRESSED:
+            # For the Subjects here holding its addresses (courses.service).
+            if self.courses is not None:
+                self.courses.forwarded(envelope)
+            return
         if self.remote is not None:
             self.remote.inbound(envelope)
 
@@ -577,6 +616,9 @@ class Router:
                 command_id=command.command_id,
                 cause=name,
             )
+            return
+        if self.courses is not None and "r" in command:
+            self._route_for_subject(tube, command)
             return
         if addressed:
             self._to_channels(tube, command, frame)

@@ -5,7 +5,9 @@ hash tag (the part of a key between the first ``{`` and ``}``) is what puts
 keys in one slot. The plane has two kinds of keys:
 
 - *The directory*, tagged ``{<prefix>}``: ``ch``, ``chs:<b>``, ``name:<n>``,
-  ``names:<b>``, ``brokers``, ``turn`` and each broker's lease ``alive:<b>``.
+  ``names:<b>``, ``grp:<g>``, ``grps:<b>``, ``addr:<address>`` (the brokers
+  holding Subjects with a Conversation-Address), ``addrs:<b>``, ``brokers``,
+  ``turn`` and each broker's lease ``alive:<b>``.
   A lookup checks leases while it reads the directory, and the sweep forgets
   a dead broker's entries in one script, so all of them live together in one
   slot (one primary). The directory is small and read on a miss only (the
