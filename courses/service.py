@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
@@ -53,6 +54,7 @@ from courses.wire import (
     domain_of,
     split_by_domain,
     via_of,
+    with_subject,
 )
 from gateway.acl import AccessContext
 from gateway.auth.credentials import AgentCredentials
@@ -64,6 +66,8 @@ from gateway.plane.base import Envelope, EnvelopeKind, Plane, PlaneUnavailable
 
 __all__ = ["AddressHolders", "Courses", "LocalReplies"]
 
+#: What ``asbp.encode`` allows a header by default: a splice stays within it too.
+_MAX_HEADER_BYTES: Final = asbp.Limits().max_header_bytes
 #: Keys a Command loses on its way out of this bus: the sender's and this broker's.
 _LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
 
@@ -270,8 +274,11 @@ class Courses:
 
     # -- from peer buses ---------------------------------------------------------------
 
-    async def accept(self, peer: str, command: Command) -> bool:
+    async def accept(self, peer: str, command: Command, frame: bytes | None = None) -> bool:
         """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
+
+        ``frame``: the bytes it arrived in, from which recipients' frames are spliced
+        (courses.wire.with_subject) rather than encoded again.
 
         Returns once it is accepted (delivered here, or stored for the next Course),
         when the peer may be acknowledged.
@@ -355,14 +362,23 @@ class Courses:
         refuse: Callable[[FaultCode, str], None],
         waits: list[asyncio.Future[Any]] | None = None,
         located: Located | None = None,
+        received: tuple[bytes, Command] | None = None,
     ) -> None:
         """``command`` to each of its recipients: this bus's Subjects (``located``:
-        the other brokers holding them, if already looked up) or one copy per domain."""
+        the other brokers holding them, if already looked up) or one copy per domain.
+        ``received``: the crossing's bytes and Command, to splice from."""
         name = command.name or ""
         for domain, addresses in split_by_domain(command.recipients).items():
             if domain == self.domain:
                 if self._plane is None or located is not None:
-                    self._deliver_here(command, addresses, refuse, located=located, waits=waits)
+                    self._deliver_here(
+                        command,
+                        addresses,
+                        refuse,
+                        located=located,
+                        waits=waits,
+                        received=received,
+                    )
                 else:
                     self._deliver_later(command, addresses, refuse)
                 continue
@@ -382,7 +398,10 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            copy = command.with_keys(r=list(addresses), **{VIA_KEY: [*via, self.domain]})
+            copy = command.with_keys(
+                r=list(addresses),
+                **{VIA_KEY: [*via, self.domain], ID_KEY: uuid.uuid4().hex},
+            )
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
             notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
@@ -473,6 +492,7 @@ class Courses:
         located: Located | None,
         waits: list[asyncio.Future[Any]] | None = None,
         unknown: tuple[FaultCode, str] | None = None,
+        received: tuple[bytes, Command] | None = None,
     ) -> None:
         """To the Subjects here holding ``addresses``, and to the brokers ``located``
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
@@ -502,11 +522,22 @@ class Courses:
                 if subject.id in delivered:
                     continue
                 delivered.add(subject.id)
-                try:
-                    frame = asbp.encode(command.with_keys(s=subject.id))
-                except ProtocolError as exc:
-                    refuse(exc.code, exc.message)
-                    return
+                frame = (
+                    with_subject(
+                        received[0],
+                        received[1],
+                        subject.id,
+                        max_header_bytes=_MAX_HEADER_BYTES,
+                    )
+                    if received is not None
+                    else None
+                )
+                if frame is None:
+                    try:
+                        frame = asbp.encode(command.with_keys(s=subject.id))
+                    except ProtocolError as exc:
+                        refuse(exc.code, exc.message)
+                        return
                 self._replies.deliver(subject.channel, frame)
 
     def _forward(
