@@ -410,13 +410,17 @@ class ApplicationAgent:
         The broker stamps ``p`` with that Subject's Conversation-Address, so the
         recipients' replies (addressed by ``r`` to that ``p``) go to the Subject's
         User-Agent, not to this agent. Only an agent that authenticated the
-        Subject may speak for it (fault 3201 otherwise), and only at the broker
-        holding the Subject: ``broker``, the ``b`` of its Authenticate-Command.
+        Subject may speak for it (fault 3201 otherwise), at the broker holding the
+        Subject: ``broker``, the ``b`` of its Authenticate-Command
+        (``request.command.get("b")``). It goes out on the Tube to that broker if
+        there is one, else on another Tube, whose broker passes it to ``broker``
+        when both are on one bus.
 
         Args:
             subject_id: the Subject's ``s``.
-            command: the Command, with ``r``; ``s`` and ``p`` are set for it.
-            broker: send on the Tube to the broker with this ``b``; None: the first.
+            command: the Command, with ``r``; ``s`` (and ``b``) are set for it, and
+                any ``p`` is dropped: the broker stamps it.
+            broker: the broker holding the Subject; None: the Tube's own.
             confirm: as in :meth:`send`: wait this long for a fault and raise it
                 (2201 for an unknown address of this bus, 2202 for a domain no
                 Course reaches, 3201 for a Subject not this agent's).
@@ -430,7 +434,11 @@ class ApplicationAgent:
         if not command.recipients:
             raise ValueError("send_for() needs a Command with 'r'")
         addressed = command.without_keys("p").with_keys(s=subject_id)
-        sessions = self._sessions(broker)
+        sessions = self._sessions()
+        if broker is not None:
+            addressed = addressed.with_keys(b=broker)
+            there = [session for session in sessions if session.broker_id == broker]
+            sessions = there or sessions
         if not sessions:
             raise NotConnected("no Tube is open")
         await self._confirmed(addressed, sessions[0].send(addressed), confirm)

@@ -231,6 +231,16 @@ class Courses:
 
         self._route(subject, command, refuse)
 
+    def route_for(
+        self,
+        subject: Subject,
+        command: Command,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        """A Command with ``r`` sent for ``subject`` by an agent on another broker of
+        the bus (the router checked it signed the Subject in); faults to ``refuse``."""
+        self._route(subject, command, refuse)
+
     def _route(
         self,
         subject: Subject | None,

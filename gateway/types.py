@@ -20,7 +20,7 @@ of its own that has just these methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from asbp import Command, FaultCode
@@ -159,6 +159,15 @@ class AddressRoutes(Protocol):
 
     def route_for_agent(self, tube: Tube, subject: Subject | None, command: Command) -> None:
         """The same from an agent for a Subject it signed in; faults go to ``tube``."""
+        ...
+
+    def route_for(
+        self,
+        subject: Subject,
+        command: Command,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        """The same for ``subject``, its faults to ``refuse`` (an agent elsewhere)."""
         ...
 
     def forwarded(self, envelope: Envelope) -> None:

@@ -116,6 +116,10 @@ class EnvelopeKind(enum.Enum):
     #: that took it in, for the Subjects at the receiving broker holding the
     #: Conversation-Addresses ``among``; ``channel`` is the crossing's id, if any.
     ADDRESSED = "p"
+    #: An agent's Command with ``r`` for the Subject ``s`` at the receiving broker,
+    #: from the Tube ``channel`` at ``origin``, ``a`` set there to the agent's
+    #: verified identity; faults go back to that Tube as TUBE envelopes.
+    FOR_SUBJECT = "f"
 
 
 @dataclass(frozen=True, slots=True)

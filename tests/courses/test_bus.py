@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from asbp import Command
+from agents import ApplicationAgent, FaultError, Request
+from asbp import Command, FaultCode
 from asbp.fault_commands import read_fault
+from gateway.app import create_app
 from gateway.config.model import GatewayConfig
-from tests.courses.buses import Relay, bus_config, make_bus, serve_bus, user
-from tests.support import RedisServer, RunningServer, TlsFiles
+from tests.courses.buses import LOGIN, Bus, Relay, bus_config, make_bus, serve_bus, user
+from tests.support import RedisServer, RunningServer, T, TlsFiles, serve_app_async
+from tests.support.agents import FAST
+from tests.support.tls import client_ssl_context
 
 pytestmark = pytest.mark.anyio
 
@@ -30,10 +34,13 @@ class Buses:
     a1: RunningServer
     a2: RunningServer
     b: RunningServer
+    bus_a: Bus
 
 
 @contextlib.asynccontextmanager
-async def buses(tmp_path: Path, tls: TlsFiles) -> AsyncIterator[Buses]:
+async def buses(tmp_path: Path, tls: TlsFiles, *, signin_on_a: bool = True) -> AsyncIterator[Buses]:
+    """The two buses; ``signin_on_a=False``: bus A's brokers without a sign-in agent
+    (the test brings its own)."""
     bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
     with RedisServer(tmp_path / "redis-a") as redis_a:
         async with Relay() as to_a, Relay() as to_b:
@@ -52,14 +59,21 @@ async def buses(tmp_path: Path, tls: TlsFiles) -> AsyncIterator[Buses]:
             (tmp_path / "a1").mkdir()
             (tmp_path / "a2").mkdir()
             config_b = bus_config(bus_b, {bus_a: to_a.url()}, tls=tls)
+
+            def serve_a(broker_id: str) -> contextlib.AbstractAsyncContextManager[RunningServer]:
+                config = broker_of_a(broker_id)
+                if signin_on_a:
+                    return serve_bus(bus_a, config, tls)
+                return serve_app_async(create_app(config), tls=tls)
+
             async with (
-                serve_bus(bus_a, broker_of_a("a1"), tls) as a1,
-                serve_bus(bus_a, broker_of_a("a2"), tls) as a2,
+                serve_a("a1") as a1,
+                serve_a("a2") as a2,
                 serve_bus(bus_b, config_b, tls) as b,
             ):
                 to_a.target, to_b.target = a1.port, b.port
                 try:
-                    yield Buses(a1, a2, b)
+                    yield Buses(a1, a2, b, bus_a)
                 finally:
                     await to_a.drain()
                     await to_b.drain()
@@ -124,3 +138,62 @@ async def test_an_address_held_on_two_brokers_reaches_each_subject_once(
         await alice.send(Command({"c": "chat", "r": "nobody*a.test", "u": 9}))
         fault = await alice.recv()
         assert fault.command_id == 9  # not a fault for dave (8)
+
+
+async def test_an_agent_speaks_for_a_subject_it_signed_in_on_another_broker(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """The agent's one Tube is to a1; alice signs in on a2 (the bus asks the agent at
+    a1); the agent's Command for her, sent on a1 with ``b=a2``, is checked at a2."""
+    async with buses(tmp_path, tls_files, signin_on_a=False) as bus:
+        subjects: dict[str, tuple[str, str]] = {}
+        agent = ApplicationAgent(
+            "signin",
+            bus.bus_a.signin,
+            [bus.a1.ws_url + "/tube"],
+            backoff=FAST,
+            timeout=5 * T,
+            ssl=client_ssl_context(tls_files),
+        )
+
+        @agent.respondent(LOGIN)
+        async def login(request: Request) -> None:
+            name = request.body.decode()
+            broker = request.command.get("b")
+            assert request.subject_id is not None and isinstance(broker, str)
+            subjects[name] = (request.subject_id, broker)
+            await request.authenticate("user", address=f"{name}*a.test")
+
+        async with agent:
+            await agent.wait_registered(10 * T)
+            async with (
+                user(bus.a2.ws_url, "alice", tls_files) as alice,
+                user(bus.b.ws_url, "carol", tls_files) as carol,
+            ):
+                subject_id, broker = subjects["alice"]
+                assert (subject_id, broker) == (alice.subject, "a2")
+                hello = Command({"c": "chat", "r": "carol*b.test", "u": 1}, b"for alice")
+                await agent.send_for(subject_id, hello, broker=broker)
+                got = await carol.recv()
+                assert (got.publisher, got.body) == ("alice*a.test", b"for alice")
+                # carol's reply reaches alice on a2 by p.
+                await carol.send(Command({"c": "chat.reply", "r": "alice*a.test"}, b"hi"))
+                assert (await alice.recv()).publisher == "carol*b.test"
+                # A Subject a2 does not have: 3201 from a2, back to the Tube at a1.
+                with pytest.raises(FaultError) as refused:
+                    await agent.send_for(
+                        "f" * 32,
+                        Command({"c": "chat", "r": "carol*b.test", "u": 2}),
+                        broker="a2",
+                        confirm=5 * T,
+                    )
+                assert refused.value.code == FaultCode.ACCESS_DENIED
+                # A broker that is not on the bus: 3201 at once.
+                with pytest.raises(FaultError) as gone:
+                    await agent.send_for(
+                        subject_id,
+                        Command({"c": "chat", "r": "carol*b.test", "u": 3}),
+                        broker="a9",
+                        confirm=5 * T,
+                    )
+                assert gone.value.code == FaultCode.ACCESS_DENIED
