@@ -112,6 +112,9 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                 # its Course (what it sent before this stays accepted).
                 log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
                 break
+            # Where this bus's recipients are, for the whole batch in one round of
+            # lookups, before any of them is claimed (courses.service).
+            located = await courses.locate(c for _, c, _ in crossings if c is not None)
             for crossing_id, command, frame in crossings:
                 if command is None:
                     # Its id is legible but it does not decode here (a peer with larger
@@ -121,7 +124,7 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                         "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
                     )
                 else:
-                    await courses.accept(peer, command, frame)
+                    await courses.accept(peer, command, frame, located=located)
                 acks.append(crossing_id)
             ready.set()
     finally:

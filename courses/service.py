@@ -284,11 +284,34 @@ class Courses:
 
     # -- from peer buses ---------------------------------------------------------------
 
-    async def accept(self, peer: str, command: Command, frame: bytes | None = None) -> bool:
+    async def locate(self, commands: Iterable[Command]) -> Located | None:
+        """Where this bus's recipients of ``commands`` are, in one round of lookups
+        (a batch of crossings: :meth:`accept` then needs none); None off a bus.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
+        if self._plane is None:
+            return None
+        wanted: dict[str, None] = {}
+        for command in commands:
+            for address in split_by_domain(command.recipients).get(self.domain, ()):
+                wanted[address] = None
+        return await self._locate(wanted) if wanted else {}
+
+    async def accept(
+        self,
+        peer: str,
+        command: Command,
+        frame: bytes | None = None,
+        *,
+        located: Located | None = None,
+    ) -> bool:
         """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
 
         ``frame``: the bytes it arrived in, from which recipients' frames are spliced
-        (courses.wire.with_subject) rather than encoded again.
+        (courses.wire.with_subject) rather than encoded again. ``located``: from
+        :meth:`locate`, made before this crossing's claim; None: looked up here.
 
         Returns once it is accepted (delivered here, or stored for the next Course),
         when the peer may be acknowledged.
@@ -299,7 +322,12 @@ class Courses:
         # Looked up before the claim, so that between the claim and handing the
         # Command to outboxes and to the other brokers' streams there is no await.
         own = split_by_domain(command.recipients).get(self.domain, ())
-        located = await self._locate(own) if own and self._plane is not None else None
+        if (
+            own
+            and self._plane is not None
+            and (located is None or any(address not in located for address in own))
+        ):
+            located = await self._locate(own)
         # Claimed before delivery, with no await between the claim and handing the
         # Command to the Channels' outboxes: a receiver killed after the claim has
         # lost those Channels too, while one that delivered has always claimed, so a
