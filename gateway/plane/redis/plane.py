@@ -615,7 +615,9 @@ class RedisPlane:
 
     async def address_brokers(self, address: str) -> frozenset[str]:
         brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}addr:{address}"))]
-        return frozenset([b for b in brokers if await self._alive(b)])
+        # The leases checked together: one pipeline (the Batcher), not a trip each.
+        alive = await asyncio.gather(*(self._alive(b) for b in brokers))
+        return frozenset(b for b, live in zip(brokers, alive, strict=True) if live)
 
     async def _alive(self, broker_id: str) -> bool:
         return bool(await self._call(("EXISTS", f"{self._prefix}alive:{broker_id}")))
