@@ -394,13 +394,67 @@ class ApplicationAgent:
             FaultError: ``confirm`` was given and the broker faulted the Command
                 (2104: no such Channel on the bus).
         """
+        await self._confirmed(command, self._send(command, broker), confirm)
+
+    async def send_for(
+        self,
+        subject_id: str,
+        command: Command,
+        *,
+        broker: str | None = None,
+        confirm: float | None = None,
+    ) -> None:
+        """Send ``command``, addressed by ``r`` (``alice*example.org``, docs/courses.md),
+        for the Subject ``subject_id`` that this agent signed in.
+
+        The broker stamps ``p`` with that Subject's Conversation-Address, so the
+        recipients' replies (addressed by ``r`` to that ``p``) go to the Subject's
+        User-Agent, not to this agent. Only an agent that authenticated the
+        Subject may speak for it (fault 3201 otherwise), at the broker holding the
+        Subject: ``broker``, the ``b`` of its Authenticate-Command
+        (``request.command.get("b")``). It goes out on the Tube to that broker if
+        there is one, else on another Tube, whose broker passes it to ``broker``
+        when both are on one bus.
+
+        Args:
+            subject_id: the Subject's ``s``.
+            command: the Command, with ``r``; ``s`` (and ``b``) are set for it, and
+                any ``p`` is dropped: the broker stamps it.
+            broker: the broker holding the Subject; None: the Tube's own.
+            confirm: as in :meth:`send`: wait this long for a fault and raise it
+                (2201 for an unknown address of this bus, 2202 for a domain no
+                Course reaches, 3201 for a Subject not this agent's).
+
+        Raises:
+            ValueError: ``command`` has no ``r``.
+            NotConnected: no Tube is open (to ``broker``).
+            ConnectionLost: the Tube closed while sending.
+            FaultError: ``confirm`` was given and the broker faulted the Command.
+        """
+        if not command.recipients:
+            raise ValueError("send_for() needs a Command with 'r'")
+        addressed = command.without_keys("p").with_keys(s=subject_id)
+        sessions = self._sessions()
+        if broker is not None:
+            addressed = addressed.with_keys(b=broker)
+            there = [session for session in sessions if session.broker_id == broker]
+            sessions = there or sessions
+        if not sessions:
+            raise NotConnected("no Tube is open")
+        await self._confirmed(addressed, sessions[0].send(addressed), confirm)
+
+    async def _confirmed(
+        self, command: Command, sending: Coroutine[Any, Any, None], confirm: float | None
+    ) -> None:
+        """Run ``sending``; with ``confirm``, then wait that long for the broker's
+        fault about ``command`` (its ``c`` and ``u``) and raise it."""
         if confirm is None:
-            await self._send(command, broker)
+            await sending
             return
         key = (command.name, command.command_id)
         waiter = self._dispatcher.expect_fault(*key)
         try:
-            await self._send(command, broker)
+            await sending
             done, _ = await asyncio.wait([waiter], timeout=confirm)
         finally:
             self._dispatcher.forget(*key)

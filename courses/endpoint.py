@@ -112,7 +112,10 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                 # its Course (what it sent before this stays accepted).
                 log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
                 break
-            for crossing_id, command in crossings:
+            # Where this bus's recipients are, for the whole batch in one round of
+            # lookups, before any of them is claimed (courses.service).
+            located = await courses.locate(c for _, c, _ in crossings if c is not None)
+            for crossing_id, command, frame in crossings:
                 if command is None:
                     # Its id is legible but it does not decode here (a peer with larger
                     # limits than ours): acknowledged and dropped, or it would come back
@@ -121,7 +124,7 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                         "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
                     )
                 else:
-                    await courses.accept(peer, command)
+                    await courses.accept(peer, command, frame, located=located)
                 acks.append(crossing_id)
             ready.set()
     finally:
@@ -134,9 +137,9 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         log.info("course.closed", extra={"peer": peer})
 
 
-def _crossings(data: bytes) -> list[tuple[str, Command | None]]:
-    """The crossings of one WebSocket message (one, or a batch), each with its id;
-    None for one whose id is legible but which does not decode.
+def _crossings(data: bytes) -> list[tuple[str, Command | None, bytes]]:
+    """The crossings of one WebSocket message (one, or a batch), each with its id
+    and its bytes; None for one whose id is legible but which does not decode.
 
     Raises:
         ProtocolError: a batch frame that does not decode.
@@ -144,7 +147,7 @@ def _crossings(data: bytes) -> list[tuple[str, Command | None]]:
             ``course.id``.
     """
     frames = unpack(asbp.decode(data).body) if data.startswith(_BATCH_PREFIX) else [data]
-    crossings: list[tuple[str, Command | None]] = []
+    crossings: list[tuple[str, Command | None, bytes]] = []
     for frame in frames:
         crossing: Command | None
         try:
@@ -158,7 +161,7 @@ def _crossings(data: bytes) -> list[tuple[str, Command | None]]:
             crossing_id = value if isinstance(value, str) else None
         if crossing_id is None:
             raise ValueError("a crossing without a legible course.id")
-        crossings.append((crossing_id, crossing))
+        crossings.append((crossing_id, crossing, frame))
     return crossings
 
 

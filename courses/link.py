@@ -42,6 +42,7 @@ from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
 from gateway.engines.base import Delivery, Engine, QueueFull, new_message
 from gateway.errors import LocalError
+from gateway.messaging.eager import start_eagerly
 from gateway.tasks import cancel_and_wait
 
 __all__ = ["CourseRefusedError", "Crossing", "OutboundCourse", "queue_name"]
@@ -140,15 +141,22 @@ class OutboundCourse:
             await cancel_and_wait(self._task)
 
     def submit(self, command: Command, *, notify: dict[str, str]) -> asyncio.Future[None]:
-        """Queue ``command`` for the peer with a fresh ``course.id``.
+        """Queue ``command`` for the peer with its ``course.id`` (a fresh one if it
+        has none).
 
         Returns a future done once stored; it fails with
         :class:`~gateway.engines.base.QueueFull` past the bounds.
         """
         loop = asyncio.get_running_loop()
-        crossing_id = uuid.uuid4().hex
+        given = command.get(ID_KEY)
+        if isinstance(given, str):
+            # Set by the caller along with its own keys: one Command built, not two.
+            crossing_id = given
+        else:
+            crossing_id = uuid.uuid4().hex
+            command = command.with_keys(**{ID_KEY: crossing_id})
         try:
-            frame = asbp.encode(command.with_keys(**{ID_KEY: crossing_id}))
+            frame = asbp.encode(command)
         except ProtocolError as exc:
             future: asyncio.Future[None] = loop.create_future()
             future.set_exception(exc)
@@ -169,7 +177,16 @@ class OutboundCourse:
         message = new_message(
             crossing_id, self.queue, frame, now, None, 4, None, None, frozenset(), headers
         )
-        stored = asyncio.ensure_future(self._engine.enqueue(message))
+        # Started on the spot: the memory engine's enqueue is done on return, with
+        # no task and no trip through the loop (gateway/messaging/eager.py).
+        # The Redis engine's returns its batcher's future, the call already made.
+        awaitable = self._engine.enqueue(message)
+        stored: asyncio.Future[None]
+        if isinstance(awaitable, asyncio.Future):
+            stored = awaitable
+        else:
+            assert isinstance(awaitable, Coroutine), awaitable
+            stored = start_eagerly(awaitable)
 
         def undo(done: asyncio.Future[None]) -> None:
             if done.cancelled() or done.exception() is not None:

@@ -10,7 +10,12 @@ Subject's ``s``) reaches the router, which hands it here (:meth:`Courses.route`)
    that address, whatever the sender wrote; ``x`` is kept; ``course.*`` keys the
    sender wrote are dropped (they are the buses' own).
 2. Recipients are grouped by domain. Those of this bus's domain go to every
-   Subject holding the address (2201 per address nobody holds). Every other
+   Subject holding the address, on whichever broker of the bus it is (2201 per
+   address nobody holds): this broker's Subjects from its registry's address
+   index, the others' through the routing plane's (``address_brokers``), one
+   ADDRESSED envelope per broker holding any of them. On a bus the lookup makes
+   delivery asynchronous, so the Commands awaiting one are chained: each is
+   delivered after the one before it, and a sender's order holds. Every other
    domain gets one copy (``r`` narrowed to its recipients) in the queue of the
    Course that reaches it (2202 if none does; 2211 if the peer's policy refuses
    it; 2209 if the queue is full), sent by courses.link.
@@ -29,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Protocol
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
@@ -48,21 +54,27 @@ from courses.wire import (
     domain_of,
     split_by_domain,
     via_of,
+    with_subject,
 )
 from gateway.acl import AccessContext
 from gateway.auth.credentials import AgentCredentials
 from gateway.connections.channels import Channel
-from gateway.connections.subjects import Subject, SubjectState
+from gateway.connections.subjects import Subject
+from gateway.connections.tubes import Tube
 from gateway.engines.base import Engine, QueueFull
+from gateway.plane.base import Envelope, EnvelopeKind, Plane, PlaneUnavailable
 
-__all__ = ["Courses", "LocalReplies"]
+__all__ = ["AddressHolders", "Courses", "LocalReplies"]
 
+#: What ``asbp.encode`` allows a header by default: a splice stays within it too.
+_MAX_HEADER_BYTES: Final = asbp.Limits().max_header_bytes
 #: Keys a Command loses on its way out of this bus: the sender's and this broker's.
 _LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
 
 
 class LocalReplies(Protocol):
-    """What the Courses need of the router: leave frames and faults for Channels."""
+    """What the Courses need of the router: leave frames and faults for Channels
+    and faults for Tubes."""
 
     def deliver(self, channel: Channel, frame: bytes) -> None: ...
 
@@ -76,6 +88,27 @@ class LocalReplies(Protocol):
         cause: str | None = None,
     ) -> None: ...
 
+    def fault_tube(
+        self,
+        tube: Tube,
+        code: FaultCode,
+        message: str,
+        *,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None: ...
+
+
+class AddressHolders(Protocol):
+    """Where the Subjects at this broker are found by Conversation-Address
+    (gateway.connections.subjects.SubjectRegistry)."""
+
+    def holding(self, address: str) -> list[Subject]: ...
+
+
+#: Conversation-Address -> the other brokers of the bus holding Subjects with it.
+Located = Mapping[str, frozenset[str]]
+
 
 class Courses:
     """This bus's domain, its outbound Courses and the delivery of addressed Commands.
@@ -84,7 +117,9 @@ class Courses:
         settings: the ``[courses]`` table, checked.
         engine: where the per-domain queues live.
         replies: the router's outboxes and faults.
-        subjects: the live Subjects of this broker, when asked.
+        subjects: this broker's Subjects by address; None: no Subjects here.
+        plane: the bus's routing plane, when other brokers may hold Subjects;
+            None: this broker is alone on its bus.
         may_cross: whether a Subject (its access context) may send to a domain (the
             ACL's ``COURSE`` rows); None: every Subject may.
         allow_plain: the Tubes' dev flag: ``ws://`` between loopback addresses.
@@ -98,7 +133,8 @@ class Courses:
         *,
         engine: Engine,
         replies: LocalReplies,
-        subjects: Callable[[], Iterable[Subject]],
+        subjects: AddressHolders | None,
+        plane: Plane | None = None,
         may_cross: Callable[[AccessContext, str], bool] | None = None,
         allow_plain: bool,
         redis_url: str | None,
@@ -121,6 +157,9 @@ class Courses:
         )
         self._replies = replies
         self._subjects = subjects
+        self._plane = plane
+        #: The last delivery awaiting a lookup: the next one is made after it.
+        self._tail: asyncio.Future[None] | None = None
         self._may_cross = may_cross
         #: The broker's logger.
         self.log = self._log = log
@@ -174,21 +213,48 @@ class Courses:
         """A Command with ``r`` from a User-Agent: to its recipients, here or across."""
         command_id = command.command_id
         name = command.name or ""
-        if subject is None or subject.address is None:
-            self._replies.fault(
-                channel,
-                FaultCode.NO_ADDRESS,
-                "'r' needs 's' of a Subject signed in with a Conversation-Address",
-                command_id=command_id,
-                cause=name,
-            )
-            return
-        outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
-        outbound = outbound.with_keys(p=subject.address)
 
         def refuse(code: FaultCode, message: str) -> None:
             self._replies.fault(channel, code, message, command_id=command_id, cause=name)
 
+        self._route(subject, command, refuse)
+
+    def route_for_agent(self, tube: Tube, subject: Subject | None, command: Command) -> None:
+        """A Command with ``r`` from an Application-Agent, sent for ``subject`` (one
+        that agent signed in at this broker: the router checked): ``p`` is the
+        Subject's address, and faults go to the agent's Tube."""
+        command_id = command.command_id
+        name = command.name or ""
+
+        def refuse(code: FaultCode, message: str) -> None:
+            self._replies.fault_tube(tube, code, message, command_id=command_id, cause=name)
+
+        self._route(subject, command, refuse)
+
+    def route_for(
+        self,
+        subject: Subject,
+        command: Command,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        """A Command with ``r`` sent for ``subject`` by an agent on another broker of
+        the bus (the router checked it signed the Subject in); faults to ``refuse``."""
+        self._route(subject, command, refuse)
+
+    def _route(
+        self,
+        subject: Subject | None,
+        command: Command,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        if subject is None or subject.address is None:
+            refuse(
+                FaultCode.NO_ADDRESS,
+                "'r' needs 's' of a Subject signed in with a Conversation-Address",
+            )
+            return
+        outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+        outbound = outbound.with_keys(p=subject.address)
         may_cross = self._may_cross
         if may_cross is not None:
             access = subject.access
@@ -199,10 +265,53 @@ class Courses:
                     return
         self._send(outbound, via=(), came_from=None, refuse=refuse)
 
+    # -- from other brokers of this bus ---------------------------------------------------
+
+    def forwarded(self, envelope: Envelope) -> None:
+        """An ADDRESSED envelope: for the Subjects here holding ``envelope.among``."""
+        try:
+            command = asbp.decode(envelope.frame)
+        except ProtocolError as exc:  # pragma: no cover - a broker of this bus encoded it
+            self._log.warning("course.bad_envelope", extra={"error": exc.message})
+            return
+
+        def gone(code: FaultCode, message: str) -> None:
+            # Its Subjects ended between the sender's lookup and now: within the
+            # plane's own round trip, as a Channel closing under a forward.
+            self._log.info("course.address_gone", extra={"code": int(code), "reason": message})
+
+        self._deliver_here(command, envelope.among, gone, located={})
+
     # -- from peer buses ---------------------------------------------------------------
 
-    async def accept(self, peer: str, command: Command) -> bool:
+    async def locate(self, commands: Iterable[Command]) -> Located | None:
+        """Where this bus's recipients of ``commands`` are, in one round of lookups
+        (a batch of crossings: :meth:`accept` then needs none); None off a bus.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
+        if self._plane is None:
+            return None
+        wanted: dict[str, None] = {}
+        for command in commands:
+            for address in split_by_domain(command.recipients).get(self.domain, ()):
+                wanted[address] = None
+        return await self._locate(wanted) if wanted else {}
+
+    async def accept(
+        self,
+        peer: str,
+        command: Command,
+        frame: bytes | None = None,
+        *,
+        located: Located | None = None,
+    ) -> bool:
         """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
+
+        ``frame``: the bytes it arrived in, from which recipients' frames are spliced
+        (courses.wire.with_subject) rather than encoded again. ``located``: from
+        :meth:`locate`, made before this crossing's claim; None: looked up here.
 
         Returns once it is accepted (delivered here, or stored for the next Course),
         when the peer may be acknowledged.
@@ -210,6 +319,15 @@ class Courses:
         crossing_id = command.get(ID_KEY)
         if not isinstance(crossing_id, str):
             return False
+        # Looked up before the claim, so that between the claim and handing the
+        # Command to outboxes and to the other brokers' streams there is no await.
+        own = split_by_domain(command.recipients).get(self.domain, ())
+        if (
+            own
+            and self._plane is not None
+            and (located is None or any(address not in located for address in own))
+        ):
+            located = await self._locate(own)
         # Claimed before delivery, with no await between the claim and handing the
         # Command to the Channels' outboxes: a receiver killed after the claim has
         # lost those Channels too, while one that delivered has always claimed, so a
@@ -264,7 +382,7 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
-            self._send(bare, via=via, came_from=peer, refuse=refuse, waits=waits)
+            self._send(bare, via=via, came_from=peer, refuse=refuse, waits=waits, located=located)
         for wait in waits:
             # Stored for the next Course (or refused, and then faulted): accepted.
             await asyncio.gather(wait, return_exceptions=True)
@@ -281,12 +399,26 @@ class Courses:
         came_from: str | None,
         refuse: Callable[[FaultCode, str], None],
         waits: list[asyncio.Future[Any]] | None = None,
+        located: Located | None = None,
+        received: tuple[bytes, Command] | None = None,
     ) -> None:
-        """``command`` to each of its recipients: local Subjects or one copy per domain."""
+        """``command`` to each of its recipients: this bus's Subjects (``located``:
+        the other brokers holding them, if already looked up) or one copy per domain.
+        ``received``: the crossing's bytes and Command, to splice from."""
         name = command.name or ""
         for domain, addresses in split_by_domain(command.recipients).items():
             if domain == self.domain:
-                self._deliver_here(command, addresses, refuse)
+                if self._plane is None or located is not None:
+                    self._deliver_here(
+                        command,
+                        addresses,
+                        refuse,
+                        located=located,
+                        waits=waits,
+                        received=received,
+                    )
+                else:
+                    self._deliver_later(command, addresses, refuse)
                 continue
             peer = self.settings.course_for(domain)
             if peer is None:
@@ -304,7 +436,10 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            copy = command.with_keys(r=list(addresses), **{VIA_KEY: [*via, self.domain]})
+            copy = command.with_keys(
+                r=list(addresses),
+                **{VIA_KEY: [*via, self.domain], ID_KEY: uuid.uuid4().hex},
+            )
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
             notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
@@ -335,31 +470,153 @@ class Courses:
 
         stored.add_done_callback(done)
 
-    def _deliver_here(
+    async def _locate(self, addresses: Iterable[str]) -> dict[str, frozenset[str]]:
+        """The other brokers of the bus holding each of ``addresses``.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
+        plane = self._plane
+        assert plane is not None
+        wanted = tuple(addresses)
+        found = await asyncio.gather(*(plane.address_brokers(a) for a in wanted))
+        me = plane.broker_id
+        return {a: brokers - {me} for a, brokers in zip(wanted, found, strict=True)}
+
+    def _deliver_later(
         self,
         command: Command,
         addresses: tuple[str, ...],
         refuse: Callable[[FaultCode, str], None],
     ) -> None:
-        holders: dict[str, list[Subject]] = {address: [] for address in addresses}
-        for subject in self._subjects():
-            if subject.state is SubjectState.AUTHENTICATED and subject.address in holders:
-                holders[subject.address].append(subject)
+        """``_deliver_here`` once the plane said where ``addresses`` are, after every
+        delivery started before it (a sender's order holds)."""
+        previous = self._tail
+
+        async def later() -> None:
+            located: Located | None
+            try:
+                located = await self._locate(addresses)
+            except PlaneUnavailable:
+                located = None
+            if previous is not None:
+                await asyncio.wait([previous])
+            if located is None:
+                # This broker's Subjects still get it; the others cannot be found.
+                self._deliver_here(
+                    command,
+                    addresses,
+                    refuse,
+                    located={},
+                    unknown=(
+                        FaultCode.ENGINE_UNAVAILABLE,
+                        "the bus's address index cannot be reached",
+                    ),
+                )
+            else:
+                self._deliver_here(command, addresses, refuse, located=located)
+
+        task = asyncio.ensure_future(later())
+        self._tail = task
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _deliver_here(
+        self,
+        command: Command,
+        addresses: tuple[str, ...],
+        refuse: Callable[[FaultCode, str], None],
+        *,
+        located: Located | None,
+        waits: list[asyncio.Future[Any]] | None = None,
+        unknown: tuple[FaultCode, str] | None = None,
+        received: tuple[bytes, Command] | None = None,
+    ) -> None:
+        """To the Subjects here holding ``addresses``, and to the brokers ``located``
+        holding them elsewhere (one envelope each); ``unknown``: the fault for an
+        address found nowhere (2201 by default)."""
+        registry = self._subjects
+        holders = {
+            address: registry.holding(address) if registry is not None else []
+            for address in addresses
+        }
+        elsewhere: dict[str, list[str]] = {}
+        for address in addresses:
+            for broker_id in sorted((located or {}).get(address, ())):
+                elsewhere.setdefault(broker_id, []).append(address)
+        if elsewhere:
+            self._forward(command, elsewhere, refuse, waits)
         delivered: set[str] = set()
         for address, subjects in holders.items():
             if not subjects:
-                refuse(FaultCode.UNKNOWN_ADDRESS, f"no Subject at {self.domain} is {address}")
+                if not any(address in held for held in elsewhere.values()):
+                    code, message = unknown or (
+                        FaultCode.UNKNOWN_ADDRESS,
+                        f"no Subject at {self.domain} is {address}",
+                    )
+                    refuse(code, message)
                 continue
             for subject in subjects:
                 if subject.id in delivered:
                     continue
                 delivered.add(subject.id)
-                try:
-                    frame = asbp.encode(command.with_keys(s=subject.id))
-                except ProtocolError as exc:
-                    refuse(exc.code, exc.message)
-                    return
+                frame = (
+                    with_subject(
+                        received[0],
+                        received[1],
+                        subject.id,
+                        max_header_bytes=_MAX_HEADER_BYTES,
+                    )
+                    if received is not None
+                    else None
+                )
+                if frame is None:
+                    try:
+                        frame = asbp.encode(command.with_keys(s=subject.id))
+                    except ProtocolError as exc:
+                        refuse(exc.code, exc.message)
+                        return
                 self._replies.deliver(subject.channel, frame)
+
+    def _forward(
+        self,
+        command: Command,
+        elsewhere: Mapping[str, list[str]],
+        refuse: Callable[[FaultCode, str], None],
+        waits: list[asyncio.Future[Any]] | None,
+    ) -> None:
+        """One ADDRESSED envelope to each broker holding some of the addresses."""
+        plane = self._plane
+        assert plane is not None
+        try:
+            frame = asbp.encode(command)
+        except ProtocolError as exc:  # pragma: no cover - it decoded at this size
+            refuse(exc.code, exc.message)
+            return
+        for broker_id, addresses in elsewhere.items():
+            envelope = Envelope(
+                EnvelopeKind.ADDRESSED, plane.broker_id, "", frame, tuple(addresses)
+            )
+            sent = plane.send_to(broker_id, envelope)
+            self._pending.add(sent)
+
+            def done(future: asyncio.Future[bool], addresses: list[str] = addresses) -> None:
+                self._pending.discard(future)
+                if future.cancelled():
+                    return
+                exc = future.exception()
+                if exc is not None:
+                    refuse(FaultCode.ENGINE_UNAVAILABLE, f"the bus cannot be reached: {exc}")
+                elif not future.result():
+                    for address in addresses:
+                        refuse(
+                            FaultCode.UNKNOWN_ADDRESS,
+                            f"the broker holding {address} at {self.domain} is gone",
+                        )
+
+            sent.add_done_callback(done)
+            if waits is not None:
+                waits.append(sent)
 
     def _crossed(self, crossing: Crossing) -> None:
         """A crossing was acknowledged or expired: tell its sender, if it asked or failed."""

@@ -36,6 +36,7 @@ __all__ = [
     "split_by_domain",
     "unpack",
     "via_of",
+    "with_subject",
 ]
 
 #: The answering bus's signed answer, the first frame on a Course.
@@ -106,6 +107,59 @@ def unpack(body: bytes) -> list[bytes]:
         frames.append(body[start : start + length])
         position = start + length
     return frames
+
+
+#: Keys a crossing must not carry for :func:`with_subject` to splice: this bus's own.
+_SPLICE_REFUSES: Final = ("s", "i", "a", "b", "d", "g")
+
+
+def with_subject(
+    frame: bytes, command: Command, subject_id: str, *, max_header_bytes: int
+) -> bytes | None:
+    """The frame a recipient gets, made from the crossing's own bytes: ``course.id``
+    and ``course.via`` removed and ``s`` added, or None when that is not provably
+    the same as encoding ``command`` (the crossing decoded) without them and with
+    ``s``, and the caller must encode.
+
+    Splicing saves decoding's counterpart, an encode per recipient (as
+    gateway/routing/splice.py does within a bus). It is safe when the header holds
+    no quotes (so every ``,course.id=`` found is a real pair), no UTF-8 marker,
+    and none of this bus's keys (which the Command would lose): ``s`` is 32 hex
+    digits, a bare token, and goes last, where ``with_keys`` puts it.
+    """
+    end = len(frame) - len(command.body) - 1
+    if (
+        end <= 0
+        or frame[0] == 0x2B  # "+": a UTF-8 header
+        or frame.find(b"'", 0, end) != -1
+        or any(key in command for key in _SPLICE_REFUSES)
+        or not (subject_id.isascii() and subject_id.isalnum())
+    ):
+        return None
+    header = frame[:end]
+    for key in (ID_KEY, VIA_KEY):
+        if key in command:
+            header = _without_pair(header, key.encode("ascii"))
+    if not header:
+        return None
+    spliced = b"".join((header, b",s=", subject_id.encode("ascii"), frame[end:]))
+    # ",s=" and 32 hex digits: within the limit encoding would enforce.
+    return spliced if len(header) + 35 <= max_header_bytes else None
+
+
+def _without_pair(header: bytes, key: bytes) -> bytes:
+    """``header`` (which holds no quotes and has the pair) without the pair for ``key``."""
+    start = 0 if header.startswith(key + b"=") else header.find(b"," + key + b"=")
+    value = header.find(b"=", start) + 1
+    if header[value : value + 1] == b"[":
+        stop = header.find(b"]", value) + 1
+    else:
+        stop = header.find(b",", value)
+        if stop == -1:
+            stop = len(header)
+    if start == 0:
+        return header[stop + 1 :]  # and the comma after it, if any
+    return header[:start] + header[stop:]
 
 
 def domain_of(address: str) -> str:

@@ -20,7 +20,7 @@ of its own that has just these methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from asbp import Command, FaultCode
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.connections.flow import FlowGate
     from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
+    from gateway.plane.base import Envelope
 
 __all__ = [
     "AddressRoutes",
@@ -154,6 +155,23 @@ class AddressRoutes(Protocol):
 
     def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
         """Deliver or queue ``command`` for each recipient; faults go to ``channel``."""
+        ...
+
+    def route_for_agent(self, tube: Tube, subject: Subject | None, command: Command) -> None:
+        """The same from an agent for a Subject it signed in; faults go to ``tube``."""
+        ...
+
+    def route_for(
+        self,
+        subject: Subject,
+        command: Command,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> None:
+        """The same for ``subject``, its faults to ``refuse`` (an agent elsewhere)."""
+        ...
+
+    def forwarded(self, envelope: Envelope) -> None:
+        """An ADDRESSED envelope from another broker of the bus: to the Subjects here."""
         ...
 
 

@@ -16,6 +16,12 @@ Application-Agents that have authenticated the Subject for subsequent
 Authenticated-Commands." It ends on ``asbp.logout``, when its Channel closes
 (an HTTP Channel's idle expiry included), and the agents that authenticated
 it hear ``asbp.subject.ended``.
+
+The registry also finds Subjects by Conversation-Address (``p``, courses/):
+each delivery of a Command addressed by ``r`` asks it, so it keeps an index
+rather than scanning every Subject. When the first Subject at this broker takes
+an address, or the last one holding it ends, it tells its ``AddressDirectory``
+(the routing plane on a bus), so other brokers of the bus find the address here.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import enum
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from asbp import ApplicationAgentId, SubjectId
 from gateway.acl import AccessContext
 from gateway.connections.channels import Channel
 
-__all__ = ["Subject", "SubjectRegistry", "SubjectState"]
+__all__ = ["AddressDirectory", "Subject", "SubjectRegistry", "SubjectState"]
 
 
 class SubjectState(enum.Enum):
@@ -76,14 +83,35 @@ class Subject:
     serving_brokers: set[str] = field(default_factory=set)
 
 
+class AddressDirectory(Protocol):
+    """Where the bus learns which broker holds Subjects with an address
+    (gateway.plane.base.Plane's address index)."""
+
+    def address_held(self, address: str) -> None:
+        """A Subject at this broker has ``address`` from now on (its first)."""
+        ...
+
+    def address_released(self, address: str) -> None:
+        """No Subject at this broker has ``address`` any more."""
+        ...
+
+
 class SubjectRegistry:
-    """Every live Subject at this broker."""
+    """Every live Subject at this broker.
 
-    __slots__ = ("_by_channel", "_subjects")
+    Args:
+        directory: told when an address gains its first Subject here or loses its
+            last; None: this broker is alone on its bus.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_by_address", "_by_channel", "_subjects", "directory")
+
+    def __init__(self, directory: AddressDirectory | None = None) -> None:
         self._subjects: dict[SubjectId, Subject] = {}
         self._by_channel: dict[str, set[SubjectId]] = {}
+        self._by_address: dict[str, list[Subject]] = {}
+        #: Told when an address comes and goes here (the routing plane on a bus).
+        self.directory = directory
 
     def __len__(self) -> int:
         return len(self._subjects)
@@ -115,10 +143,41 @@ class SubjectRegistry:
         """How many live Subjects ``channel`` has."""
         return len(self._by_channel.get(channel.id, ()))
 
+    def set_address(self, subject: Subject, address: str) -> bool:
+        """``subject`` is reachable as ``address`` (once: an address never changes).
+
+        Returns:
+            Whether the directory was told (the first Subject here with it).
+        """
+        if subject.address is not None or subject.id not in self._subjects:
+            return False
+        subject.address = address
+        holders = self._by_address.setdefault(address, [])
+        holders.append(subject)
+        if len(holders) == 1 and self.directory is not None:
+            self.directory.address_held(address)
+            return True
+        return False
+
+    def holding(self, address: str) -> list[Subject]:
+        """The authenticated Subjects at this broker reachable as ``address``."""
+        return [
+            subject
+            for subject in self._by_address.get(address, ())
+            if subject.state is SubjectState.AUTHENTICATED
+        ]
+
     def end(self, subject: Subject) -> None:
         """Forget ``subject``."""
         subject.state = SubjectState.ENDED
-        self._subjects.pop(subject.id, None)
+        if self._subjects.pop(subject.id, None) is not None and subject.address is not None:
+            holders = self._by_address.get(subject.address)
+            if holders is not None and subject in holders:
+                holders.remove(subject)
+                if not holders:
+                    del self._by_address[subject.address]
+                    if self.directory is not None:
+                        self.directory.address_released(subject.address)
         ids = self._by_channel.get(subject.channel.id)
         if ids is not None:
             ids.discard(subject.id)

@@ -13,7 +13,10 @@ target is *not* here:
   Every entry belongs to the broker that announced it and lives only as long
   as that broker's *lease*, which the broker renews; a broker that dies drops
   out of every lookup within ``lease`` seconds, and its leftovers are swept
-  by the survivors.
+  by the survivors. The *address index* says which brokers hold Subjects
+  signed in with each Conversation-Address (``address_held`` /
+  ``address_released``), so a Command addressed ``r=alice*example.org``
+  (courses/) reaches alice on whichever broker her Channels are.
 * **Forwarding** hands an :class:`Envelope` to another broker: a User-Agent
   Command for a Respondent (``forward_request``: the plane picks a live
   broker serving the name), Commands for a Channel (``forward_to_channel``:
@@ -119,6 +122,14 @@ class EnvelopeKind(enum.Enum):
     #: every live broker); ``among`` is the principal who asked. Not SUBJECT_END,
     #: the notice a Subject's own broker sends once it has ended one.
     END_SUBJECT = "z"
+    #: A Command addressed by ``r`` (courses/), ``p`` already stamped by the broker
+    #: that took it in, for the Subjects at the receiving broker holding the
+    #: Conversation-Addresses ``among``; ``channel`` is the crossing's id, if any.
+    ADDRESSED = "p"
+    #: An agent's Command with ``r`` for the Subject ``s`` at the receiving broker,
+    #: from the Tube ``channel`` at ``origin``, ``a`` set there to the agent's
+    #: verified identity; faults go back to that Tube as TUBE envelopes.
+    FOR_SUBJECT = "f"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +144,7 @@ class Envelope:
     #: The encoded Command, exactly as a local outbox would have got it.
     frame: bytes
     #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
-    #: JOIN, LEAVE and GROUP: the groups.
+    #: JOIN, LEAVE and GROUP: the groups; ADDRESSED: the Conversation-Addresses.
     among: tuple[str, ...] = ()
 
 
@@ -323,6 +334,19 @@ class Plane(Protocol):
 
     def group_left(self, group: str) -> None:
         """No Channel at this broker is a member of ``group`` any more."""
+        ...
+
+    def address_held(self, address: str) -> None:
+        """Subjects at this broker hold the Conversation-Address ``address`` from now
+        on (announced when the address gains its first Subject here)."""
+        ...
+
+    def address_released(self, address: str) -> None:
+        """No Subject at this broker holds ``address`` any more."""
+        ...
+
+    async def address_brokers(self, address: str) -> frozenset[str]:
+        """The live brokers holding Subjects with the Conversation-Address ``address``."""
         ...
 
     async def locate_channel(self, channel_id: str) -> str | None:

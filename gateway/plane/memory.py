@@ -74,6 +74,8 @@ class MemoryBus:
         self.loads: dict[str, dict[str, int]] = {}
         #: Group → the brokers holding members of it.
         self.groups: dict[str, set[str]] = {}
+        #: Conversation-Address → the brokers holding Subjects with it.
+        self.addresses: dict[str, set[str]] = {}
         #: Every Channel's log (gateway.plane.memory_log).
         self.logs = LogStore(log_clock or clock)
 
@@ -89,7 +91,7 @@ class MemoryBus:
             del self.channels[channel_id]
         for loads in self.loads.values():
             loads.pop(broker_id, None)
-        for table in (self.names, self.groups):
+        for table in (self.names, self.groups, self.addresses):
             for key in list(table):
                 brokers = table[key]
                 brokers.discard(broker_id)
@@ -232,6 +234,16 @@ class MemoryPlane:
             if not brokers:
                 del self._bus.groups[group]
 
+    def address_held(self, address: str) -> None:
+        self._bus.addresses.setdefault(address, set()).add(self._broker_id)
+
+    def address_released(self, address: str) -> None:
+        brokers = self._bus.addresses.get(address)
+        if brokers is not None:
+            brokers.discard(self._broker_id)
+            if not brokers:
+                del self._bus.addresses[address]
+
     def written(self) -> asyncio.Future[None]:
         # Announcements go straight into the shared dicts.
         return _done(None)
@@ -254,6 +266,10 @@ class MemoryPlane:
     async def group_brokers(self, group: str) -> frozenset[str]:
         bus = self._bus
         return frozenset(b for b in bus.groups.get(group, ()) if bus.alive(b))
+
+    async def address_brokers(self, address: str) -> frozenset[str]:
+        bus = self._bus
+        return frozenset(b for b in bus.addresses.get(address, ()) if bus.alive(b))
 
     # -- forwarding ------------------------------------------------------------
 

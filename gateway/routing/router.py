@@ -48,6 +48,7 @@ what the event log gets. Each is handed the narrow protocol it calls
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -55,14 +56,16 @@ from collections.abc import Callable, Collection
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
 from asbp.names import MESSAGING, TUBE
 from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
+from gateway.connections.subjects import Subject, SubjectState
 from gateway.connections.tubes import RespondentTable, Tube
 from gateway.eventlog.recorder import Recorder
 from gateway.metrics.counts import NO_NAME, RouterCounts
-from gateway.plane.base import Envelope, Plane
+from gateway.plane.base import Envelope, EnvelopeKind, Plane
 from gateway.routing.inflight import InFlight, InFlightTable
 from gateway.routing.intake import Intake
 from gateway.routing.management import CHANNEL_BUILTINS, TUBE_BUILTINS, Management
@@ -203,6 +206,9 @@ class Router:
             )
             subjects.attach(self.auth)
             self.remote.subjects = subjects
+            # Which brokers hold each Conversation-Address (courses/, ``r``).
+            self.auth.subjects.directory = self.remote.plane
+            self.auth.directory_written = self.remote.plane.written
         self._intake = intake = Intake(
             route_channel=self._route_channel,
             route_tube=self._route_tube,
@@ -358,6 +364,114 @@ class Router:
             intake.routed = ("agent", tube.agent_id, tube.agent_id)
         self.send_tube_frame(tube, outbound)
 
+    def _route_for_subject(self, tube: Tube, command: Command) -> None:
+        """An agent's Command with ``r``: sent for the Subject ``s`` it signed in here.
+
+        Only an agent that authenticated the Subject may speak for it, so knowing
+        ``s`` is not enough (docs/courses.md, "From Application-Agents").
+        """
+        assert self.courses is not None
+        intake = self._intake
+        if intake.source is not None:
+            intake.routed = ("course", ",".join(command.recipients), None)
+        subject_id = command.subject_id
+        broker = command.get("b")
+        remote = self.remote
+        if (
+            subject_id is not None
+            and remote is not None
+            and isinstance(broker, str)
+            and broker != self.broker_id
+        ):
+            # The Subject is at another broker of the bus (``b`` of its
+            # Authenticate-Command): that broker checks the agent signed it in.
+            self._for_subject_elsewhere(tube, command, broker)
+            return
+
+        def refuse(code: FaultCode, message: str) -> None:
+            self.fault_tube(tube, code, message, command_id=command.command_id, cause=command.name)
+
+        subject = self._subject_of_agent(subject_id, tube.agent_id, refuse)
+        if subject is not None or subject_id is None:
+            self.courses.route_for_agent(tube, subject, command)
+
+    def _subject_of_agent(
+        self,
+        subject_id: str | None,
+        agent_id: str,
+        refuse: Callable[[FaultCode, str], None],
+    ) -> Subject | None:
+        """The Subject ``subject_id`` here if ``agent_id`` signed it in; else a fault."""
+        if subject_id is None:
+            return None
+        auth = self.auth
+        subject = auth.subjects.get(subject_id) if auth is not None else None
+        if (
+            subject is None
+            or subject.state is not SubjectState.AUTHENTICATED
+            or agent_id not in subject.authenticated_by
+        ):
+            refuse(
+                FaultCode.ACCESS_DENIED,
+                "'s' names no Subject this agent signed in at this broker",
+            )
+            return None
+        return subject
+
+    def _for_subject_elsewhere(self, tube: Tube, command: Command, broker: str) -> None:
+        """An agent's Command with ``r`` for a Subject at ``broker``: sent there, with
+        ``a`` set to the agent's verified identity (the only identity trusted there)."""
+        remote = self.remote
+        assert remote is not None
+        name = command.name
+        try:
+            frame = asbp.encode(command.with_keys(a=tube.agent_id), limits=self._limits)
+        except ProtocolError as exc:
+            self.fault_tube(tube, exc.code, exc.message, command_id=command.command_id, cause=name)
+            return
+        envelope = Envelope(EnvelopeKind.FOR_SUBJECT, self.broker_id, tube.id, frame)
+        sent = remote.plane.send_to(broker, envelope)
+
+        def done(future: asyncio.Future[bool]) -> None:
+            if future.cancelled():
+                return
+            if future.exception() is not None or not future.result():
+                self.fault_tube(
+                    tube,
+                    FaultCode.ACCESS_DENIED,
+                    f"'s' names no Subject this agent signed in: broker {broker!r} is gone",
+                    command_id=command.command_id,
+                    cause=name,
+                )
+
+        sent.add_done_callback(done)
+
+    def _from_agent_elsewhere(self, envelope: Envelope) -> None:
+        """A FOR_SUBJECT envelope: the agent's Command for a Subject here."""
+        courses = self.courses
+        remote = self.remote
+        assert remote is not None
+        try:
+            command = asbp.decode(envelope.frame, limits=self._limits)
+        except ProtocolError as exc:  # pragma: no cover - a broker of this bus encoded it
+            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+            return
+        agent_id = command.agent_id
+        origin, tube_id = envelope.origin, envelope.channel
+
+        def refuse(code: FaultCode, message: str) -> None:
+            fault = fault_command(code, message, command_id=command.command_id, cause=command.name)
+            frame = asbp.encode(fault, limits=self._limits)
+            remote.plane.send_to(
+                origin, Envelope(EnvelopeKind.TUBE, self.broker_id, tube_id, frame)
+            )
+
+        if courses is None or agent_id is None:  # pragma: no cover - the sender checked both
+            return
+        subject = self._subject_of_agent(command.subject_id, agent_id, refuse)
+        if subject is not None:
+            courses.route_for(subject, command, refuse)
+
     def _route_remote(
         self,
         channel: Channel,
@@ -465,6 +579,15 @@ class Router:
 
     def inbound(self, envelope: Envelope) -> None:
         """An envelope another broker forwarded to this one (the plane calls it)."""
+        if envelope.kind is EnvelopeKind.ADDRESSED:
+            # For the Subjects here holding its addresses (courses.service).
+            if self.courses is not None:
+                self.courses.forwarded(envelope)
+            return
+        if envelope.kind is EnvelopeKind.FOR_SUBJECT:
+            if self.remote is not None:
+                self._from_agent_elsewhere(envelope)
+            return
         if self.remote is not None:
             self.remote.inbound(envelope)
 
@@ -578,6 +701,9 @@ class Router:
                 command_id=command.command_id,
                 cause=name,
             )
+            return
+        if self.courses is not None and "r" in command:
+            self._route_for_subject(tube, command)
             return
         if addressed:
             self._to_channels(tube, command, frame)

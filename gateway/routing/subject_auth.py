@@ -28,6 +28,7 @@ here, where its Channel is.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -87,6 +88,9 @@ class Authenticator:
         self._log = log
         #: The Subject exchange with other brokers; None when alone on the bus.
         self.bus: RemoteSubjects | None = None
+        #: The plane's barrier (``Plane.written``) on a bus: a Subject's first answer
+        #: waits for its address to be in the directory. None when alone.
+        self.directory_written: Callable[[], asyncio.Future[None]] | None = None
 
     # -- from User-Agents ---------------------------------------------------
 
@@ -261,8 +265,9 @@ class Authenticator:
         subject.authenticated_by.add(agent_id)
         subject.roles = subject.roles | frozenset(roles)
         subject.access = replace(subject.channel.access, roles=subject.roles, subject_id=subject.id)
-        if command.publisher is not None and subject.address is None:
-            subject.address = command.publisher
+        announced = command.publisher is not None and self.subjects.set_address(
+            subject, command.publisher
+        )
         self._log.info(
             "subject.authenticated",
             extra={"subject": subject.id, "agent": agent_id, "channel": subject.channel.id},
@@ -280,7 +285,19 @@ class Authenticator:
             reply["p"] = subject.address
         if subject.command_id is not None:
             reply["u"] = subject.command_id
-        self._replies.send(subject.channel, Command(reply))
+        answer = Command(reply)
+        written = self.directory_written
+        if announced and written is not None:
+            # Once the User-Agent hears it is signed in, any broker of the bus finds
+            # its address (courses/, ``r``), as asbp.register waits for the names.
+            def send(future: asyncio.Future[None]) -> None:
+                if not future.cancelled():
+                    future.exception()  # the bus down: signed in here all the same
+                self._replies.send(subject.channel, answer)
+
+            written().add_done_callback(send)
+            return
+        self._replies.send(subject.channel, answer)
 
     # -- endings ---------------------------------------------------------------
 

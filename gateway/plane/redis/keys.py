@@ -6,7 +6,9 @@ keys in one slot. The plane has two kinds of keys:
 
 - *The directory*, tagged ``{<prefix>}``: ``ch`` (and ``chz``, its Channel
   identifiers in a sorted set for paging), ``chs:<b>``, ``name:<n>``,
-  ``names:<b>``, ``brokers``, ``turn`` and each broker's lease ``alive:<b>``.
+  ``names:<b>``, ``grp:<g>``, ``grps:<b>``, ``addr:<address>`` (the brokers
+  holding Subjects with a Conversation-Address), ``addrs:<b>``, ``brokers``,
+  ``turn`` and each broker's lease ``alive:<b>``.
   A lookup checks leases while it reads the directory, and the sweep forgets
   a dead broker's entries in one script, so all of them live together in one
   slot (one primary). The directory is small and read on a miss only (the

@@ -278,6 +278,7 @@ class RedisPlane:
         self._channels: set[str] = set()
         self._names: set[str] = set()
         self._groups: set[str] = set()
+        self._addresses: set[str] = set()
         self._peers: set[str] = set()
         self._log = RedisChannelLog(
             self._submit,
@@ -456,6 +457,8 @@ class RedisPlane:
             commands.extend(self._name_commands(name, serving=True))
         for group in self._groups:
             commands.extend(self._group_commands(group, joined=True))
+        for address in self._addresses:
+            commands.extend(self._address_commands(address, held=True))
         if commands:
             self._announce(commands)
 
@@ -535,6 +538,23 @@ class RedisPlane:
     def group_left(self, group: str) -> None:
         self._groups.discard(group)
         self._announce(self._group_commands(group, joined=False))
+
+    def address_held(self, address: str) -> None:
+        self._addresses.add(address)
+        self._announce(self._address_commands(address, held=True))
+
+    def address_released(self, address: str) -> None:
+        self._addresses.discard(address)
+        self._announce(self._address_commands(address, held=False))
+
+    def _address_commands(self, address: str, *, held: bool) -> list[tuple[Any, ...]]:
+        # As groups: a hash of brokers per address, and a set of addresses per
+        # broker for the sweep (scripts.py, forget), both in the directory's slot.
+        own = f"{self._prefix}addrs:{self._broker_id}"
+        key = f"{self._prefix}addr:{address}"
+        if held:
+            return [("HSET", key, self._broker_id, "1"), ("SADD", own, address)]
+        return [("HDEL", key, self._broker_id), ("SREM", own, address)]
 
     def _group_commands(self, group: str, *, joined: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}grps:{self._broker_id}"
@@ -622,6 +642,12 @@ class RedisPlane:
     async def group_brokers(self, group: str) -> frozenset[str]:
         brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}grp:{group}"))]
         return frozenset([b for b in brokers if await self._alive(b)])
+
+    async def address_brokers(self, address: str) -> frozenset[str]:
+        brokers = [b.decode() for b in await self._call(("HKEYS", f"{self._prefix}addr:{address}"))]
+        # The leases checked together: one pipeline (the Batcher), not a trip each.
+        alive = await asyncio.gather(*(self._alive(b) for b in brokers))
+        return frozenset(b for b, live in zip(brokers, alive, strict=True) if live)
 
     async def _alive(self, broker_id: str) -> bool:
         return bool(await self._call(("EXISTS", f"{self._prefix}alive:{broker_id}")))

@@ -7,8 +7,10 @@ the directory's, all under the tagged prefix passed as ``ARGV[1]``:
 serving a Command-Name, each with its Commands in flight), ``fwd:<n>``
 (requests forwarded to each of them), ``names:<b>`` (a broker's
 Command-Names), ``grp:<g>`` (brokers holding members of a group), ``grps:<b>``
-(a broker's groups), ``turn`` (the round-robin counter); and each broker's
-inbound stream with the copy of its lease beside it, in a slot of their own.
+(a broker's groups), ``addr:<address>`` (brokers holding Subjects with a
+Conversation-Address), ``addrs:<b>`` (a broker's addresses), ``turn`` (the
+round-robin counter); and each broker's inbound stream with the copy of its
+lease beside it, in a slot of their own.
 
 On a Redis Cluster a forward is two script calls: a lookup in the directory's
 slot that returns a live target (or targets), then a send in each target
@@ -84,7 +86,15 @@ local function forget(prefix, b, budget)
     end
     budget = budget - #held
   end
-  if redis.call('EXISTS', chs, names, grps) > 0 then return budget, false end
+  local addrs = prefix .. 'addrs:' .. b
+  if budget > 0 then
+    local held = redis.call('SPOP', addrs, budget)
+    for _, a in ipairs(held) do
+      redis.call('HDEL', prefix .. 'addr:' .. a, b)
+    end
+    budget = budget - #held
+  end
+  if redis.call('EXISTS', chs, names, grps, addrs) > 0 then return budget, false end
   redis.call('DEL', prefix .. 'alive:' .. b)
   redis.call('SREM', prefix .. 'brokers', b)
   return budget, true
