@@ -239,6 +239,9 @@ class Remote:
         #: Names other brokers forwarded requests for since the last report: each
         #: forward raised the count in the directory, which a report corrects.
         self._forwarded: set[str] = set()
+        #: Called with ``i`` when a WebSocket Channel of this broker was resumed at
+        #: another (gateway.connections.resume closes its connection here).
+        self.on_resumed: Callable[[str], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -581,6 +584,9 @@ class Remote:
             tube = self._respondents.get(envelope.channel)
             if tube is not None and not tube.closed:
                 self._replies.send_tube_frame(tube, envelope.frame)
+        elif kind is EnvelopeKind.RESUMED:
+            if self.on_resumed is not None:
+                self.on_resumed(envelope.channel)
         else:
             self._for_membership(envelope)
 

@@ -31,9 +31,12 @@ from gateway.plane.redis.log_scripts import (
     LOG_APPEND,
     LOG_DIGEST,
     LOG_DROP,
+    LOG_HELD_APPEND,
+    LOG_HOLD,
     LOG_OPEN,
     LOG_OR_FORWARD,
     LOG_READ,
+    LOG_RELEASE,
 )
 
 __all__ = ["RedisChannelLog", "Submit"]
@@ -55,6 +58,12 @@ def _none(reply: Any) -> None:
 
 def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _held(reply: Any) -> tuple[str, int] | None:
+    if reply is None:
+        return None
+    return (_text(reply[0]), int(reply[1]))
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -132,6 +141,20 @@ class RedisChannelLog:
         if not self._cluster:
             return self._submit(command, int)
         return self._submit(command, lambda reply: self._woken(channel_id, reply[1:], reply[0]))
+
+    def hold(self, channel_id: str) -> asyncio.Future[tuple[str, int] | None]:
+        command = script_command(LOG_HOLD, self._keys(channel_id), (self._broker_id, self._now()))
+        return self._submit(command, _held)
+
+    def held_append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
+        args = (*self._append_args(channel_id, frame), self._broker_id)
+        return self._submit(script_command(LOG_HELD_APPEND, self._keys(channel_id), args), int)
+
+    def release(self, channel_id: str) -> asyncio.Future[None]:
+        command = script_command(
+            LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
+        )
+        return self._submit(command, _none)
 
     def _woken(self, channel_id: str, brokers: Any, result: Any) -> int:
         """Send the wake-ups a cluster's script left to us; ``result`` as an int."""

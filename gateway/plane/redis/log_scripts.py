@@ -5,7 +5,8 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
 - ``<prefix>log:{<i>}``: a hash. ``h`` the digest of the Channel's secret,
   ``x`` the idle expiry and ``s`` the last use (milliseconds), ``n`` the
   newest number, ``a`` acknowledged through, ``l`` the newest number dropped
-  unacknowledged (the gap), ``b`` the bytes the stream holds.
+  unacknowledged (the gap), ``b`` the bytes the stream holds, ``w`` the
+  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does.
 - ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
   ``n``: fields ``f`` (the frame) and ``t`` (when appended, ms). Explicit ids
   make the stream's order the numbers' order, and a read after ``n`` one
@@ -38,9 +39,12 @@ __all__ = [
     "LOG_APPEND",
     "LOG_DIGEST",
     "LOG_DROP",
+    "LOG_HELD_APPEND",
+    "LOG_HOLD",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
     "LOG_READ",
+    "LOG_RELEASE",
     "LOG_SCRIPTS",
 ]
 
@@ -106,6 +110,20 @@ local function wake_waiting(prefix, channel, cap)
     end
   end
 end
+-- The broker holding a resumable WebSocket Channel's log (field ``w``), which
+-- delivers and logs every frame for it itself: false when none holds it. A
+-- holder whose lease is gone is forgotten, so the log takes the frames until the
+-- Channel resumes (with an empty prefix, on a cluster, leases are in other slots:
+-- the holder stands, and the lookup after the script finds it dead).
+local function holder(prefix)
+  local w = redis.call('HGET', meta, 'w')
+  if not w then return false end
+  if prefix ~= '' and redis.call('EXISTS', '{' .. prefix .. '}alive:' .. w) == 0 then
+    redis.call('HDEL', meta, 'w')
+    return false
+  end
+  return w
+end
 local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
   local now = tonumber(at)
   if not live(now) then return 0 end
@@ -138,7 +156,10 @@ LOG_APPEND: Final = Script(
     "log_append",
     _PRELUDE
     + """
-local n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+local n = 0
+if not holder(ARGV[6]) then
+  n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+end
 if ARGV[6] == '' then
   table.insert(woken, 1, n)
   return woken
@@ -157,10 +178,13 @@ LOG_OR_FORWARD: Final = Script(
     "log_or_forward",
     _PRELUDE
     + """
-if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
-  return ''
+local target = holder(ARGV[6])
+if not target then
+  if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+    return ''
+  end
+  target = redis.call('HGET', KEYS[4], ARGV[7])
 end
-local target = redis.call('HGET', KEYS[4], ARGV[7])
 if not target then return false end
 if redis.call('EXISTS', '{' .. ARGV[6] .. '}alive:' .. target) == 0 then return false end
 redis.call('XADD', '{' .. ARGV[6] .. 'in:' .. target .. '}', 'MAXLEN', '~', ARGV[8], '*',
@@ -227,7 +251,48 @@ return woken
 """,
 )
 
+#: ARGV: broker, now ms. Returns false when there is no log, else {the previous
+#: holder ('' none), the newest number}.
+LOG_HOLD: Final = Script(
+    "log_hold",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[2])) then return false end
+local previous = redis.call('HGET', meta, 'w') or ''
+redis.call('HSET', meta, 'w', ARGV[1])
+return {previous, tonumber(redis.call('HGET', meta, 'n'))}
+""",
+)
+
+#: ARGV: as LOG_APPEND's, then the broker. Returns the frame's number, 0 when there
+#: is no log, -1 when another broker holds it.
+LOG_HELD_APPEND: Final = Script(
+    "log_held_append",
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 0 then return 0 end
+if redis.call('HGET', meta, 'w') ~= ARGV[9] then return -1 end
+return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], '', ARGV[7], ARGV[8])
+""",
+)
+
+#: ARGV: broker, now ms. The log is no longer held, if this broker held it.
+LOG_RELEASE: Final = Script(
+    "log_release",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'w') == ARGV[1] then
+  redis.call('HDEL', meta, 'w')
+  live(tonumber(ARGV[2]))
+end
+return 1
+""",
+)
+
 LOG_SCRIPTS: Final = (
+    LOG_HOLD,
+    LOG_HELD_APPEND,
+    LOG_RELEASE,
     LOG_OPEN,
     LOG_APPEND,
     LOG_ACK,
