@@ -74,12 +74,14 @@ class HeldOutbox(StreamOutbox):
     """A WebSocket Channel's outbox that also appends each frame to the Channel's log.
 
     Appends start with :meth:`start_logging` (after the greeting, which carries
-    the secret and is never logged) and are submitted, never awaited. A frame
-    whose append finds that another broker holds the log now (the Channel resumed
-    there while this connection lingered) is forwarded to that broker instead.
+    the secret and is never logged). The frames offered in one turn of the event
+    loop go to the log in one call (``held_append``), submitted at the end of
+    that turn and never awaited. Frames whose append finds that another broker
+    holds the log now (the Channel resumed there while this connection
+    lingered) are forwarded to that broker instead.
     """
 
-    __slots__ = ("_holder", "_logging", "_plane", "channel_id")
+    __slots__ = ("_holder", "_logging", "_pending", "_plane", "channel_id")
 
     def __init__(self, max_frames: int, max_bytes: int, plane: Plane) -> None:
         super().__init__(max_frames, max_bytes)
@@ -87,6 +89,8 @@ class HeldOutbox(StreamOutbox):
         self.channel_id = ""
         self._logging = False
         self._holder: ChannelLog | None = None
+        #: Frames offered this turn, not yet submitted to the log.
+        self._pending: list[bytes] = []
 
     def start_logging(self, channel_id: str) -> None:
         """Append every frame offered from now on to ``channel_id``'s log (held here)."""
@@ -97,14 +101,26 @@ class HeldOutbox(StreamOutbox):
     def offer(self, frame: bytes) -> bool:
         if not super().offer(frame):
             return False
-        holder = self._holder
-        if holder is not None and self._logging:
-            holder.held_append(self.channel_id, frame).add_done_callback(
-                lambda future: self._appended(frame, future)
-            )
+        if self._logging:
+            pending = self._pending
+            if not pending:
+                asyncio.get_running_loop().call_soon(self._submit)
+            pending.append(frame)
         return True
 
-    def _appended(self, frame: bytes, future: asyncio.Future[int]) -> None:
+    def _submit(self) -> None:
+        frames, self._pending = self._pending, []
+        holder = self._holder
+        if not frames or holder is None or not self._logging:
+            return
+        try:
+            appended = holder.held_append(self.channel_id, frames)
+        except EngineUnavailable as exc:
+            self._lost(exc)
+            return
+        appended.add_done_callback(lambda future: self._appended(frames, future))
+
+    def _appended(self, frames: list[bytes], future: asyncio.Future[int]) -> None:
         if future.cancelled():
             return
         error = future.exception()
@@ -112,26 +128,34 @@ class HeldOutbox(StreamOutbox):
         if number > 0:
             return
         if number < 0:
-            # Resumed elsewhere meanwhile: the frame goes where the Channel is now.
-            envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self.channel_id, frame)
-            with contextlib.suppress(EngineUnavailable):
-                self._plane.forward_to_channel(self.channel_id, envelope)
+            # Resumed elsewhere meanwhile: the frames go where the Channel is now.
+            for frame in frames:
+                envelope = Envelope(
+                    EnvelopeKind.CHANNEL, self._plane.broker_id, self.channel_id, frame
+                )
+                with contextlib.suppress(EngineUnavailable):
+                    self._plane.forward_to_channel(self.channel_id, envelope)
             return
-        # The log is gone or missed a frame: its numbers no longer match what the
+        self._lost(error)
+
+    def _lost(self, error: BaseException | None) -> None:
+        # The log is gone or missed frames: its numbers no longer match what the
         # client counts, so it is dropped and a resume is refused (2110) rather
         # than replaying the wrong frames.
-        if self._logging:
-            self._logging = False
-            _log.warning(
-                "plane.resume_log_lost",
-                extra={"channel": self.channel_id, "error": str(error or "no such log")},
-            )
-            with contextlib.suppress(EngineUnavailable):
-                self._plane.channel_log.drop(self.channel_id)
+        if not self._logging:
+            return
+        self._logging = False
+        _log.warning(
+            "plane.resume_log_lost",
+            extra={"channel": self.channel_id, "error": str(error or "no such log")},
+        )
+        with contextlib.suppress(EngineUnavailable):
+            self._plane.channel_log.drop(self.channel_id)
 
     def close(self) -> None:
         super().close()
         if self._logging and self._holder is not None:
+            self._submit()  # what this turn offered goes first, then the release
             self._logging = False
             # The log outlives the connection: frames go into it until a resume.
             with contextlib.suppress(EngineUnavailable):

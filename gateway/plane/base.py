@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
@@ -216,9 +216,9 @@ class ChannelLog(Protocol):
         """
         ...
 
-    def held_append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
-        """Append ``frame`` if this broker holds the log: its number, 0 (no such
-        log) or -1 (another broker holds it now)."""
+    def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
+        """Append ``frames``, in order, if this broker holds the log: the number of
+        the last, 0 (no such log) or -1 (another broker holds it now: none appended)."""
         ...
 
     def release(self, channel_id: str) -> asyncio.Future[None]:

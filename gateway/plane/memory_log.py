@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from gateway.plane.base import LogRead, LogRetention
@@ -168,13 +168,16 @@ class MemoryChannelLog:
         previous, log.holder = log.holder, self._broker_id
         return _done((previous, log.last))
 
-    def held_append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
+    def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         log = self._store.live(channel_id)
         if log is None:
             return _done(0)
         if log.holder != self._broker_id:
             return _done(-1)
-        return _done(self._append(log, frame))
+        last = log.last
+        for frame in frames:
+            last = self._append(log, frame)
+        return _done(last)
 
     def release(self, channel_id: str) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

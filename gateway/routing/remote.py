@@ -638,6 +638,18 @@ class Remote:
     def _for_channel(self, envelope: Envelope) -> None:
         channel = self._channels.get(envelope.channel)
         if channel is None:
+            if envelope.origin != self.plane.broker_id:
+                # Sent while the Channel was held here and gone by the time it was
+                # read: once more, from here, to where it is now (a resumable
+                # WebSocket Channel's log, or the broker that resumed it). Once:
+                # what this broker forwards is not forwarded again.
+                again = Envelope(
+                    EnvelopeKind.CHANNEL, self.plane.broker_id, envelope.channel, envelope.frame
+                )
+                self.plane.forward_to_channel(envelope.channel, again).add_done_callback(
+                    functools.partial(self._forwarded_again, envelope.channel)
+                )
+                return
             self._log.info("plane.channel_gone", extra={"channel": envelope.channel})
             return
         frame = envelope.frame
@@ -656,6 +668,11 @@ class Remote:
                     # answer may overtake the news of where the request went) has
                     # one fewer on its plate.
                     self.plane.request_done(entry.name, envelope.origin)
+
+    def _forwarded_again(self, channel_id: str, future: asyncio.Future[str | None]) -> None:
+        if future.cancelled() or (future.exception() is None and future.result() is not None):
+            return
+        self._log.info("plane.channel_gone", extra={"channel": channel_id})
 
     def _for_respondent(self, envelope: Envelope) -> None:
         logged = envelope.kind is EnvelopeKind.LOGGED_REQUEST

@@ -45,6 +45,7 @@ __all__ = [
     "LOG_OR_FORWARD",
     "LOG_READ",
     "LOG_RELEASE",
+    "LOG_SALVAGE",
     "LOG_SCRIPTS",
 ]
 
@@ -115,11 +116,13 @@ end
 -- holder whose lease is gone is forgotten, so the log takes the frames until the
 -- Channel resumes (with an empty prefix, on a cluster, leases are in other slots:
 -- the holder stands, and the lookup after the script finds it dead).
+local dead = false
 local function holder(prefix)
   local w = redis.call('HGET', meta, 'w')
   if not w then return false end
   if prefix ~= '' and redis.call('EXISTS', '{' .. prefix .. '}alive:' .. w) == 0 then
     redis.call('HDEL', meta, 'w')
+    dead = w
     return false
   end
   return w
@@ -134,6 +137,23 @@ local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel
   wake_waiting(prefix, channel, cap)
   redis.call('DEL', waiting)
   return n
+end
+-- A holder found dead (``dead``) may have died before reading frames forwarded to
+-- it: they are still in its inbound stream (a broker trims what it read). They go
+-- into the log first, oldest first, and out of that stream. At most SALVAGE
+-- entries of the stream are looked at.
+local function salvage(at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  if not dead or prefix == '' then return end
+  local inbound = '{' .. prefix .. 'in:' .. dead .. '}'
+  dead = false
+  for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
+    local f = {}
+    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+    if f['k'] == 'c' and f['i'] == channel then
+      append(f['f'], at, max_age, max_frames, max_bytes, prefix, channel, cap)
+      redis.call('XDEL', inbound, e[1])
+    end
+  end
 end
 """
 
@@ -158,6 +178,7 @@ LOG_APPEND: Final = Script(
     + """
 local n = 0
 if not holder(ARGV[6]) then
+  salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
   n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
 end
 if ARGV[6] == '' then
@@ -180,6 +201,7 @@ LOG_OR_FORWARD: Final = Script(
     + """
 local target = holder(ARGV[6])
 if not target then
+  salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
   if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
     return ''
   end
@@ -251,28 +273,49 @@ return woken
 """,
 )
 
-#: ARGV: broker, now ms. Returns false when there is no log, else {the previous
-#: holder ('' none), the newest number}.
+#: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
+#: stream cap, broker. Returns false when there is no log, else {the previous
+#: holder ('' none), the newest number}. A previous holder that died leaves what
+#: is still in its inbound stream for the Channel to the log first (salvage).
 LOG_HOLD: Final = Script(
     "log_hold",
     _PRELUDE
     + """
-if not live(tonumber(ARGV[2])) then return false end
+if not live(tonumber(ARGV[1])) then return false end
 local previous = redis.call('HGET', meta, 'w') or ''
-redis.call('HSET', meta, 'w', ARGV[1])
+if previous ~= '' and previous ~= ARGV[8] then
+  holder(ARGV[5])
+  salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+redis.call('HSET', meta, 'w', ARGV[8])
 return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 """,
 )
 
-#: ARGV: as LOG_APPEND's, then the broker. Returns the frame's number, 0 when there
-#: is no log, -1 when another broker holds it.
+#: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
+#: stream cap, the broker, then the frames (all a Channel got in one turn of its
+#: broker's loop: one call). Returns the last one's number, 0 when there is no log,
+#: -1 when another broker holds it (then none is appended). Retention is applied
+#: once, after the last.
 LOG_HELD_APPEND: Final = Script(
     "log_held_append",
     _PRELUDE
     + """
-if redis.call('EXISTS', meta) == 0 then return 0 end
-if redis.call('HGET', meta, 'w') ~= ARGV[9] then return -1 end
-return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], '', ARGV[7], ARGV[8])
+local now = tonumber(ARGV[1])
+if redis.call('HGET', meta, 'w') ~= ARGV[8] then
+  if redis.call('EXISTS', meta) == 0 then return 0 end
+  return -1
+end
+if not live(now) then return 0 end
+local n, size = tonumber(redis.call('HGET', meta, 'n')), 0
+for i = 9, #ARGV do
+  n = redis.call('HINCRBY', meta, 'n', 1)
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1])
+  size = size + #ARGV[i]
+end
+redis.call('HINCRBY', meta, 'b', size)
+trim(now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+return n
 """,
 )
 
@@ -289,7 +332,40 @@ return 1
 """,
 )
 
+#: Run by a broker that sweeps a dead one, before it deletes the dead broker's
+#: inbound stream (KEYS[1]): every frame in it for a Channel whose log the dead
+#: broker held goes into that log, oldest first, and the log is released.
+#: ARGV: plane prefix, dead broker, now ms, max age ms, max frames, max bytes,
+#: inbound stream cap. Returns how many frames were saved.
+LOG_SALVAGE: Final = Script(
+    "log_salvage",
+    _PRELUDE
+    + """
+local inbound = KEYS[1]
+local prefix, gone, now = ARGV[1], ARGV[2], ARGV[3]
+local saved = 0
+for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
+  local f = {}
+  for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+  if f['k'] == 'c' and f['i'] then
+    local tag = '{' .. f['i'] .. '}'
+    -- The prelude's functions work on these: this Channel's log now.
+    meta = prefix .. 'log:' .. tag
+    stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
+    if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
+    if redis.call('EXISTS', meta) == 1 and not redis.call('HGET', meta, 'w') then
+      if append(f['f'], now, ARGV[4], ARGV[5], ARGV[6], prefix, f['i'], ARGV[7]) > 0 then
+        saved = saved + 1
+      end
+    end
+  end
+end
+return saved
+""",
+)
+
 LOG_SCRIPTS: Final = (
+    LOG_SALVAGE,
     LOG_HOLD,
     LOG_HELD_APPEND,
     LOG_RELEASE,
