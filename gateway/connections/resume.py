@@ -231,10 +231,15 @@ class ChannelResume:
         log = self._broker.plane.channel_log
         while True:
             await asyncio.sleep(period)
-            for channel in self._broker.channels:
-                if isinstance(channel.outbox, HeldOutbox) and not channel.closed:
-                    with contextlib.suppress(EngineUnavailable):
-                        await log.digest(channel.id)
+            held = [
+                channel.id
+                for channel in self._broker.channels
+                if isinstance(channel.outbox, HeldOutbox) and not channel.closed
+            ]
+            # Submitted a page at a time: the Batcher sends each page in one pipeline.
+            for start in range(0, len(held), REPLAY_PAGE):
+                page = held[start : start + REPLAY_PAGE]
+                await asyncio.gather(*(log.digest(i) for i in page), return_exceptions=True)
 
     # -- opening -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ that counts the frames it received after its greeting and resumes with that coun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from agents import ApplicationAgent
 from asbp import Command
 from gateway.app import create_app
-from gateway.config.model import GatewayConfig
+from gateway.config.model import ChannelLimits, GatewayConfig
 from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
@@ -245,3 +246,36 @@ async def holder_of(redis_url: str, channel_id: str) -> str:
 
 async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
     return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
+
+
+async def test_a_quiet_connected_channel_outlives_the_log_age(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    make_credentials(tmp_path, "news")
+    age = 2.0
+    short = dataclasses.replace(
+        config(tmp_path, "broker-a", redis_url), channels=ChannelLimits(log_max_age=age)
+    )
+    async with serve_app_async(create_app(short)) as a:
+        connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+        # Its broker touches the held log (every quarter of the age): the log's last
+        # use moves on while nothing is sent, past the age it would expire after.
+        key = f"{PREFIX}log:{{{channel_id}}}"
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pubsub = client.pubsub()
+        try:
+            await client.config_set("notify-keyspace-events", "KA")
+            await pubsub.subscribe(f"__keyspace@0__:{key}")
+            first = int(await client.hget(key, "s") or 0)
+            with anyio.fail_after(10 * age * T):
+                while int(await client.hget(key, "s") or 0) < first + 1500 * age:
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+            await client.aclose()
+        await connection.close()
+        resumed, answer = await resume(a.ws_url + "/asbp", channel_id, secret, received=0)
+        assert answer.name == "asbp.resumed", answer
+        await resumed.close()
