@@ -306,10 +306,14 @@ if redis.call('HGET', meta, 'w') ~= ARGV[8] then
   if redis.call('EXISTS', meta) == 0 then return 0 end
   return -1
 end
-if not live(now) then return 0 end
-local n, size = tonumber(redis.call('HGET', meta, 'n')), 0
+-- Held, so in use: its holder touches it (and renews its expiry) every quarter of
+-- the age, so an append stamps its last use and nothing more (no live()).
+redis.call('HSET', meta, 's', now)
+local count = #ARGV - 8
+local n = redis.call('HINCRBY', meta, 'n', count) - count
+local size = 0
 for i = 9, #ARGV do
-  n = redis.call('HINCRBY', meta, 'n', 1)
+  n = n + 1
   redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1])
   size = size + #ARGV[i]
 end
