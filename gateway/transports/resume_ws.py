@@ -80,8 +80,19 @@ async def _resume(
     if data is None:
         data = (message.get("text") or "").encode("utf-8")
 
+    # The server's SEND_FRAME extension (Uvicorn with gateway.transports.coalescing)
+    # writes a frame without an ASGI send: the replay's hot loop. It declines while
+    # the socket is paused, and the ASGI send then waits for the reader: a slow
+    # reader holds the replay back instead of buffering the whole log.
+    from gateway.transports.websocket import SEND_FRAME, SendFrame
+
+    send_frame: SendFrame | None = (scope.get("extensions") or {}).get(SEND_FRAME)
+
     async def write(frame: bytes) -> None:
-        if text and _is_text(frame):
+        as_text = text and _is_text(frame)
+        if send_frame is not None and send_frame(frame, as_text):
+            return
+        if as_text:
             await send({"type": "websocket.send", "text": frame.decode("utf-8")})
         else:
             await send({"type": "websocket.send", "bytes": frame})
