@@ -35,10 +35,17 @@ from agents import control
 from agents.backoff import Backoff
 from agents.errors import AgentError, ConnectionLost, FaultError
 from agents.multipart import MEDIA_TYPE, boundary_of, parse_parts
-from asbp import ChannelId, Command, ProtocolError
-from asbp.names import SECRET_HEADER, SECRET_KEY
+from asbp import ChannelId, Command, FaultCode, ProtocolError
+from asbp.names import RESUME, RESUMED, SECRET_HEADER, SECRET_KEY
 
-__all__ = ["ChannelTransport", "Closed", "Deliver", "HttpChannel", "WebSocketChannel"]
+__all__ = [
+    "ChannelTransport",
+    "Closed",
+    "Deliver",
+    "HttpChannel",
+    "ResumeRefused",
+    "WebSocketChannel",
+]
 
 #: Called with every Command that arrives.
 Deliver = Callable[[Command], None]
@@ -50,6 +57,13 @@ _SUBPROTOCOL: Final = Subprotocol("asbp")
 _MAX_ANSWER_BYTES: Final = 1024 * 1024
 #: HTTP statuses that mean the Channel is gone for good.
 _GONE: Final = frozenset({404, 410})
+#: Fault codes of a resume (docs/protocol.md, "Resuming a Channel"), as header values.
+_GAP: Final = str(int(FaultCode.RESUME_GAP))
+_NOT_RESUMABLE: Final = frozenset(
+    {str(int(FaultCode.RESUME_REFUSED)), str(int(FaultCode.RESUME_UNAVAILABLE))}
+)
+#: The close reason of a connection whose Channel another connection resumed.
+_TAKEN: Final = str(int(FaultCode.CHANNEL_RESUMED))
 
 
 class ChannelTransport(Protocol):
@@ -68,6 +82,19 @@ class ChannelTransport(Protocol):
 
     async def close(self) -> None:
         """Close the Channel; ``closed`` is called if it was not already."""
+
+    async def resume(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None] | None:
+        """Take the lost Channel back (docs/protocol.md, "Resuming a Channel"):
+        its ``i`` and the ``b`` of the broker that took it; None: nothing to resume.
+
+        Raises:
+            ResumeRefused: the broker has no such Channel to resume (open a new one).
+            OSError, websockets errors: could not connect (try again later).
+        """
+
+
+class ResumeRefused(AgentError):
+    """The broker cannot resume the Channel (fault 2110 or 2113): open a new one."""
 
 
 def _greeting(command: Command, expected: str) -> tuple[ChannelId, str | None]:
@@ -96,19 +123,62 @@ class WebSocketChannel:
         self._log = logger or logging.getLogger("asbp.user_agent")
         self._websocket: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
+        #: The Channel and its secret (from the greeting), to resume it; never logged.
+        self._channel_id: ChannelId | None = None
+        self._secret: str | None = None
+        #: Frames received after the greeting: the number of the last one (resume).
+        self.received = 0
 
-    async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
-        websocket = await connect(
-            self.url,
+    async def _connect(self, url: str) -> ClientConnection:
+        return await connect(
+            url,
             subprotocols=[_SUBPROTOCOL],
-            ssl=self._ssl if self.url.startswith("wss:") else None,
+            ssl=self._ssl if url.startswith("wss:") else None,
             open_timeout=self._timeout,
             close_timeout=self._timeout,
         )
+
+    async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
+        websocket = await self._connect(self.url)
         try:
             async with asyncio.timeout(self._timeout):
                 first = await websocket.recv(decode=False)
-            identity = _greeting(asbp.decode(first), control.CHANNEL)
+            greeting = asbp.decode(first)
+            identity = _greeting(greeting, control.CHANNEL)
+        except BaseException:
+            await websocket.close()
+            raise
+        secret = greeting.get(SECRET_KEY)
+        self._channel_id = identity[0]
+        self._secret = secret if isinstance(secret, str) else None
+        self.received = 0
+        self._websocket = websocket
+        self._reader = asyncio.create_task(self._read(websocket, deliver, closed))
+        return identity
+
+    async def resume(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None] | None:
+        channel_id, secret = self._channel_id, self._secret
+        if channel_id is None or secret is None:
+            return None
+        separator = "&" if "?" in self.url else "?"
+        websocket = await self._connect(f"{self.url}{separator}resume={channel_id}")
+        try:
+            await websocket.send(
+                asbp.encode(
+                    Command(c=RESUME, i=channel_id, secret=secret, received=str(self.received))
+                )
+            )
+            async with asyncio.timeout(self._timeout):
+                answer = asbp.decode(await websocket.recv(decode=False))
+                if answer.name == control.FAULT and answer.get("code") == _GAP:
+                    # Retention dropped some of what was routed while away: said, then on.
+                    self._log.warning("channel %s: %s", channel_id, answer.body.decode())
+                    answer = asbp.decode(await websocket.recv(decode=False))
+            if answer.name == control.FAULT and answer.get("code") in _NOT_RESUMABLE:
+                raise ResumeRefused(answer.body.decode("utf-8", "replace"))
+            identity = _greeting(answer, RESUMED)
+            received = answer.get("received")
+            self.received = int(received) if isinstance(received, str) else self.received
         except BaseException:
             await websocket.close()
             raise
@@ -120,6 +190,8 @@ class WebSocketChannel:
         error: BaseException | None = None
         try:
             async for message in websocket:
+                # Counted before decoding: the broker counts every frame it sent.
+                self.received += 1
                 frame = message.encode("utf-8") if isinstance(message, str) else message
                 try:
                     command = asbp.decode(frame)
@@ -129,6 +201,9 @@ class WebSocketChannel:
                 deliver(command)
         except ConnectionClosed as exc:
             error = ConnectionLost(f"the Channel closed: {exc}")
+            if exc.rcvd is not None and exc.rcvd.reason.startswith(_TAKEN):
+                # Another connection resumed it: taking it back would only fight it.
+                self._channel_id = self._secret = None
         finally:
             closed(error)
 
@@ -231,6 +306,11 @@ class HttpChannel:
             raise FaultError.from_command(answer)
         if answer.name != control.ACCEPTED:
             raise AgentError(f"expected {control.ACCEPTED} from the broker, got {answer!r}")
+
+    async def resume(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None] | None:
+        """None: an HTTP Channel needs no resume on a bus (any broker serves it, and the
+        broker resends what was not acknowledged); a lost one is opened anew."""
+        return None
 
     async def close(self) -> None:
         poller = self._poller

@@ -15,10 +15,14 @@ does not come back at the same instant. The caller sees each step as a
     attempt ``attempt`` (0-based) starts after ``delay`` seconds; ``error`` is
     why the previous attempt failed (None for the first).
 ``RECONNECTED``
-    a Channel is open again. Today it is a new Channel (``channel_id`` differs
-    from ``previous``): what the old one held at the broker (Subjects, group
-    memberships, subscriptions, Commands routed to it while away) is gone;
-    resuming it is the one function ``UserAgent._reopen``.
+    a Channel is open again. A WebSocket Channel is *resumed* when a broker of
+    the bus can (``channel_id`` equals ``previous``; docs/protocol.md,
+    "Resuming a Channel"): every Command routed to it while away arrives
+    next, in order and once, through ``receive``. Subjects, group memberships
+    and subscriptions are not resumed: sign in and subscribe again. When no
+    broker can resume it (its log expired, resume is off) it is a new Channel
+    (``channel_id`` differs from ``previous``) and whatever the old one held is
+    gone. ``UserAgent._reopen`` is where the choice is made.
 ``GAVE_UP``
     ``max_attempts`` attempts failed in a row: the UserAgent is closed.
 """

@@ -46,7 +46,7 @@ from typing import Final
 
 from agents import control
 from agents.backoff import Backoff
-from agents.channel import ChannelTransport, HttpChannel, WebSocketChannel
+from agents.channel import ChannelTransport, HttpChannel, ResumeRefused, WebSocketChannel
 from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
 from agents.reconnect import DEFAULT_RECONNECT, ChannelEvent, ChannelEventKind, Reconnect
 from asbp import ChannelId, Command, HeaderInput
@@ -511,10 +511,19 @@ class UserAgent:
     async def _reopen(self, previous: ChannelId | None) -> tuple[ChannelId, str | None]:
         """Open a Channel again after losing ``previous``: its ``i`` and the ``b``.
 
-        For now a new Channel. Resuming ``previous`` (the same ``i`` and what was
-        routed to it meanwhile, issue 11 point 3) belongs here and only here: the
-        handshake that proves it was ours, on whichever broker answers.
+        A WebSocket Channel is resumed, on whichever broker answers: the same
+        ``i``, and what was routed to it meanwhile arrives next, in order and
+        once (docs/protocol.md, "Resuming a Channel"). A broker that has no
+        such Channel to resume (it expired, or resume is off) refuses, and a
+        new Channel is opened instead.
         """
+        try:
+            resumed = await self._transport.resume(self._deliver, self._on_closed)
+        except ResumeRefused as exc:
+            self._log.info("user agent: Channel %s not resumed (%s); opening anew", previous, exc)
+            resumed = None
+        if resumed is not None:
+            return resumed
         return await self._transport.open(self._deliver, self._on_closed)
 
     def _emit(self, event: ChannelEvent) -> None:

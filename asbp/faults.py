@@ -72,6 +72,14 @@ class FaultCode(IntEnum):
     TOO_MANY_CHANNELS = 2108
     #: Extension: the publisher's destinations are full; it is held back (flow control).
     DESTINATIONS_BUSY = 2109
+    #: Extension: no Channel to resume: unknown, expired, forgotten, or not this secret's.
+    RESUME_REFUSED = 2110
+    #: Extension: Commands for the resumed Channel passed the log's retention (a gap).
+    RESUME_GAP = 2111
+    #: Extension: the Channel was resumed by another connection, which now holds it.
+    CHANNEL_RESUMED = 2112
+    #: Extension: this broker does not resume Channels (resume off, or the bus unreachable).
+    RESUME_UNAVAILABLE = 2113
 
     # 22xx: Courses, links between buses (extension; docs/courses.md).
     #: Extension: no Subject at this bus holds the Conversation-Address in ``r``.
@@ -142,6 +150,10 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.RESPONDENT_FAILED: "Command-Respondent failed",
     FaultCode.TOO_MANY_CHANNELS: "Too many Channels",
     FaultCode.DESTINATIONS_BUSY: "Destinations busy",
+    FaultCode.RESUME_REFUSED: "No Channel to resume",
+    FaultCode.RESUME_GAP: "Commands lost before resuming",
+    FaultCode.CHANNEL_RESUMED: "Channel resumed elsewhere",
+    FaultCode.RESUME_UNAVAILABLE: "Resume unavailable",
     FaultCode.UNKNOWN_ADDRESS: "Unknown Conversation-Address",
     FaultCode.NO_COURSE: "No Course to the domain",
     FaultCode.COURSE_UNLISTED: "Course from an unlisted domain",

@@ -35,6 +35,8 @@ __all__ = [
     "PUBLISH",
     "REFUSED",
     "REGISTER",
+    "RESUME",
+    "RESUMED",
     "SECRET_HEADER",
     "SECRET_KEY",
     "SUBJECT_ENDED",
@@ -48,6 +50,14 @@ __all__ = [
 PREFIX: Final = "asbp."
 #: Broker → User-Agent, first on a WebSocket Channel: carries ``i`` and ``b``.
 CHANNEL: Final = "asbp.channel"
+#: User-Agent → broker, first on a WebSocket opened at ``/asbp?resume=<i>``:
+#: take the Channel ``i`` back with its ``secret`` and the count of frames
+#: ``received`` after its greeting (docs/protocol.md, "Resuming a Channel").
+RESUME: Final = "asbp.resume"
+#: Broker → User-Agent, in place of the greeting on a resumed Channel: ``i``,
+#: ``b``, ``received`` (the count the frames that follow continue from) and
+#: ``lost`` (Commands past the log's retention).
+RESUMED: Final = "asbp.resumed"
 #: Broker → Application-Agent, first on a Tube: carries the verified ``a``,
 #: ``b`` and ``tube``.
 TUBE: Final = "asbp.tube"

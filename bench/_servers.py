@@ -61,9 +61,10 @@ def broker_app(
     metrics: str = "on",
     redis_url: str | None = None,
     bus_balance: str = "in_flight",
+    resume: str = "auto",
 ) -> Any:
     from gateway.app import create_app
-    from gateway.config.model import EventLogConfig, GatewayConfig, MetricsConfig
+    from gateway.config.model import ChannelLimits, EventLogConfig, GatewayConfig, MetricsConfig
 
     config = GatewayConfig(
         host=HOST,
@@ -80,6 +81,8 @@ def broker_app(
         # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
         **({"engine": "redis", "redis_url": redis_url} if redis_url is not None else {}),
         bus_balance=bus_balance,
+        # Resumable WebSocket Channels (bench/resume.py measures what they cost).
+        channels=ChannelLimits(resume=resume),  # auto, on or off: checked by argparse
     )
     return create_app(config)
 
@@ -260,6 +263,7 @@ async def _main(args: argparse.Namespace) -> None:
             metrics=args.metrics,
             redis_url=args.redis_url,
             bus_balance=args.bus_balance,
+            resume=args.resume,
         )
         if args.server == "uvicorn":
             # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
@@ -283,6 +287,7 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["on", "off"], default="on")
     parser.add_argument("--redis-url", help="the redis engine (and bus) on this Redis")
     parser.add_argument("--bus-balance", choices=["in_flight", "turns"], default="in_flight")
+    parser.add_argument("--resume", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:

@@ -52,6 +52,7 @@ from gateway.auth.throttle import HandshakeThrottle
 from gateway.broker import Broker
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig
+from gateway.connections.resume import ChannelResume
 from gateway.console import STATIC
 from gateway.console.oidc import ConsoleSignIn, auth_route
 from gateway.ops import demo_page
@@ -239,6 +240,9 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             )
             raise
         courses = await _start_courses(config, course_settings, broker)
+        # WebSocket Channels that resume on any broker (gateway.connections.resume).
+        resume = ChannelResume(broker)
+        resume.start()
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.ops.server).
         app.state.broker = broker
@@ -248,8 +252,10 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
                 "broker": broker,
                 "throttle": HandshakeThrottle(config.failed_handshakes_per_minute),
                 "courses": courses,
+                "resume": resume,
             }
         finally:
+            await resume.stop()
             if courses is not None:
                 await courses.stop()
             await broker.stop()

@@ -28,6 +28,7 @@ __all__ = [
     "ManagementConfig",
     "MessagingLimits",
     "MetricsConfig",
+    "ResumeMode",
     "RunningServer",
     "ServerName",
     "TlsConfig",
@@ -43,6 +44,7 @@ RunningServer = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
 EventLogMode = Literal["on", "off"]
 BusBalance = Literal["in_flight", "turns"]
+ResumeMode = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,12 @@ class ChannelLimits:
     log_max_frames: int = 10_000
     #: Bytes of Commands a Channel's log keeps at most (the newest is always kept).
     log_max_bytes: int = 16 * MiB
+    #: Whether a WebSocket Channel that drops can resume (docs/protocol.md,
+    #: "Resuming a Channel"): every frame sent to it is also appended to its
+    #: Channel log. ``auto``: on when the routing plane spans brokers (the
+    #: ``redis`` engine), off on a lone broker; ``on``: also on a lone broker
+    #: (resume on the same broker); ``off``: never.
+    resume: ResumeMode = "auto"
     #: Seconds an HTTP request's body has, from its first byte to its last, on
     #: Hypercorn and Uvicorn alike. A body that stalls or arrives too slowly (a
     #: ``Content-Length`` larger than what is sent, chunks that never end) gets

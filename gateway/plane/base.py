@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
@@ -130,6 +130,9 @@ class EnvelopeKind(enum.Enum):
     #: from the Tube ``channel`` at ``origin``, ``a`` set there to the agent's
     #: verified identity; faults go back to that Tube as TUBE envelopes.
     FOR_SUBJECT = "f"
+    #: The WebSocket Channel ``channel`` was resumed at ``origin``: the receiving
+    #: broker closes its own connection for it, if it still has one (fault 2112).
+    RESUMED = "m"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,29 @@ class ChannelLog(Protocol):
         When there are none, waits up to ``wait`` seconds for one to be appended
         at any broker. None when no such log exists (never opened, dropped or expired).
         """
+        ...
+
+    # A WebSocket Channel that can resume (gateway.connections.resume) is *held*
+    # by the broker its connection is on: while held, a frame routed to it goes
+    # to that broker (``append`` returns 0 for it), which delivers it and logs it
+    # with ``held_append`` in the order it delivered; released (the connection
+    # dropped, or its holder died), frames go into the log as for an HTTP Channel.
+
+    def hold(self, channel_id: str) -> asyncio.Future[tuple[str, int] | None]:
+        """This broker holds the log from now on (it touches it too).
+
+        The future: the broker that held it before ('' none) and the number of
+        the newest Command in it, or None when no such log exists.
+        """
+        ...
+
+    def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
+        """Append ``frames``, in order, if this broker holds the log: the number of
+        the last, 0 (no such log) or -1 (another broker holds it now: none appended)."""
+        ...
+
+    def release(self, channel_id: str) -> asyncio.Future[None]:
+        """Stop holding the log, if this broker holds it; it expires when idle from now."""
         ...
 
 

@@ -130,7 +130,7 @@ class MemoryPlane:
         self._renewal: asyncio.Task[None] | None = None
         self._peers: set[str] = set()
         self._turns = itertools.count()
-        self._log = MemoryChannelLog(self._bus.logs, retention or LogRetention())
+        self._log = MemoryChannelLog(self._bus.logs, retention or LogRetention(), broker_id)
 
     @property
     def broker_id(self) -> str:

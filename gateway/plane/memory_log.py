@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from gateway.plane.base import LogRead, LogRetention
@@ -31,7 +31,18 @@ T = TypeVar("T")
 class _Log:
     """One Channel's log."""
 
-    __slots__ = ("acked", "digest", "frames", "idle", "last", "lost", "seen", "size", "waiters")
+    __slots__ = (
+        "acked",
+        "digest",
+        "frames",
+        "holder",
+        "idle",
+        "last",
+        "lost",
+        "seen",
+        "size",
+        "waiters",
+    )
 
     def __init__(self, digest: bytes, idle: float, now: float) -> None:
         self.digest = digest
@@ -45,6 +56,8 @@ class _Log:
         self.lost = 0
         #: Readers parked on this log, at any broker.
         self.waiters: set[asyncio.Future[None]] = set()
+        #: The broker holding a resumable WebSocket Channel's log ('' none).
+        self.holder = ""
 
     def wake(self) -> None:
         for waiter in self.waiters:
@@ -118,11 +131,13 @@ class MemoryChannelLog:
     Args:
         store: the bus's logs.
         retention: what each log keeps at most.
+        broker_id: the broker this access is for (the holder of what it holds).
     """
 
-    def __init__(self, store: LogStore, retention: LogRetention) -> None:
+    def __init__(self, store: LogStore, retention: LogRetention, broker_id: str = "") -> None:
         self._store = store
         self._retention = retention
+        self._broker_id = broker_id
 
     @property
     def retention(self) -> LogRetention:
@@ -134,14 +149,41 @@ class MemoryChannelLog:
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
         log = self._store.live(channel_id)
-        if log is None:
+        if log is None or log.holder:
             return _done(0)
+        return _done(self._append(log, frame))
+
+    def _append(self, log: _Log, frame: bytes) -> int:
         log.last += 1
         log.frames.append((log.last, self._store.clock(), frame))
         log.size += len(frame)
         log.trim(self._retention, self._store.clock())
         log.wake()
-        return _done(log.last)
+        return log.last
+
+    def hold(self, channel_id: str) -> asyncio.Future[tuple[str, int] | None]:
+        log = self._store.live(channel_id)
+        if log is None:
+            return _done(None)
+        previous, log.holder = log.holder, self._broker_id
+        return _done((previous, log.last))
+
+    def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
+        log = self._store.live(channel_id)
+        if log is None:
+            return _done(0)
+        if log.holder != self._broker_id:
+            return _done(-1)
+        last = log.last
+        for frame in frames:
+            last = self._append(log, frame)
+        return _done(last)
+
+    def release(self, channel_id: str) -> asyncio.Future[None]:
+        log = self._store.live(channel_id)
+        if log is not None and log.holder == self._broker_id:
+            log.holder = ""
+        return _done(None)
 
     def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

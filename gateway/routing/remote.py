@@ -244,6 +244,9 @@ class Remote:
         #: Names other brokers forwarded requests for since the last report: each
         #: forward raised the count in the directory, which a report corrects.
         self._forwarded: set[str] = set()
+        #: Called with ``i`` when a WebSocket Channel of this broker was resumed at
+        #: another (gateway.connections.resume closes its connection here).
+        self.on_resumed: Callable[[str], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -588,6 +591,9 @@ class Remote:
                 self._replies.send_tube_frame(tube, envelope.frame)
         elif kind is EnvelopeKind.CLOSE:
             self._for_close(envelope)
+        elif kind is EnvelopeKind.RESUMED:
+            if self.on_resumed is not None:
+                self.on_resumed(envelope.channel)
         else:
             self._for_membership(envelope)
 
@@ -667,6 +673,18 @@ class Remote:
     def _for_channel(self, envelope: Envelope) -> None:
         channel = self._channels.get(envelope.channel)
         if channel is None:
+            if envelope.origin != self.plane.broker_id:
+                # Sent while the Channel was held here and gone by the time it was
+                # read: once more, from here, to where it is now (a resumable
+                # WebSocket Channel's log, or the broker that resumed it). Once:
+                # what this broker forwards is not forwarded again.
+                again = Envelope(
+                    EnvelopeKind.CHANNEL, self.plane.broker_id, envelope.channel, envelope.frame
+                )
+                self.plane.forward_to_channel(envelope.channel, again).add_done_callback(
+                    functools.partial(self._forwarded_again, envelope.channel)
+                )
+                return
             self._log.info("plane.channel_gone", extra={"channel": envelope.channel})
             return
         frame = envelope.frame
@@ -685,6 +703,11 @@ class Remote:
                     # answer may overtake the news of where the request went) has
                     # one fewer on its plate.
                     self.plane.request_done(entry.name, envelope.origin)
+
+    def _forwarded_again(self, channel_id: str, future: asyncio.Future[str | None]) -> None:
+        if future.cancelled() or (future.exception() is None and future.result() is not None):
+            return
+        self._log.info("plane.channel_gone", extra={"channel": channel_id})
 
     def _for_respondent(self, envelope: Envelope) -> None:
         logged = envelope.kind is EnvelopeKind.LOGGED_REQUEST

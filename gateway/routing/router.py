@@ -179,6 +179,10 @@ class Router:
             if plane is not None and plane.spans_brokers
             else None,
         )
+        #: On a lone broker, puts a frame for a Channel that is not here into its
+        #: log if it is a resumable Channel away (gateway.connections.resume); True
+        #: if it did. None: no such Channels.
+        self.away: Callable[[str, bytes], bool] | None = None
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
             Remote(
@@ -824,6 +828,9 @@ class Router:
                     "delivered": len(delivered),
                 },
             )
+        if unknown and remote is None and self.away is not None:
+            away = self.away
+            unknown = [missing for missing in unknown if not away(missing, frame)]
         if unknown and remote is not None:
             for missing in dict.fromkeys(unknown):
                 remote.to_channel(tube, missing, frame, command)

@@ -26,9 +26,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from asbp import Command, FaultCode, Limits, encode
+from asbp import FaultCode, Limits, encode
 from asbp.fault_commands import fault_command
-from asbp.names import CHANNEL
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.auth.throttle import HandshakeThrottle
 from gateway.connections.addresses import TooManyChannels
@@ -38,6 +37,7 @@ from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import Tube
 from gateway.transports import cors
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
+from gateway.transports.resume_ws import open_channel
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -184,6 +184,10 @@ async def _write(
         if fault is FaultCode.SLOW_CONSUMER:
             reason = f"{int(fault)} {fault.description}"
             await send({"type": "websocket.close", "code": CLOSE_SLOW, "reason": reason})
+        elif fault is FaultCode.CHANNEL_RESUMED:
+            # Another connection took the Channel over (gateway.connections.resume).
+            reason = f"{int(fault)} {fault.description}"
+            await send({"type": "websocket.close", "code": CLOSE_GOING_AWAY, "reason": reason})
         else:
             await send({"type": "websocket.close", "code": CLOSE_GOING_AWAY})
     except OSError:  # pragma: no cover - the peer vanished mid-send; nothing to tell it
@@ -237,12 +241,12 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         reason = f"{int(exc.code)} {exc.code.description}"
         await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": reason})
         return
-    channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=key)
+    # Greeted (with the Channel secret) or resumed: gateway.transports.resume_ws.
+    opened = await open_channel(scope, receive, send, broker, key)
+    if opened is None:
+        return
+    channel, outbox = opened
     router = broker.router
-    # The greeting carries the Channel secret (docs/protocol.md, "The Channel
-    # secret"): this connection is the only place it is ever written.
-    secret = broker.channel_secret(channel)
-    router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id, secret=secret))
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
     frame_for = router.channel_frame

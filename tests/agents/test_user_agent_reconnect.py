@@ -163,7 +163,9 @@ async def test_a_user_agent_reconnects_after_its_broker_is_killed_and_replaced(
                 await ua.wait_connected(5 * T)
                 assert ua.connected
                 assert reconnected.previous == before
-                assert reconnected.channel_id == ua.channel_id != before
+                # Resumed (docs/protocol.md, "Resuming a Channel"): the same Channel,
+                # taken back at the broker that replaced the killed one.
+                assert reconnected.channel_id == ua.channel_id == before
                 assert (await ua.request("echo", b"2", timeout=5 * T)).body == b"2"
                 # Failed attempts while no broker listened were retried with backoff.
                 kinds = events.kinds()

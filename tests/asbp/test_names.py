@@ -21,7 +21,7 @@ PROTOCOL_MD = Path(__file__).parents[2] / "docs" / "protocol.md"
 
 
 def test_every_command_name_is_listed() -> None:
-    assert len(COMMAND_NAMES) == 22
+    assert len(COMMAND_NAMES) == 24
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_NAMES.values()))

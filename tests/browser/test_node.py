@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from gateway.app import create_app
-from gateway.config.model import GatewayConfig
+from gateway.config.model import ChannelLimits, GatewayConfig
 from tests.support import T, serve_app
 from tests.support.js import JS_ROOT, built_client, run_node
 
@@ -25,7 +25,9 @@ def test_node_test_runner_passes(tmp_path: Path) -> None:
     # The *.test.mjs files only: the browser scripts beside them are run by pytest.
     files = sorted(str(p.relative_to(JS_ROOT)) for p in (JS_ROOT / "test").glob("*.test.mjs"))
     assert len(files) >= 2
-    with serve_app(create_app(GatewayConfig(data_dir=tmp_path))) as server:
+    # Resume on, so that a lone broker resumes the client's Channel (client.test.mjs).
+    config = GatewayConfig(data_dir=tmp_path, channels=ChannelLimits(resume="on"))
+    with serve_app(create_app(config)) as server:
         env = {**os.environ, "ASBP_URL": server.http_url}
         # Node 20 has a global WebSocket only behind this flag (Node 22 by default).
         done = run_node(["--experimental-websocket", "--test", *files], timeout=180 * T, env=env)

@@ -16,11 +16,17 @@
  * backoff with full jitter (a delay drawn from 0 to min(max, initial·2^n),
  * the scheme centrifuge-js uses, 0.5 to 20 s by default).
  *
- * The broker does not resume Channels (yet): every reconnection is a new
- * Channel, announced by a `channel` event with `resumed: false` and a `gap`
- * event (what was sent to the old Channel while away is lost). The Client
- * then subscribes its subscriptions again and signs its Subjects in again
- * with the credentials they first used, so that handles stay valid.
+ * A WebSocket Channel is resumed when the connection comes back
+ * (docs/protocol.md, "Resuming a Channel"): the Client opens `/asbp?resume=<i>`
+ * with the secret of the greeting and the count of frames it received, and
+ * the broker (any broker of the bus) sends what was routed to the Channel
+ * meanwhile, in order and once: a `channel` event with `resumed: true` (and a
+ * `gap` event only when the log's retention dropped some). When the broker
+ * cannot resume it (expired, resume off) or the Channel was on long-poll, the
+ * reconnection is a new Channel: `resumed: false` and a `gap` event. Either
+ * way the Client then subscribes its subscriptions again and signs its
+ * Subjects in again with the credentials they first used (those stay with
+ * the connection that made them), so that handles stay valid.
  * Requests in flight when the connection drops fail with ConnectionLost:
  * they are not repeated, since the Client cannot know whether they ran.
  */
@@ -28,7 +34,15 @@
 import { Command, DEFAULT_LIMITS, MAX_COMMAND_ID, type HeaderInput, type Limits } from "./codec.js";
 import { decode } from "./codec.js";
 import { AsbpError, ConnectionLost, FaultError, TimeoutError } from "./errors.js";
-import { openLongPoll, openWebSocket, type FetchLike, type Transport, type WebSocketLike } from "./transports.js";
+import {
+  openLongPoll,
+  openWebSocket,
+  type FetchLike,
+  type OpenInfo,
+  type ResumeFrom,
+  type Transport,
+  type WebSocketLike,
+} from "./transports.js";
 
 export type State = "connecting" | "open" | "reconnecting" | "long-poll" | "closed";
 export type TransportKind = "websocket" | "long-poll";
@@ -69,7 +83,7 @@ export interface RequestOptions {
 export interface ChannelEvent {
   id: string;
   transport: TransportKind;
-  /** Whether the broker kept the previous Channel (never, for now). */
+  /** Whether the broker kept the previous Channel (a WebSocket Channel resumed). */
   resumed: boolean;
 }
 
@@ -289,6 +303,10 @@ export class Client {
   private wanted = false;
   private everOpened = false;
   private lostReason = "";
+  /** The WebSocket Channel's secret, to resume it (never logged), and the frames
+   * received after its greeting. */
+  private secret: string | undefined;
+  private received = 0;
   private opening: { resolve: () => void; reject: (e: Error) => void }[] = [];
 
   /**
@@ -375,10 +393,15 @@ export class Client {
   private start(): void {
     this.setState(this.everOpened ? "reconnecting" : "connecting");
     const kinds = this.options.transports;
-    this.open(kinds[0] ?? "websocket", 0);
+    const kind = kinds[0] ?? "websocket";
+    const resume =
+      kind === "websocket" && this.secret !== undefined && this.channelId !== undefined
+        ? { channelId: this.channelId, secret: this.secret, received: this.received }
+        : undefined;
+    this.open(kind, 0, resume);
   }
 
-  private open(kind: TransportKind, index: number): void {
+  private open(kind: TransportKind, index: number, resume?: ResumeFrom): void {
     let transport: Transport | undefined;
     let opened = false;
     const guard =
@@ -386,17 +409,26 @@ export class Client {
         ? setTimeout(() => transport?.close(), this.options.openTimeout)
         : undefined;
     const events = {
-      open: (channelId: string) => {
+      open: (channelId: string, info?: OpenInfo) => {
         clearTimeout(guard);
         opened = true;
-        this.adopt(transport!, channelId);
+        this.adopt(transport!, channelId, info);
       },
       frame: (frame: Uint8Array) => {
-        if (this.current === transport) this.receive(frame);
+        if (this.current === transport) {
+          this.received += 1; // counted as the broker logged it, decoded or not
+          this.receive(frame);
+        }
       },
-      close: (_ever: boolean, reason: string) => {
+      close: (_ever: boolean, reason: string, refused?: boolean) => {
         clearTimeout(guard);
         if (this.current !== transport && opened) return; // replaced by an upgrade
+        if (refused && this.wanted) {
+          // No Channel to resume: a new one, at once.
+          this.secret = undefined;
+          this.open(kind, index);
+          return;
+        }
         const next = this.options.transports[index + 1];
         if (!opened && next !== undefined && this.wanted) {
           // This transport never opened: the next one, at once (the fallback).
@@ -411,7 +443,7 @@ export class Client {
     try {
       transport =
         kind === "websocket"
-          ? openWebSocket(this.wsUrl, events, this.requireWebSocket(), this.options.limits)
+          ? openWebSocket(this.wsUrl, events, this.requireWebSocket(), this.options.limits, resume)
           : openLongPoll(this.httpUrl, events, this.requireFetch(), this.options.limits, this.options.longPollWait);
     } catch (error) {
       queueMicrotask(() => events.close(false, String(error)));
@@ -439,8 +471,11 @@ export class Client {
   }
 
   /** A transport opened a Channel: it becomes the current one. */
-  private adopt(transport: Transport, channelId: string): void {
+  private adopt(transport: Transport, channelId: string, info?: OpenInfo): void {
     const previous = this.channelId;
+    const resumed = info?.resumed === true && channelId === previous;
+    this.secret = transport.kind === "websocket" ? (resumed ? this.secret : info?.secret) : undefined;
+    this.received = resumed ? (info?.received ?? 0) : 0;
     const old = this.current;
     this.current = transport;
     this.channelId = channelId;
@@ -452,9 +487,10 @@ export class Client {
       this.lost("moved to a WebSocket");
     }
     this.setState(transport.kind === "websocket" ? "open" : "long-poll");
-    this.emit("channel", { id: channelId, transport: transport.kind, resumed: false });
+    this.emit("channel", { id: channelId, transport: transport.kind, resumed });
     if (this.everOpened && previous !== undefined) {
-      this.emit("gap", { previous, current: channelId, reason: this.lostReason || "reconnected" });
+      if (!resumed) this.emit("gap", { previous, current: channelId, reason: this.lostReason || "reconnected" });
+      else if (info?.lost) this.emit("gap", { previous, current: channelId, reason: `${info.lost} Commands lost` });
       this.restore();
     }
     this.everOpened = true;
@@ -479,12 +515,15 @@ export class Client {
         probe = this.probe = openWebSocket(
           this.wsUrl,
           {
-            open: (channelId) => {
+            open: (channelId, info) => {
               done();
-              this.adopt(probe!, channelId);
+              this.adopt(probe!, channelId, info);
             },
             frame: (frame) => {
-              if (this.current === probe) this.receive(frame);
+              if (this.current === probe) {
+                this.received += 1;
+                this.receive(frame);
+              }
             },
             close: (opened, reason) => {
               done();

@@ -11,13 +11,32 @@
 import { Command, decode, encode, type Limits } from "./codec.js";
 import { latin1 } from "./text.js";
 
+/** What a WebSocket's greeting said besides `i` (docs/protocol.md, "Resuming a Channel"). */
+export interface OpenInfo {
+  /** The Channel secret (a new Channel): what resuming it takes. Never logged. */
+  secret?: string;
+  /** The Channel was resumed: the frames that follow continue the count from `received`. */
+  resumed?: boolean;
+  received?: number;
+  /** Commands that passed the log's retention while away (fault 2111). */
+  lost?: number;
+}
+
+/** A WebSocket to take a lost Channel back: its `i`, secret, and the frames received. */
+export interface ResumeFrom {
+  channelId: string;
+  secret: string;
+  received: number;
+}
+
 export interface TransportEvents {
   /** The broker gave the Channel `channelId`: Commands may be sent. */
-  open(channelId: string): void;
+  open(channelId: string, info?: OpenInfo): void;
   /** One frame (one Command) from the broker. */
   frame(frame: Uint8Array): void;
-  /** The transport is gone; `opened` says whether it ever opened. */
-  close(opened: boolean, reason: string): void;
+  /** The transport is gone; `opened` says whether it ever opened; `refused`: the
+   * broker could not resume the Channel (2110, 2113): open a new one. */
+  close(opened: boolean, reason: string, refused?: boolean): void;
 }
 
 export interface Transport {
@@ -30,43 +49,65 @@ export interface Transport {
 export type WebSocketLike = new (url: string, protocols?: string | string[]) => WebSocket;
 export type FetchLike = typeof fetch;
 
-/** One WebSocket Channel: the broker speaks first (`asbp.channel` with `i`). */
+/** One WebSocket Channel: the broker speaks first (`asbp.channel` with `i`); or, with
+ * `resume`, the client does (`asbp.resume`) and the broker answers `asbp.resumed`. */
 export function openWebSocket(
   url: string,
   events: TransportEvents,
   Impl: WebSocketLike,
   limits: Limits,
+  resume?: ResumeFrom,
 ): Transport {
   let opened = false;
   let closed = false;
-  const socket = new Impl(url, ["asbp"]);
+  let lost = 0;
+  const target = resume ? `${url}${url.includes("?") ? "&" : "?"}resume=${resume.channelId}` : url;
+  const socket = new Impl(target, ["asbp"]);
   // Frames arrive as text or binary (docs/protocol.md): ArrayBuffer, never Blob,
   // so both are read synchronously and in order.
   socket.binaryType = "arraybuffer";
-  const finish = (reason: string): void => {
+  const finish = (reason: string, refused = false): void => {
     if (closed) return;
     closed = true;
-    events.close(opened, reason);
+    events.close(opened, reason, refused);
   };
+  if (resume) {
+    socket.onopen = () => {
+      const keys = { c: "asbp.resume", i: resume.channelId, secret: resume.secret, received: String(resume.received) };
+      socket.send(encode(new Command(keys), limits));
+    };
+  }
   socket.onmessage = (event: MessageEvent) => {
     if (closed) return;
     const data = event.data as ArrayBuffer | string;
     const frame = typeof data === "string" ? new TextEncoder().encode(data) : new Uint8Array(data);
     if (!opened) {
-      let channelId: string | undefined;
+      let greeting: Command | undefined;
       try {
-        const greeting = decode(frame, limits);
-        if (greeting.name === "asbp.channel") channelId = greeting.get("i");
+        greeting = decode(frame, limits);
       } catch {
         // Not a broker: handled below.
       }
-      if (channelId === undefined) {
+      const channelId = greeting?.get("i");
+      if (resume && greeting?.name === "asbp.fault") {
+        const code = greeting.get("code");
+        if (code === "2111") {
+          lost = Number(/^\d+/.exec(greeting.text())?.[0] ?? 0); // a gap, then it carries on
+          return;
+        }
         socket.close();
-        finish("the server did not greet with asbp.channel");
+        finish(`the Channel was not resumed (${code} ${greeting.text()})`, code === "2110" || code === "2113");
+        return;
+      }
+      const expected = resume ? "asbp.resumed" : "asbp.channel";
+      if (greeting?.name !== expected || channelId === undefined) {
+        socket.close();
+        finish(`the server did not greet with ${expected}`);
         return;
       }
       opened = true;
-      events.open(channelId);
+      if (resume) events.open(channelId, { resumed: true, received: Number(greeting.get("received") ?? 0), lost });
+      else events.open(channelId, { secret: greeting.get("secret") });
       return;
     }
     events.frame(frame);

@@ -189,3 +189,74 @@ test("Commands wait for a Channel in a bounded queue, and leave it when abandone
   assert.equal((await client.request("asbp.ping", "now")).text(), "now");
   client.close();
 });
+
+test("resumes its WebSocket Channel after the connection drops, and gets what it missed once", async () => {
+  // A proxy that can stop passing the broker's frames on (they are sent, and logged,
+  // but never arrive) and then cut the connection, as a network would.
+  let swallowing = false;
+  let swallowed = Buffer.alloc(0);
+  // Whole WebSocket frames in what was swallowed (the broker's are unmasked; their
+  // payload may be compressed, so frames are counted, not read).
+  const framesSwallowed = () => {
+    let at = 0;
+    let count = 0;
+    while (at + 2 <= swallowed.length) {
+      let length = swallowed[at + 1] & 0x7f;
+      let header = 2;
+      if (length === 126) {
+        if (at + 4 > swallowed.length) break;
+        length = swallowed.readUInt16BE(at + 2);
+        header = 4;
+      }
+      if (at + header + length > swallowed.length) break;
+      at += header + length;
+      count += 1;
+    }
+    return count;
+  };
+  const sockets = new Set();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(broker.port), broker.hostname);
+    sockets.add(client);
+    sockets.add(upstream);
+    client.on("data", (data) => upstream.write(data));
+    upstream.on("data", (data) => {
+      if (swallowing) swallowed = Buffer.concat([swallowed, data]);
+      else client.write(data);
+    });
+    upstream.on("error", () => client.destroy());
+    client.on("error", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+    client.on("close", () => upstream.destroy());
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const client = new Client(`http://127.0.0.1:${server.address().port}/asbp`, {
+    backoff: { initial: 10, max: 50 },
+  });
+  const channels = [];
+  const commands = [];
+  client.on("channel", (c) => channels.push(c));
+  client.on("command", (c) => commands.push(c));
+  try {
+    await client.connect();
+    const first = client.channelId;
+    assert.equal((await client.request("asbp.ping", "before")).text(), "before");
+    swallowing = true;
+    for (const n of [1, 2, 3]) client.send("asbp.ping", `missed-${n}`, { u: 60000 + n });
+    // Wait until the broker has answered all three (its frames reach the proxy).
+    while (framesSwallowed() < 3) await new Promise((resolve) => setImmediate(resolve));
+    swallowing = false;
+    const resumed = new Promise((resolve) => client.on("channel", (c) => c.resumed && resolve(c)));
+    for (const socket of sockets) socket.destroy();
+    sockets.clear();
+    await resumed;
+    assert.equal(client.channelId, first);
+    assert.equal((await client.request("asbp.ping", "after")).text(), "after");
+    // The three answers nobody awaited any more, once each, in order, before "after".
+    assert.deepEqual(commands.map((c) => c.text()), ["missed-1", "missed-2", "missed-3"]);
+    assert.deepEqual(channels.map((c) => c.resumed), [false, true]);
+  } finally {
+    client.close();
+    server.close();
+  }
+});

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from gateway.engines.redis.calls import script_command
@@ -31,9 +31,13 @@ from gateway.plane.redis.log_scripts import (
     LOG_APPEND,
     LOG_DIGEST,
     LOG_DROP,
+    LOG_HELD_APPEND,
+    LOG_HOLD,
     LOG_OPEN,
     LOG_OR_FORWARD,
     LOG_READ,
+    LOG_RELEASE,
+    LOG_SALVAGE,
 )
 
 __all__ = ["RedisChannelLog", "Submit"]
@@ -55,6 +59,12 @@ def _none(reply: Any) -> None:
 
 def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _held(reply: Any) -> tuple[str, int] | None:
+    if reply is None:
+        return None
+    return (_text(reply[0]), int(reply[1]))
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -132,6 +142,27 @@ class RedisChannelLog:
         if not self._cluster:
             return self._submit(command, int)
         return self._submit(command, lambda reply: self._woken(channel_id, reply[1:], reply[0]))
+
+    def hold(self, channel_id: str) -> asyncio.Future[tuple[str, int] | None]:
+        # As an append's arguments (a dead holder's frames are appended), then this broker.
+        args = (*self._append_args(channel_id, b"")[1:], self._broker_id)
+        return self._submit(script_command(LOG_HOLD, self._keys(channel_id), args), _held)
+
+    def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
+        args = (*self._append_args(channel_id, b"")[1:], self._broker_id, *frames)
+        return self._submit(script_command(LOG_HELD_APPEND, self._keys(channel_id), args), int)
+
+    def release(self, channel_id: str) -> asyncio.Future[None]:
+        command = script_command(
+            LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
+        )
+        return self._submit(command, _none)
+
+    def salvage(self, stream: str, broker_id: str) -> tuple[Any, ...]:
+        """The script call that saves into their logs the frames the dead broker
+        ``broker_id`` held Channels for and never read from its ``stream``."""
+        args = (self._prefix, broker_id, self._now(), *self._limits, self._stream_max)
+        return script_command(LOG_SALVAGE, (stream, "", ""), args)
 
     def _woken(self, channel_id: str, brokers: Any, result: Any) -> int:
         """Send the wake-ups a cluster's script left to us; ``result`` as an int."""

@@ -5,7 +5,8 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
 - ``<prefix>log:{<i>}``: a hash. ``h`` the digest of the Channel's secret,
   ``x`` the idle expiry and ``s`` the last use (milliseconds), ``n`` the
   newest number, ``a`` acknowledged through, ``l`` the newest number dropped
-  unacknowledged (the gap), ``b`` the bytes the stream holds.
+  unacknowledged (the gap), ``b`` the bytes the stream holds, ``w`` the
+  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does.
 - ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
   ``n``: fields ``f`` (the frame) and ``t`` (when appended, ms). Explicit ids
   make the stream's order the numbers' order, and a read after ``n`` one
@@ -38,9 +39,13 @@ __all__ = [
     "LOG_APPEND",
     "LOG_DIGEST",
     "LOG_DROP",
+    "LOG_HELD_APPEND",
+    "LOG_HOLD",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
     "LOG_READ",
+    "LOG_RELEASE",
+    "LOG_SALVAGE",
     "LOG_SCRIPTS",
 ]
 
@@ -106,6 +111,22 @@ local function wake_waiting(prefix, channel, cap)
     end
   end
 end
+-- The broker holding a resumable WebSocket Channel's log (field ``w``), which
+-- delivers and logs every frame for it itself: false when none holds it. A
+-- holder whose lease is gone is forgotten, so the log takes the frames until the
+-- Channel resumes (with an empty prefix, on a cluster, leases are in other slots:
+-- the holder stands, and the lookup after the script finds it dead).
+local dead = false
+local function holder(prefix)
+  local w = redis.call('HGET', meta, 'w')
+  if not w then return false end
+  if prefix ~= '' and redis.call('EXISTS', '{' .. prefix .. '}alive:' .. w) == 0 then
+    redis.call('HDEL', meta, 'w')
+    dead = w
+    return false
+  end
+  return w
+end
 local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
   local now = tonumber(at)
   if not live(now) then return 0 end
@@ -116,6 +137,23 @@ local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel
   wake_waiting(prefix, channel, cap)
   redis.call('DEL', waiting)
   return n
+end
+-- A holder found dead (``dead``) may have died before reading frames forwarded to
+-- it: they are still in its inbound stream (a broker trims what it read). They go
+-- into the log first, oldest first, and out of that stream. At most SALVAGE
+-- entries of the stream are looked at.
+local function salvage(at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  if not dead or prefix == '' then return end
+  local inbound = '{' .. prefix .. 'in:' .. dead .. '}'
+  dead = false
+  for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
+    local f = {}
+    for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+    if f['k'] == 'c' and f['i'] == channel then
+      append(f['f'], at, max_age, max_frames, max_bytes, prefix, channel, cap)
+      redis.call('XDEL', inbound, e[1])
+    end
+  end
 end
 """
 
@@ -138,7 +176,11 @@ LOG_APPEND: Final = Script(
     "log_append",
     _PRELUDE
     + """
-local n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+local n = 0
+if not holder(ARGV[6]) then
+  salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+  n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+end
 if ARGV[6] == '' then
   table.insert(woken, 1, n)
   return woken
@@ -157,10 +199,14 @@ LOG_OR_FORWARD: Final = Script(
     "log_or_forward",
     _PRELUDE
     + """
-if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
-  return ''
+local target = holder(ARGV[6])
+if not target then
+  salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+  if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+    return ''
+  end
+  target = redis.call('HGET', KEYS[4], ARGV[7])
 end
-local target = redis.call('HGET', KEYS[4], ARGV[7])
 if not target then return false end
 if redis.call('EXISTS', '{' .. ARGV[6] .. '}alive:' .. target) == 0 then return false end
 redis.call('XADD', '{' .. ARGV[6] .. 'in:' .. target .. '}', 'MAXLEN', '~', ARGV[8], '*',
@@ -227,7 +273,106 @@ return woken
 """,
 )
 
+#: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
+#: stream cap, broker. Returns false when there is no log, else {the previous
+#: holder ('' none), the newest number}. A previous holder that died leaves what
+#: is still in its inbound stream for the Channel to the log first (salvage).
+LOG_HOLD: Final = Script(
+    "log_hold",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return false end
+local previous = redis.call('HGET', meta, 'w') or ''
+if previous ~= '' and previous ~= ARGV[8] then
+  holder(ARGV[5])
+  salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+redis.call('HSET', meta, 'w', ARGV[8])
+return {previous, tonumber(redis.call('HGET', meta, 'n'))}
+""",
+)
+
+#: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
+#: stream cap, the broker, then the frames (all a Channel got in one turn of its
+#: broker's loop: one call). Returns the last one's number, 0 when there is no log,
+#: -1 when another broker holds it (then none is appended). Retention is applied
+#: once, after the last.
+LOG_HELD_APPEND: Final = Script(
+    "log_held_append",
+    _PRELUDE
+    + """
+local now = tonumber(ARGV[1])
+if redis.call('HGET', meta, 'w') ~= ARGV[8] then
+  if redis.call('EXISTS', meta) == 0 then return 0 end
+  return -1
+end
+-- Held, so in use: its holder touches it (and renews its expiry) every quarter of
+-- the age, so an append stamps its last use and nothing more (no live()).
+redis.call('HSET', meta, 's', now)
+local count = #ARGV - 8
+local n = redis.call('HINCRBY', meta, 'n', count) - count
+local size = 0
+for i = 9, #ARGV do
+  n = n + 1
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1])
+  size = size + #ARGV[i]
+end
+redis.call('HINCRBY', meta, 'b', size)
+trim(now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+return n
+""",
+)
+
+#: ARGV: broker, now ms. The log is no longer held, if this broker held it.
+LOG_RELEASE: Final = Script(
+    "log_release",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'w') == ARGV[1] then
+  redis.call('HDEL', meta, 'w')
+  live(tonumber(ARGV[2]))
+end
+return 1
+""",
+)
+
+#: Run by a broker that sweeps a dead one, before it deletes the dead broker's
+#: inbound stream (KEYS[1]): every frame in it for a Channel whose log the dead
+#: broker held goes into that log, oldest first, and the log is released.
+#: ARGV: plane prefix, dead broker, now ms, max age ms, max frames, max bytes,
+#: inbound stream cap. Returns how many frames were saved.
+LOG_SALVAGE: Final = Script(
+    "log_salvage",
+    _PRELUDE
+    + """
+local inbound = KEYS[1]
+local prefix, gone, now = ARGV[1], ARGV[2], ARGV[3]
+local saved = 0
+for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
+  local f = {}
+  for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+  if f['k'] == 'c' and f['i'] then
+    local tag = '{' .. f['i'] .. '}'
+    -- The prelude's functions work on these: this Channel's log now.
+    meta = prefix .. 'log:' .. tag
+    stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
+    if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
+    if redis.call('EXISTS', meta) == 1 and not redis.call('HGET', meta, 'w') then
+      if append(f['f'], now, ARGV[4], ARGV[5], ARGV[6], prefix, f['i'], ARGV[7]) > 0 then
+        saved = saved + 1
+      end
+    end
+  end
+end
+return saved
+""",
+)
+
 LOG_SCRIPTS: Final = (
+    LOG_SALVAGE,
+    LOG_HOLD,
+    LOG_HELD_APPEND,
+    LOG_RELEASE,
     LOG_OPEN,
     LOG_APPEND,
     LOG_ACK,

@@ -438,6 +438,12 @@ class RedisPlane:
             for broker_id in _names(gone):
                 # Its stream and the lease beside it: another slot on a cluster.
                 stream_prefix = self._stream_prefix
+                if not self._cluster:
+                    # What it never read for the WebSocket Channels it held goes
+                    # into their logs first (gateway.connections.resume).
+                    await self._call(
+                        self._log.salvage(stream_key(stream_prefix, broker_id), broker_id)
+                    )
                 await self._call(
                     (
                         "DEL",
@@ -925,8 +931,10 @@ class RedisPlane:
                 for entry_id, flat in entries:
                     self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
                     last = entry_id
-                # What was read is trimmed: the stream holds only what is on its way.
-                self._announce([("XTRIM", self._stream, "MINID", last)])
+                # What was read is trimmed: the stream holds only what is on its way
+                # (MINID keeps its own ID: the one after the last read, so that what a
+                # broker leaves when it dies is exactly what it never read).
+                self._announce([("XTRIM", self._stream, "MINID", _after(last))])
         finally:
             if connection is not None:
                 with contextlib.suppress(*CONNECTION_ERRORS):
@@ -956,3 +964,9 @@ class RedisPlane:
             inbound(envelope)
         except Exception:  # one bad envelope must not stop the reader
             _log.exception("plane.inbound_failed")
+
+
+def _after(entry_id: bytes) -> bytes:
+    """The stream entry ID right after ``entry_id`` (``<ms>-<seq>``)."""
+    ms, _, seq = entry_id.partition(b"-")
+    return ms + b"-" + str(int(seq or b"0") + 1).encode()

@@ -217,3 +217,44 @@ async def test_frames_for_a_channel_with_a_log_go_into_it(bus: Bus) -> None:
     assert await a.plane.forward_request("echo", request) == "broker-b"
     with anyio.fail_after(5 * T):
         assert await b.inbound.get() == request
+
+
+async def test_a_held_log_takes_frames_only_from_its_holder_and_the_rest_goes_there(
+    bus: Bus,
+) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    log_a, log_b = a.plane.channel_log, b.plane.channel_log
+    await log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    assert await log_a.hold(CHANNEL) == ("", 0)
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.locate_channel(CHANNEL)
+    assert await log_a.held_append(CHANNEL, [b"c=one;"]) == 1
+    # Held: another broker neither appends nor holds-appends; its d goes to the holder.
+    assert await log_b.append(CHANNEL, b"c=no;") == 0
+    assert await log_b.held_append(CHANNEL, [b"c=no;"]) == -1
+    news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=news;hi")
+    assert await b.plane.forward_to_channel(CHANNEL, news) == "broker-a"
+    with anyio.fail_after(5 * T):
+        assert (await a.inbound.get()).frame == b"c=news;hi"
+    # Released (the connection dropped): the log takes what is routed to the Channel.
+    await log_a.release(CHANNEL)
+    a.plane.channel_closed(CHANNEL)
+    await a.plane.written()
+    assert await b.plane.forward_to_channel(CHANNEL, news) is not None
+    assert a.inbound.empty()
+    # Held again at B (a resume): it learns the newest number; A's appends are refused.
+    assert await log_b.hold(CHANNEL) == ("", 2)
+    assert await log_a.held_append(CHANNEL, [b"c=late;"]) == -1
+    assert await log_b.held_append(CHANNEL, [b"c=three;", b"c=four;"]) == 4
+    assert await log_a.hold(CHANNEL) == ("broker-b", 4)
+    await log_b.release(CHANNEL)  # not B's any more: nothing changes
+    assert await log_b.held_append(CHANNEL, [b"c=no;"]) == -1
+    read = await log_b.read(CHANNEL, 0, 10, 0)
+    assert read is not None
+    assert read.frames == ((1, b"c=one;"), (2, b"c=news;hi"), (3, b"c=three;"), (4, b"c=four;"))
+    # No log at all: nothing to hold or append.
+    other = "f" * 32
+    assert await log_a.hold(other) is None
+    assert await log_a.held_append(other, [b"c=x;"]) == 0
+    await log_a.release(other)

@@ -1,0 +1,424 @@
+"""Resuming a WebSocket Channel on any broker of the bus (docs/protocol.md, "Resuming a Channel").
+
+Theory of operation
+-------------------
+A resumable WebSocket Channel has a Channel log in the routing plane
+(:class:`gateway.plane.base.ChannelLog`), opened with the digest of its secret
+right after its greeting, and *held* by the broker its connection is on. Its
+outbox is a :class:`HeldOutbox`: every frame the router leaves for it is queued
+for the socket as before and, in the same call, submitted to the plane's
+batched writer (``held_append``), never awaited. The log therefore numbers the
+frames in the order this broker delivered them: frame ``n`` of the log is the
+``n``-th frame the client received after its greeting, which is why a client
+only counts frames (``received``) instead of every frame carrying a number,
+and frames spliced once for many readers stay shared.
+
+While a broker holds the log, a frame routed to the Channel from another broker
+goes to the holder (the plane's ``forward_to_channel``), which delivers and logs
+it. When the connection drops, the outbox closes and ``release``\\ s the log: from
+then on frames routed to the Channel, from any broker, go into the log, as for
+an HTTP Channel, until the client resumes or the log expires (``log_max_age``
+after the last use). A holder that dies is forgotten by the plane's scripts when
+its lease runs out, with the same effect.
+
+Resuming (:meth:`ChannelResume.accept`): the client opens ``/asbp?resume=<i>``
+and sends ``c=asbp.resume,i=<i>,secret=<s>,received=<K>``. The broker reads the
+digest from the log and compares in constant time (no log, a wrong or missing
+secret: the same fault 2110, so nobody learns whether a Channel exists), holds
+the log (``hold``: the previous holder, if any, is told with a ``RESUMED``
+envelope and closes its connection with fault 2112), registers the Channel
+under the same ``i``, answers ``asbp.resumed`` and writes the logged frames
+after ``K`` up to the newest at the moment it took hold, then lets the outbox
+(frames routed since, already logged after them) drain. Frames that retention
+dropped are reported first as fault 2111 with their count.
+
+What follows the Channel: its ``i``, its secret and everything routed to it.
+What does not (yet): Subjects signed in, group memberships and subscriptions
+live at the broker the connection was on and end with it; the client signs in
+and subscribes again (the SDK says so in docs/bus.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+import asbp
+from asbp import ChannelId, Command, FaultCode, ProtocolError
+from asbp.fault_commands import fault_command
+from asbp.names import RESUME, RESUMED
+from gateway.acl import AccessContext, channel_properties
+from gateway.connections.channel_secret import matches
+from gateway.connections.channels import Channel, ChannelKind
+from gateway.connections.outboxes import StreamOutbox
+from gateway.engines.base import EngineUnavailable
+from gateway.plane.base import ChannelLog, Envelope, EnvelopeKind, Plane
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+__all__ = ["ChannelResume", "HeldOutbox", "Refused", "Resumed"]
+
+_log = logging.getLogger("asbp.plane")
+
+#: Logged frames read per call while replaying (bounds what a resume holds at once).
+REPLAY_PAGE: Final = 1000
+#: The query parameter of ``/asbp`` that asks to resume instead of opening a Channel.
+QUERY: Final = "resume"
+
+
+class HeldOutbox(StreamOutbox):
+    """A WebSocket Channel's outbox that also appends each frame to the Channel's log.
+
+    Appends start with :meth:`start_logging` (after the greeting, which carries
+    the secret and is never logged). The frames offered in one turn of the event
+    loop go to the log in one call (``held_append``), submitted at the end of
+    that turn and never awaited. Frames whose append finds that another broker
+    holds the log now (the Channel resumed there while this connection
+    lingered) are forwarded to that broker instead.
+    """
+
+    __slots__ = ("_holder", "_logging", "_pending", "_plane", "channel_id")
+
+    def __init__(self, max_frames: int, max_bytes: int, plane: Plane) -> None:
+        super().__init__(max_frames, max_bytes)
+        self._plane = plane
+        self.channel_id = ""
+        self._logging = False
+        self._holder: ChannelLog | None = None
+        #: Frames offered this turn, not yet submitted to the log.
+        self._pending: list[bytes] = []
+
+    def start_logging(self, channel_id: str) -> None:
+        """Append every frame offered from now on to ``channel_id``'s log (held here)."""
+        self.channel_id = channel_id
+        self._holder = self._plane.channel_log
+        self._logging = True
+
+    def offer(self, frame: bytes) -> bool:
+        if not super().offer(frame):
+            return False
+        if self._logging:
+            pending = self._pending
+            if not pending:
+                asyncio.get_running_loop().call_soon(self._submit)
+            pending.append(frame)
+        return True
+
+    def _submit(self) -> None:
+        frames, self._pending = self._pending, []
+        holder = self._holder
+        if not frames or holder is None or not self._logging:
+            return
+        try:
+            appended = holder.held_append(self.channel_id, frames)
+        except EngineUnavailable as exc:
+            self._lost(exc)
+            return
+        appended.add_done_callback(lambda future: self._appended(frames, future))
+
+    def _appended(self, frames: list[bytes], future: asyncio.Future[int]) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        number = 0 if error is not None else future.result()
+        if number > 0:
+            return
+        if number < 0:
+            # Resumed elsewhere meanwhile: the frames go where the Channel is now.
+            for frame in frames:
+                envelope = Envelope(
+                    EnvelopeKind.CHANNEL, self._plane.broker_id, self.channel_id, frame
+                )
+                with contextlib.suppress(EngineUnavailable):
+                    self._plane.forward_to_channel(self.channel_id, envelope)
+            return
+        self._lost(error)
+
+    def _lost(self, error: BaseException | None) -> None:
+        # The log is gone or missed frames: its numbers no longer match what the
+        # client counts, so it is dropped and a resume is refused (2110) rather
+        # than replaying the wrong frames.
+        if not self._logging:
+            return
+        self._logging = False
+        _log.warning(
+            "plane.resume_log_lost",
+            extra={"channel": self.channel_id, "error": str(error or "no such log")},
+        )
+        with contextlib.suppress(EngineUnavailable):
+            self._plane.channel_log.drop(self.channel_id)
+
+    def close(self) -> None:
+        super().close()
+        if self._logging and self._holder is not None:
+            self._submit()  # what this turn offered goes first, then the release
+            self._logging = False
+            # The log outlives the connection: frames go into it until a resume.
+            with contextlib.suppress(EngineUnavailable):
+                self._holder.release(self.channel_id)
+
+
+class Refused(Exception):
+    """A resume that cannot happen: the fault to send before closing."""
+
+    def __init__(self, code: FaultCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def frame(self) -> bytes:
+        return asbp.encode(fault_command(self.code, self.message))
+
+
+class Resumed:
+    """A Channel resumed here: what to write before its outbox drains."""
+
+    __slots__ = ("channel", "outbox")
+
+    def __init__(self, channel: Channel, outbox: HeldOutbox) -> None:
+        self.channel = channel
+        self.outbox = outbox
+
+
+class ChannelResume:
+    """One broker's resumable WebSocket Channels; see the module docstring.
+
+    Args:
+        broker: the broker (its registries, router, plane and settings).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        mode = broker.config.channels.resume
+        self.enabled = mode == "on" or (mode == "auto" and broker.plane.spans_brokers)
+        self._toucher: asyncio.Task[None] | None = None
+        remote = broker.router.remote
+        if remote is not None:
+            remote.on_resumed = self._resumed_elsewhere
+        elif self.enabled:
+            # A lone broker asks no plane when a Channel is not here: it asks this.
+            broker.router.away = self._away
+
+    def _away(self, channel_id: str, frame: bytes) -> bool:
+        """Into the log of a resumable Channel whose connection dropped (a lone broker's
+        log is in memory: the future is settled already)."""
+        logged = self._broker.plane.channel_log.append(channel_id, frame)
+        return logged.done() and logged.exception() is None and logged.result() > 0
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Keep the logs of connected Channels from expiring while they are quiet."""
+        if self.enabled and self._toucher is None:
+            self._toucher = asyncio.create_task(self._touch(), name="asbp-resume-touch")
+
+    async def stop(self) -> None:
+        if self._toucher is not None:
+            self._toucher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._toucher
+            self._toucher = None
+
+    async def _touch(self) -> None:
+        # A log expires ``log_max_age`` after its last use; a held one is used by
+        # this broker, so it is touched well within that.
+        period = max(1.0, self._broker.config.channels.log_max_age / 4)
+        log = self._broker.plane.channel_log
+        while True:
+            await asyncio.sleep(period)
+            held = [
+                channel.id
+                for channel in self._broker.channels
+                if isinstance(channel.outbox, HeldOutbox) and not channel.closed
+            ]
+            # Submitted a page at a time: the Batcher sends each page in one pipeline.
+            for start in range(0, len(held), REPLAY_PAGE):
+                page = held[start : start + REPLAY_PAGE]
+                await asyncio.gather(*(log.digest(i) for i in page), return_exceptions=True)
+
+    # -- opening -------------------------------------------------------------------
+
+    def open(self, remote: str, *, address_key: str | None) -> tuple[Channel, HeldOutbox]:
+        """Open a WebSocket Channel that can resume (as Broker.open_websocket_channel)."""
+        broker = self._broker
+        limits = broker.config.channels
+        outbox = HeldOutbox(limits.outbox_frames, limits.outbox_bytes, broker.plane)
+        channel = broker.channels.open(
+            ChannelKind.WEBSOCKET, outbox, remote=remote, address_key=address_key
+        )
+        channel.access = _access(channel.id)
+        broker.router.channel_opened(channel)
+        broker.log.info("channel.open", extra={"channel": channel.id, "remote": remote})
+        return channel, outbox
+
+    def greeted(self, channel: Channel, outbox: HeldOutbox) -> None:
+        """The greeting (with the secret) is out: the log starts, held here, empty."""
+        log = self._broker.plane.channel_log
+        try:
+            log.open(channel.id, digest=channel.secret_digest, idle=self._idle)
+            log.hold(channel.id)
+        except EngineUnavailable:
+            return  # the bus is unreachable: this Channel cannot resume, and says so then
+        outbox.start_logging(channel.id)
+
+    @property
+    def _idle(self) -> float:
+        return self._broker.config.channels.log_max_age
+
+    # -- resuming ------------------------------------------------------------------
+
+    async def accept(
+        self,
+        data: bytes,
+        write: Callable[[bytes], Awaitable[None]],
+        *,
+        remote: str,
+        address_key: str | None,
+    ) -> Resumed:
+        """Resume the Channel ``data`` (the client's first frame) asks for.
+
+        Writes ``asbp.resumed`` and the logged frames the client lacks with
+        ``write``; the caller then drains the returned outbox to the socket.
+
+        Raises:
+            Refused: with the fault to write before closing.
+        """
+        if not self.enabled:
+            raise Refused(
+                FaultCode.RESUME_UNAVAILABLE,
+                "this broker does not resume Channels ([channels] resume): open a new Channel",
+            )
+        channel_id, secret, received = _parse(data, self._broker.config.limits)
+        broker = self._broker
+        log = broker.plane.channel_log
+        refused = Refused(
+            FaultCode.RESUME_REFUSED,
+            f"no Channel {channel_id} to resume: unknown, expired or not this secret's;"
+            " open a new Channel",
+        )
+        try:
+            expected = await log.digest(channel_id)
+        except EngineUnavailable as exc:
+            raise Refused(FaultCode.RESUME_UNAVAILABLE, f"the bus is unreachable: {exc}") from exc
+        if expected is None or not matches(secret, expected):
+            raise refused
+        lingering = broker.channels.get(channel_id)
+        if lingering is not None:
+            # The old connection here has not noticed it is gone yet.
+            broker.close_channel(lingering, FaultCode.CHANNEL_RESUMED)
+        limits = broker.config.channels
+        outbox = HeldOutbox(limits.outbox_frames, limits.outbox_bytes, broker.plane)
+        # Hold first, then register, in one turn: every frame this broker logs for
+        # the Channel from now on is numbered after the newest the hold reports.
+        held = log.hold(channel_id)
+        channel = broker.channels.adopt(
+            channel_id, ChannelKind.WEBSOCKET, outbox, remote=remote, address_key=address_key
+        )
+        channel.secret_digest = expected
+        channel.access = _access(channel.id)
+        outbox.start_logging(channel_id)
+        broker.router.channel_opened(channel)
+        try:
+            found = await held
+        except EngineUnavailable as exc:
+            broker.close_channel(channel)
+            raise Refused(FaultCode.RESUME_UNAVAILABLE, f"the bus is unreachable: {exc}") from exc
+        if found is None:
+            broker.close_channel(channel)
+            raise refused
+        previous, newest = found
+        if previous and previous != broker.broker_id:
+            envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
+            with contextlib.suppress(EngineUnavailable):
+                broker.plane.send_to(previous, envelope)
+        broker.log.info(
+            "channel.resume",
+            extra={"channel": channel_id, "remote": remote, "previous": previous or None},
+        )
+        try:
+            await self._replay(channel, write, min(received, newest), newest)
+        except BaseException:
+            broker.close_channel(channel)
+            raise
+        return Resumed(channel, outbox)
+
+    async def _replay(
+        self, channel: Channel, write: Callable[[bytes], Awaitable[None]], after: int, newest: int
+    ) -> None:
+        log = self._broker.plane.channel_log
+        first = await log.read(channel.id, after, REPLAY_PAGE, 0)
+        if first is None:
+            raise Refused(
+                FaultCode.RESUME_REFUSED,
+                f"no Channel {channel.id} to resume: its log expired; open a new Channel",
+            )
+        lost = max(0, first.lost_through - after)
+        if lost:
+            message = (
+                f"{lost} Commands for Channel {channel.id} passed the log's retention"
+                f" before it resumed (numbers {after + 1} to {after + lost}); it carries on"
+            )
+            await write(asbp.encode(fault_command(FaultCode.RESUME_GAP, message)))
+        start = after + lost
+        greeting = Command(
+            c=RESUMED, i=channel.id, b=self._broker.broker_id, received=str(start), lost=str(lost)
+        )
+        await write(asbp.encode(greeting))
+        page = first
+        while True:
+            cursor = start
+            for number, frame in page.frames:
+                if number > newest:
+                    return
+                await write(frame)
+                cursor = number
+            if cursor >= newest or not page.frames:
+                return
+            start = cursor
+            # Reading after ``cursor`` also trims what the client now has.
+            read = await log.read(channel.id, cursor, REPLAY_PAGE, 0)
+            if read is None:
+                return
+            page = read
+
+    def _resumed_elsewhere(self, channel_id: str) -> None:
+        channel = self._broker.channels.get(channel_id)
+        if channel is not None and channel.kind is ChannelKind.WEBSOCKET:
+            self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
+
+
+def _parse(data: bytes, limits: asbp.Limits) -> tuple[str, str | None, int]:
+    """``i``, ``secret`` and ``received`` of an ``asbp.resume``; Refused when it is not one."""
+    try:
+        command = asbp.decode(data, limits=limits)
+    except ProtocolError as exc:
+        raise Refused(exc.code, exc.message) from exc
+    if command.name != RESUME:
+        raise Refused(
+            FaultCode.UNEXPECTED_MESSAGE_TYPE,
+            f"a WebSocket opened to resume sends {RESUME} first, not {command.name!r}",
+        )
+    channel_id = command.channel_id
+    received = command.get("received") or "0"
+    secret = command.get("secret")
+    if (
+        channel_id is None
+        or not isinstance(received, str)
+        or not received.isdigit()
+        or isinstance(secret, tuple)
+    ):
+        raise Refused(
+            FaultCode.INVALID_MESSAGE_FORMAT,
+            f"{RESUME} needs i (the Channel) and received (frames counted, a whole number)",
+        )
+    return str(channel_id), secret, int(received)
+
+
+def _access(channel_id: ChannelId) -> AccessContext:
+    """What the ACL knows of a Channel: as Broker.open_websocket_channel gives it."""
+    return AccessContext(channel_properties=channel_properties(tls=False), channel_id=channel_id)

@@ -1,0 +1,105 @@
+"""The SDK's ``UserAgent`` resumes its WebSocket Channel on another broker of the bus.
+
+Two brokers (Hypercorn in this process) on one private redis-server, behind a TCP
+proxy (the address the User-Agent knows, as a load balancer's would be): the proxy
+cuts the User-Agent's connection to broker A, an agent sends Commands to its Channel
+while it is away, and the proxy then leads to broker B, where the User-Agent resumes:
+the same ``i``, and every Command once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents import Backoff, ChannelEventKind, Reconnect, UserAgent
+from asbp import Command
+from gateway.app import create_app
+from gateway.config.model import GatewayConfig
+from tests.support import RedisServer, T, serve_app_async
+from tests.support.agents import TcpProxy, make_agent, make_credentials
+from tests.support.bus import flush, until_in_directory
+
+pytestmark = pytest.mark.anyio
+
+FAST = Reconnect(Backoff(initial=0.02 * T, maximum=0.2 * T))
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("ua-resume-redis")) as server:
+        yield server
+
+
+def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        engine="redis",
+        redis_url=redis_url,
+        bus_lease=1.5,
+        insecure_dev_tubes=True,
+        agents={"news": {"public_key": "news.pem"}},
+        agents_base_dir=tmp_path,
+    )
+
+
+async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    events: list[ChannelEventKind] = []
+    reconnected = asyncio.Event()
+
+    def on_event(event: object) -> None:
+        kind = getattr(event, "kind", None)
+        assert isinstance(kind, ChannelEventKind)
+        events.append(kind)
+        if kind is ChannelEventKind.RECONNECTED:
+            reconnected.set()
+
+    async with (
+        serve_app_async(create_app(config(tmp_path, "broker-a", redis_url))) as a,
+        serve_app_async(create_app(config(tmp_path, "broker-b", redis_url))) as b,
+        TcpProxy() as proxy,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+        async with agent:
+            await agent.wait_registered(5 * T)
+            proxy.target = a.port
+            ua = UserAgent.websocket(
+                f"ws://127.0.0.1:{proxy.port}/asbp", reconnect=FAST, on_event=on_event
+            )
+            async with ua:
+                channel_id = ua.channel_id
+                await until_in_directory(redis_url, "ch", channel_id)
+                # Without u: a User-Agent takes a Command with u for an answer.
+                await agent.send(Command({"c": "news", "d": channel_id}, b"m0"))
+                assert (await ua.receive(timeout=5 * T)).body == b"m0"
+                proxy.cut()  # refuses new connections too, until it has a target
+                await until_in_directory(redis_url, "ch", channel_id, present=False)
+                for u in range(1, 101):
+                    await agent.send(Command({"c": "news", "d": channel_id}, b"m%d" % u))
+                proxy.target = b.port
+                async with asyncio.timeout(10 * T):
+                    await reconnected.wait()
+                assert ua.channel_id == channel_id
+                assert ua.broker_id == "broker-b"
+                got = [await ua.receive(timeout=5 * T) for _ in range(100)]
+                assert [c.body for c in got] == [b"m%d" % u for u in range(1, 101)]
+                # Live again, held at B; and nothing came twice.
+                await agent.send(Command({"c": "news", "d": channel_id}, b"live"))
+                assert (await ua.receive(timeout=5 * T)).body == b"live"
+                # A round trip after it: everything sent before has arrived by then.
+                assert (await ua.request("asbp.ping", timeout=5 * T)).name == "asbp.pong"
+                with pytest.raises(TimeoutError):
+                    await ua.receive(timeout=0)
+    assert events[0] is ChannelEventKind.LOST
+    assert events[-1] is ChannelEventKind.RECONNECTED

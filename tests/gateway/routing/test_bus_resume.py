@@ -1,0 +1,281 @@
+"""WebSocket Channels that resume on any broker of a bus (gateway.connections.resume).
+
+Brokers on one private redis-server (Hypercorn in this process, or ``python -m
+gateway`` processes where one is SIGKILLed); the Application-Agent is the SDK's,
+connected to one broker only; the User-Agent is a plain ``websockets`` client
+that counts the frames it received after its greeting and resumes with that count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis.asyncio
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from agents import ApplicationAgent
+from asbp import Command
+from gateway.app import create_app
+from gateway.config.model import ChannelLimits, GatewayConfig
+from gateway.plane.redis.plane import PREFIX
+from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
+from tests.support import RedisServer, RunningServer, T, serve_app_async
+from tests.support.agents import make_agent, make_credentials
+from tests.support.bus import DIRECTORY, flush, frame, until, until_in_directory
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 1.5
+
+
+def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        engine="redis",
+        redis_url=redis_url,
+        bus_lease=LEASE,
+        insecure_dev_tubes=True,
+        agents={"news": {"public_key": "news.pem"}},
+        agents_base_dir=tmp_path,
+    )
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("bus-resume-redis")) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterator[RunningServer]:
+    async with serve_app_async(create_app(config(tmp_path, broker_id, redis_url))) as running:
+        yield running
+
+
+@pytest.fixture
+async def bus(
+    tmp_path: Path, redis_server: RedisServer
+) -> AsyncIterator[tuple[RunningServer, RunningServer, ApplicationAgent]]:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    async with (
+        broker(tmp_path, "broker-a", redis_url) as a,
+        broker(tmp_path, "broker-b", redis_url) as b,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+        async with agent:
+            await agent.wait_registered(5 * T)
+            yield a, b, agent
+
+
+async def open_channel(url: str) -> tuple[ClientConnection, str, str]:
+    """A WebSocket Channel: the connection, its ``i`` and its secret."""
+    connection = await connect(url, compression=None, max_size=None)
+    greeting = await frame(connection)
+    assert greeting.name == "asbp.channel", greeting
+    return connection, str(greeting.get("i")), str(greeting.get("secret"))
+
+
+async def resume(
+    url: str, channel_id: str, secret: str, received: int
+) -> tuple[ClientConnection, Command]:
+    """``asbp.resume`` at ``url``: the connection and the broker's first answer."""
+    connection = await connect(url + "?resume=" + channel_id, compression=None, max_size=None)
+    key = f",secret={secret}" if secret else ""  # none at all: the same as a wrong one
+    await connection.send(f"c=asbp.resume,i={channel_id}{key},received={received};")
+    return connection, await frame(connection)
+
+
+async def log_holds(redis_url: str, channel_id: str, count: int) -> None:
+    """Wait until the Channel's log numbers ``count`` frames (keyspace notifications)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    key = f"{PREFIX}log:{{{channel_id}}}"
+    pubsub = client.pubsub()
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        await pubsub.subscribe(f"__keyspace@0__:{key}")
+        with anyio.fail_after(5 * T):
+            while int(await client.hget(key, "n") or 0) < count:
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+        await client.aclose()
+
+
+async def test_commands_sent_while_away_arrive_at_another_broker_in_order_once(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+) -> None:
+    a, b, agent = bus
+    connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+    await until_in_directory(redis_server.url, "ch", channel_id)
+    await agent.send(Command({"c": "news", "d": channel_id, "u": 1}, b"before"), confirm=0.5 * T)
+    first = await frame(connection)
+    assert (first.name, first.body) == ("news", b"before")
+    await connection.close()
+    # Gone from the directory: what the agent sends now goes into the log.
+    await until_in_directory(redis_server.url, "ch", channel_id, present=False)
+    for u in range(2, 102):
+        await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+    await log_holds(redis_server.url, channel_id, 101)
+    resumed, answer = await resume(b.ws_url + "/asbp", channel_id, secret, received=1)
+    assert (answer.name, answer.get("i"), answer.get("b")) == (
+        "asbp.resumed",
+        channel_id,
+        "broker-b",
+    )
+    assert (answer.get("received"), answer.get("lost")) == ("1", "0")
+    got = [await frame(resumed) for _ in range(100)]
+    assert [c.command_id for c in got] == list(range(2, 102))
+    assert [c.body for c in got] == [b"m%d" % u for u in range(2, 102)]
+    # Then it carries on, held at B: a Command routed now arrives once, live.
+    await agent.send(Command({"c": "news", "d": channel_id, "u": 102}, b"live"), confirm=0.5 * T)
+    live = await frame(resumed)
+    assert (live.command_id, live.body) == (102, b"live")
+    await resumed.send(f"c=asbp.ping,i={channel_id},u=7;")
+    pong = await frame(resumed)
+    assert (pong.name, pong.command_id) == ("asbp.pong", 7)
+    await resumed.close()
+
+
+async def test_a_wrong_secret_is_refused_as_an_unknown_channel_is(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent],
+) -> None:
+    a, b, _ = bus
+    connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+    await connection.close()
+    answers = []
+    for who, key in ((channel_id, "x" * len(secret)), ("f" * 32, secret), (channel_id, "")):
+        refused, answer = await resume(b.ws_url + "/asbp", who, key, received=0)
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(refused)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+            1008,
+            "2110 No Channel to resume",
+        )
+        answers.append((answer.name, answer.get("code"), answer.body.replace(who.encode(), b"")))
+    # The same fault, word for word but for the identifier it names.
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][:2] == ("asbp.fault", "2110")
+
+
+async def test_the_old_connection_is_closed_when_the_channel_resumes_elsewhere(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+) -> None:
+    a, b, agent = bus
+    old, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+    resumed, answer = await resume(b.ws_url + "/asbp", channel_id, secret, received=0)
+    assert answer.name == "asbp.resumed"
+    await until_in_directory(redis_server.url, "ch", channel_id)
+    with pytest.raises(ConnectionClosed) as closed:
+        await frame(old)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.reason == "2112 Channel resumed elsewhere"
+    await agent.send(Command({"c": "news", "d": channel_id, "u": 1}, b"here"), confirm=0.5 * T)
+    here = await frame(resumed)
+    assert (here.command_id, here.body) == (1, b"here")
+    await resumed.close()
+
+
+async def test_a_broker_killed_mid_stream_loses_nothing_accepted(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    settings = (
+        f"bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
+        f"[agents.news]\npublic_key = {str(tmp_path / 'news.pem')!r}\n"
+    )
+
+    def start(name: str) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
+        return broker_process(
+            redis_url, tmp_path / name, ack_timeout=30, prefetch=8, settings=settings
+        )
+
+    async with (
+        start("a") as a,
+        start("b") as b,
+    ):
+        agent = make_agent(credentials, [b.url.replace("/asbp", "/tube")])
+        async with agent:
+            await agent.wait_registered(5 * T)
+            connection, channel_id, secret = await open_channel(a.url)
+            await until_in_directory(redis_url, "ch", channel_id)
+            for u in range(1, 51):
+                await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+            # The client reads part of the stream; the rest is in flight when A dies.
+            seen = [await frame(connection) for _ in range(20)]
+            await log_holds(redis_url, channel_id, 50)
+            holder = await holder_of(redis_url, channel_id)
+            await a.kill()
+            abandon(connection)
+            # Sent while A's lease still stands: forwarded into A's inbound stream,
+            # which nobody reads any more; taken from there when B holds the log.
+            for u in range(51, 101):
+                await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+            await until(redis_url, f"alive:{holder}", lambda client: _gone(client, holder))
+            resumed, answer = await resume(b.url, channel_id, secret, received=len(seen))
+            assert (answer.name, answer.get("received")) == ("asbp.resumed", "20")
+            rest = [await frame(resumed) for _ in range(80)]
+            got = [c.command_id for c in seen + rest]
+            assert got == list(range(1, 101))
+            await resumed.close()
+
+
+async def holder_of(redis_url: str, channel_id: str) -> str:
+    """The broker holding the Channel's log (its field ``w``)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        holder = await client.hget(f"{PREFIX}log:{{{channel_id}}}", "w")
+    finally:
+        await client.aclose()
+    assert isinstance(holder, bytes)
+    return holder.decode()
+
+
+async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
+    return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
+
+
+async def test_a_quiet_connected_channel_outlives_the_log_age(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    make_credentials(tmp_path, "news")
+    age = 2.0
+    short = dataclasses.replace(
+        config(tmp_path, "broker-a", redis_url), channels=ChannelLimits(log_max_age=age)
+    )
+    async with serve_app_async(create_app(short)) as a:
+        connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+        # Its broker touches the held log (every quarter of the age): the log's last
+        # use moves on while nothing is sent, past the age it would expire after.
+        key = f"{PREFIX}log:{{{channel_id}}}"
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pubsub = client.pubsub()
+        try:
+            await client.config_set("notify-keyspace-events", "KA")
+            await pubsub.subscribe(f"__keyspace@0__:{key}")
+            first = int(await client.hget(key, "s") or 0)
+            with anyio.fail_after(10 * age * T):
+                while int(await client.hget(key, "s") or 0) < first + 1500 * age:
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+            await client.aclose()
+        await connection.close()
+        resumed, answer = await resume(a.ws_url + "/asbp", channel_id, secret, received=0)
+        assert answer.name == "asbp.resumed", answer
+        await resumed.close()
