@@ -50,6 +50,7 @@ from joserfc.jwk import KeySet
 from gateway.api.declare import ApiError, Scope
 from gateway.config.errors import ConfigError
 from gateway.config.model import GatewayConfig, ManagementConfig
+from gateway.errors import LocalError
 
 __all__ = ["ManagementAccess", "is_loopback"]
 
@@ -101,7 +102,7 @@ def _scopes(claims: dict[str, Any]) -> set[str]:
 _REALM: Final = "asbp"
 
 
-class _UnknownKey(Exception):
+class _UnknownKey(LocalError):
     """The token names a key the cached JWKS lacks: the issuer may have rotated."""
 
 

@@ -31,13 +31,21 @@ import orjson
 import pytest
 import websockets.asyncio.client
 
+from gateway.broker import _STOP_BUDGET, _STOP_LAST_TRY
 from gateway.broker_id import BROKER_ID_FILE
 from gateway.config import load_config
 from gateway.config.fields import FOREIGN_ENV_VARS
 from gateway.config.model import GatewayConfig, TlsConfig
 from gateway.ops.cli import main
 from gateway.ops.server import Endpoints, ServerError, serve
-from tests.support import T, TlsFiles, client_ssl_context, free_port, generate_tls_files
+from tests.support import (
+    RedisServer,
+    T,
+    TlsFiles,
+    client_ssl_context,
+    free_port,
+    generate_tls_files,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -260,6 +268,31 @@ def test_a_second_signal_cuts_the_graceful_shutdown_short(tmp_path: Path) -> Non
             b.signal(signal.SIGTERM)
             assert b.wait_for("stopping now")["signal"] == "SIGTERM"
             assert b.wait() == 0, b.log
+
+
+def test_a_bus_broker_stops_within_its_budget_when_redis_is_silent(tmp_path: Path) -> None:
+    # Each closing step (messaging, census, routing plane, engine, event log) may wait
+    # on a Redis command timeout of its own; in all they get _STOP_BUDGET, then a last
+    # short try each, so a broker stops inside Kubernetes' grace period instead of
+    # being killed half-way. A process: what a stop abandons ends with it.
+    with RedisServer(tmp_path / "redis") as redis_server:
+        args = ("--port", "0", "--data-dir", "data", "--engine", "redis")
+        with Broker(*args, "--redis-url", redis_server.url, cwd=tmp_path) as broker:
+            broker.wait_for("listening")
+            os.kill(redis_server.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                broker.signal(signal.SIGTERM)
+                bound = _STOP_BUDGET + 5 * _STOP_LAST_TRY
+                assert broker.wait(bound + 10 * T) == 0, broker.log
+                elapsed = time.monotonic() - started
+            finally:
+                os.kill(redis_server.pid, signal.SIGCONT)
+        overran = {r["step"] for r in broker.records() if r["event"] == "broker.stop_overran"}
+        # Silent Redis: the census's card, the plane's leave and the engine's last
+        # writes each wait on a command timeout (10 s); the budget cuts them.
+        assert overran, broker.log
+        assert elapsed < bound + 3 * T, f"stopped in {elapsed:.1f}s:\n{broker.log}"
 
 
 def test_text_logs_for_people(tmp_path: Path) -> None:
