@@ -1,0 +1,220 @@
+"""Queues of the redis engine on a Redis Cluster (gateway/engines/redis/layout.py).
+
+- The layout: each queue's keys in one slot, the shards in distinct slots spread
+  over every primary, the topic shard channels too; one Redis keeps its names.
+- A publication feeding virtual queues of several shards copies once into each.
+- The primary of a queue's shard is SIGKILLed while one engine enqueues and
+  another fetches and acknowledges: its replica takes over, and every message
+  whose ``enqueue`` returned (``asbp.accepted``) is delivered; none is lost.
+  Enqueues made during the failover either return or fail (EngineUnavailable),
+  never hang, and enqueues succeed again afterwards.
+
+The fault test starts a six-node cluster of its own (it breaks it); the others
+use the session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from redis.crc import key_slot
+
+from gateway.engines.base import EngineLimits, EngineUnavailable, QueueLimitReached
+from gateway.engines.redis.calls import EXPIRY, REGISTRY
+from gateway.engines.redis.engine import RedisEngine
+from gateway.engines.redis.layout import (
+    CLUSTER_REGISTRY,
+    CLUSTER_SHARDS,
+    TOPIC_SHARDS,
+    cluster_layout,
+    single_layout,
+)
+from tests.support import T
+from tests.support.engines import make_message
+from tests.support.redis_cluster import RedisCluster
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = "orders"
+#: Messages accepted before the kill, and again after the replica took over.
+BEFORE = 200
+AFTER = 100
+#: Enqueues kept in flight by the producer.
+WINDOW = 20
+
+
+def test_each_queue_s_keys_share_one_slot_and_shards_spread() -> None:
+    layout = cluster_layout()
+    for name in ("orders", "a{b}c", "}{", "x" * 200, "vq@/topic/.*"):
+        keys = layout.queue_keys(name)
+        slots = {key_slot(key.encode()) for key in (*keys.fetch, *keys.release, *keys.sweep)}
+        assert len(slots) == 1, name
+        assert keys.registry is None and keys.wait_replicas
+    shard_slots = [key_slot(index.encode()) for index in layout.expiries]
+    assert len(set(shard_slots)) == CLUSTER_SHARDS
+    # A 3-primary cluster splits the slots in three ranges: each gets shards.
+    thirds = {slot * 3 // 16384 for slot in shard_slots}
+    assert thirds == {0, 1, 2}
+    assert len({key_slot(channel) for channel in layout.topic_channels}) == TOPIC_SHARDS
+    assert layout.registry == CLUSTER_REGISTRY
+    # Queues spread over the shards rather than pile on one.
+    used = {layout.shard(f"queue-{n}") for n in range(1000)}
+    assert len(used) == CLUSTER_SHARDS
+
+
+def test_one_redis_keeps_its_key_names() -> None:
+    layout = single_layout()
+    keys = layout.queue_keys(QUEUE)
+    assert keys.block[2] == f"asbp:q:{QUEUE}:s0"
+    assert keys.expiry == EXPIRY and keys.registry == REGISTRY and not keys.wait_replicas
+    assert layout.shard("anything") == 0
+
+
+async def test_a_publication_copies_once_into_virtual_queues_of_every_shard(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    layout = cluster_layout()
+    names = [f"vq{n}" for n in range(12)]
+    assert len({layout.shard(name) for name in names}) > 3  # several shards, so several slots
+    engine = RedisEngine(redis_cluster.url, broker_id="b1", sweep_interval=None)
+    await engine.start()
+    try:
+        for name in names:
+            await engine.declare_virtual_queue(name, "/topic/.*")
+        message = make_message("/topic/x", payload=b"copy")
+        await engine.publish(message)
+        for name in names:
+            full = f"{name}@/topic/.*"
+            got = await engine.fetch(full, "c", count=10)
+            assert [d.message.id for d in got] == [message.id], full
+            assert await engine.ack(full, [got[0].receipt]) == 1
+        assert sorted(await engine.queues()) == sorted(f"{n}@/topic/.*" for n in names)
+    finally:
+        await engine.close()
+
+
+async def test_a_new_queue_past_max_queues_is_refused_and_stores_nothing(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    limits = EngineLimits(max_queues=1)
+    engine = RedisEngine(redis_cluster.url, broker_id="b1", limits=limits, sweep_interval=None)
+    await engine.start()
+    try:
+        first = [engine.enqueue(make_message("q1")) for _ in range(3)]  # held, then in order
+        await asyncio.gather(*first)
+        refused = [engine.enqueue(make_message("q2")) for _ in range(2)]
+        for future in refused:
+            with pytest.raises(QueueLimitReached):
+                await future
+        assert await engine.depth("q2") == 0
+        assert await engine.depth("q1") == 3
+        assert await engine.queues() == ["q1"]
+    finally:
+        await engine.close()
+
+
+class Progress:
+    """What the load did so far, and an event set at each change (to wait on)."""
+
+    def __init__(self) -> None:
+        self.accepted: set[str] = set()
+        self.received: set[str] = set()
+        self.faulted = 0
+        self.stop = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    async def until(self, done: Callable[[], bool], *tasks: asyncio.Task[None]) -> None:
+        """Return once ``done()``; a load task that failed raises here."""
+        while not done():
+            for task in tasks:
+                if task.done():
+                    task.result()
+            self._changed.clear()
+            await self._changed.wait()
+
+
+async def _produce(engine: RedisEngine, progress: Progress) -> None:
+    """Enqueue in windows of WINDOW until told to stop."""
+    try:
+        await _produce_windows(engine, progress)
+    finally:
+        progress.changed()
+
+
+async def _produce_windows(engine: RedisEngine, progress: Progress) -> None:
+    while not progress.stop.is_set():
+        messages = [make_message(QUEUE) for _ in range(WINDOW)]
+        results = await asyncio.gather(
+            *(engine.enqueue(m) for m in messages), return_exceptions=True
+        )
+        for message, result in zip(messages, results, strict=True):
+            if result is None:
+                progress.accepted.add(message.id)
+            else:
+                assert isinstance(result, EngineUnavailable), result
+                progress.faulted += 1
+        progress.changed()
+
+
+async def _consume(engine: RedisEngine, progress: Progress) -> None:
+    try:
+        while True:
+            try:
+                deliveries = await engine.fetch(QUEUE, "c", count=100, wait=T)
+                if deliveries:
+                    progress.received.update(d.message.id for d in deliveries)
+                    progress.changed()
+                    await engine.ack(QUEUE, [d.receipt for d in deliveries])
+            except EngineUnavailable:
+                continue  # the failover: fetch again (an unacknowledged lease comes back)
+    finally:
+        progress.changed()
+
+
+async def test_killing_the_primary_of_a_queue_loses_no_accepted_message(
+    tmp_path: Path,
+) -> None:
+    with RedisCluster(tmp_path) as cluster:
+        slot = key_slot(cluster_layout().queue_keys(QUEUE).block[2].encode())
+        primary = cluster.primary_of(slot)
+        (replica,) = [n for n in cluster.nodes() if n.primary_id == primary.node_id]
+        producer = RedisEngine(cluster.url, broker_id="p", sweep_interval=None)
+        consumer = RedisEngine(cluster.url, broker_id="c", sweep_interval=None)
+        await producer.start()
+        await consumer.start()
+        progress = Progress()
+        producing = asyncio.create_task(_produce(producer, progress))
+        consuming = asyncio.create_task(_consume(consumer, progress))
+        try:
+            async with asyncio.timeout(60 * T):  # enqueues that hang fail the test
+                await progress.until(lambda: len(progress.accepted) >= BEFORE, producing)
+
+                def kill() -> None:
+                    cluster.server(primary.port).kill()
+                    cluster.wait_ready()  # over once the replica serves the slot
+
+                await asyncio.to_thread(kill)
+                after = len(progress.accepted) + AFTER
+                await progress.until(lambda: len(progress.accepted) >= after, producing)
+                progress.stop.set()
+                await producing
+                # Every accepted message is delivered (duplicates allowed: at least once).
+                await progress.until(lambda: progress.accepted <= progress.received, consuming)
+            assert cluster.primary_of(slot).node_id == replica.node_id
+        finally:
+            progress.stop.set()
+            consuming.cancel()
+            for task in (producing, consuming):
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
+            await consumer.close()
+            await producer.close()
