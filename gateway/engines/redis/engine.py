@@ -23,6 +23,13 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
 Every suffix has two characters, so no two queues' keys can collide whatever
 ``:`` their names hold.
 
+On a Redis Cluster (``redis+cluster://``) the same keys carry hash tags so that
+each script touches one slot (:mod:`gateway.engines.redis.layout`): a queue's
+keys are ``asbp:{q<j>}:q:Q:*``, ``j`` its shard (one of 64, by CRC-32 of its
+name), beside the shard's own expiry index ``asbp:{q<j>}:expiry``; the registry
+is ``{asbp:vqueues}:queues``, in the virtual queues' slot; topics go to 16
+shard channels ``asbp:topics:{n}`` (``SPUBLISH``), a topic always to the same.
+
 *A queue* is ten streams, one per priority, each with one consumer group. A
 message is a stream entry (fields ``h`` header, ``p`` payload, ``x`` expiration,
 and ``n`` its notice spec when it has one; see :mod:`~gateway.engines.redis.codec`).
@@ -124,11 +131,18 @@ by itself, and per-channel names would pile up forever. The ``consumer``
 argument of ``fetch`` is therefore not stored; receipts, not names, identify
 leases.
 
-Limits: on a Redis Cluster (``redis+cluster://``) the engine connects and
-routes each script call to the primary of its first key's slot
-(:mod:`gateway.engines.redis.cluster`), but the scripts touch several queues'
-keys, which may sit in different slots: what that leaves failing is listed in
-docs/kubernetes.md. A single Redis, or one behind Sentinel, is fully supported.
+*On a Redis Cluster* every call goes to the primary of its slot
+(:mod:`gateway.engines.redis.cluster`), and what spans slots is split out of
+the per-message scripts (:mod:`gateway.engines.redis.layout`): a queue is
+registered once per engine before its first enqueue there
+(:mod:`gateway.engines.redis.registry`); a topic publication reads the
+virtual-queue version, then copies with one script call per shard its virtual
+queues live in and publishes on its shard channel, which every engine holds
+with ``SSUBSCRIBE`` (:mod:`gateway.engines.redis.sharded`, following slot moves
+and failovers); notices and wake-ups stay classic ``PUBLISH`` from inside the
+scripts. Each enqueue and copy is followed by ``WAIT 1 1000`` on its primary,
+so an accepted message is on a replica too (or a second passed without one:
+docs/kubernetes.md, "Durability on a cluster").
 """
 
 from __future__ import annotations
