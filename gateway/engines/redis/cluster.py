@@ -12,7 +12,11 @@ A command's slot is its first key's: ``EVALSHA sha numkeys key ...`` the first
 of its KEYS, any other command its first argument. A script without KEYS may
 run anywhere (redis-py does the same) and goes to the first primary. ``WAIT``
 has no key: it goes where the command before it in the batch went, which is
-what it waits for (the plane follows each send with one).
+what it waits for (the plane follows each send with one, the engine each write
+that accepts messages). A ``WAIT`` for a primary that the slot map shows with no
+replica is answered 0 at once, without being sent: it could only wait out its
+timeout (a cluster run without replicas, or a primary whose replica died), and
+would make every accepted write a second late.
 
 *Redirections and failures.* The slot map can be stale: a slot moved
 (``MOVED``), is moving (``ASK``: the command goes once more to the importing
@@ -122,15 +126,20 @@ class ClusterBatcher(Batcher):
             groups: dict[str, tuple[ClusterNode, list[int]]] = {}
             waits: dict[str, list[int]] = {}
             previous: ClusterNode | None = None
+            alone = False  # the previous command's slot has no replica in the map
             for index in todo:
                 command = commands[index]
                 if command[0] == "WAIT" and previous is not None:
+                    if alone:
+                        replies[index] = 0  # no replica to wait for (module docstring)
+                        continue
                     # One WAIT at the end of a primary's pipeline waits for every
                     # write before it: the others of the batch share its reply.
                     waits.setdefault(previous.name, []).append(index)
                     continue
                 node = asking.get(index) or self._node(command)
                 previous = node
+                alone = self._unreplicated(command)
                 groups.setdefault(node.name, (node, []))[1].append(index)
             for name, indices in waits.items():
                 *shared, last = indices
@@ -182,6 +191,13 @@ class ClusterBatcher(Batcher):
                 with contextlib.suppress(*CONNECTION_ERRORS, ResponseError):
                     await self._cluster.nodes_manager.initialize()
             todo = sorted(again)  # a WAIT stays after the command it follows
+
+    def _unreplicated(self, command: tuple[Any, ...]) -> bool:
+        slot = command_slot(command)
+        if slot is None:
+            return False
+        serving = self._cluster.nodes_manager.slots_cache.get(slot)
+        return serving is not None and len(serving) == 1
 
     def _node(self, command: tuple[Any, ...]) -> ClusterNode:
         slot = command_slot(command)

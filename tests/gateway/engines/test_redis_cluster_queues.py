@@ -7,7 +7,9 @@
   another fetches and acknowledges: its replica takes over, and every message
   whose ``enqueue`` returned (``asbp.accepted``) is delivered; none is lost.
   Enqueues made during the failover either return or fail (EngineUnavailable),
-  never hang, and enqueues succeed again afterwards.
+  never hang, and enqueues succeed again afterwards; the promoted replica,
+  alone, answers the WAIT after each write at once.
+- An engine remembers a bounded number of registered queues.
 
 The fault test starts a six-node cluster of its own (it breaks it); the others
 use the session's.
@@ -25,6 +27,7 @@ from redis.crc import key_slot
 
 from gateway.engines.base import EngineLimits, EngineUnavailable, QueueLimitReached
 from gateway.engines.redis.calls import EXPIRY, REGISTRY
+from gateway.engines.redis.connection import batcher, connect
 from gateway.engines.redis.engine import RedisEngine
 from gateway.engines.redis.layout import (
     CLUSTER_REGISTRY,
@@ -119,6 +122,33 @@ async def test_a_new_queue_past_max_queues_is_refused_and_stores_nothing(
         await engine.close()
 
 
+async def test_an_engine_remembers_a_bounded_number_of_registered_queues(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    wide = RedisEngine(
+        redis_cluster.url, broker_id="w", limits=EngineLimits(max_queues=10), sweep_interval=None
+    )
+    # max_queues 1: it remembers 4 names, then forgets them all and registers again
+    # (idempotently: the registry knows them, so the limit does not refuse them).
+    narrow = RedisEngine(
+        redis_cluster.url, broker_id="n", limits=EngineLimits(max_queues=1), sweep_interval=None
+    )
+    await wide.start()
+    await narrow.start()
+    try:
+        names = [f"q{n}" for n in range(6)]
+        for name in names:
+            await wide.enqueue(make_message(name))
+        for _ in range(2):
+            for name in names:
+                await narrow.enqueue(make_message(name))
+        assert await narrow.depths() == dict.fromkeys(names, 3)
+    finally:
+        await narrow.close()
+        await wide.close()
+
+
 class Progress:
     """What the load did so far, and an event set at each change (to wait on)."""
 
@@ -180,6 +210,24 @@ async def _consume(engine: RedisEngine, progress: Progress) -> None:
         progress.changed()
 
 
+async def _no_wait_without_a_replica(url: str, slot: int) -> None:
+    """The promoted replica has no replica of its own: a WAIT after a write there is
+    answered 0 at once (gateway/engines/redis/cluster.py), not after its timeout."""
+    layout = cluster_layout()
+    probe = layout.prefixes[layout.shard(QUEUE)] + "probe"
+    assert key_slot(probe.encode()) == slot
+    client = connect(url, connect_timeout=T, command_timeout=5 * T)
+    made = batcher(client, [])
+    try:
+        await made.load_scripts()
+        async with asyncio.timeout(10 * T):  # WAIT's own timeout is far longer
+            replies = await made._pipeline([("SET", probe, "x"), ("WAIT", 1, 600_000)])
+        assert replies == [b"OK", 0]
+    finally:
+        await made.close()
+        await client.aclose()
+
+
 async def test_killing_the_primary_of_a_queue_loses_no_accepted_message(
     tmp_path: Path,
 ) -> None:
@@ -210,6 +258,7 @@ async def test_killing_the_primary_of_a_queue_loses_no_accepted_message(
                 # Every accepted message is delivered (duplicates allowed: at least once).
                 await progress.until(lambda: progress.accepted <= progress.received, consuming)
             assert cluster.primary_of(slot).node_id == replica.node_id
+            await _no_wait_without_a_replica(cluster.url, slot)
         finally:
             progress.stop.set()
             consuming.cancel()
