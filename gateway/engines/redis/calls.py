@@ -54,6 +54,7 @@ __all__ = [
     "QueueKeys",
     "Stored",
     "SweepCall",
+    "VersionCall",
     "script_command",
 ]
 
@@ -323,49 +324,103 @@ class PublishCall(FutureCall[bool]):
             settle_future(self.future, bool(replies[0]))
 
 
-class CopyCall(FutureCall[None]):
-    """A topic message's copies into the virtual queues of one shard (a Redis Cluster).
+class VersionCall(FutureCall[bytes]):
+    """The virtual-queue version, read before a publication copies (a Redis Cluster).
 
-    On a cluster a publication's virtual queues live in several slots: the
-    engine checks the version first, then makes one of these per shard
-    (gateway.engines.redis.layout), each followed by WAIT_REPLICA.
-
-    Args:
-        stored: the stored form of the copies.
-        targets: the virtual queues of one shard to copy into, by full name.
+    Publications that start while one read waits for the next pipeline share it:
+    it is written after each of them started, which is all the check needs
+    (gateway.engines.redis.engine, "Virtual queues"). The result is the version,
+    ``b"0"`` when none was ever declared.
     """
 
-    __slots__ = ("_clock", "_keys", "_tail")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        stored: Stored,
-        targets: Sequence[tuple[str, QueueKeys]],
-        *,
-        limits: EngineLimits,
-        clock: Clock,
-    ) -> None:
-        super().__init__()
-        self._clock = clock
-        keys: list[str] = []
-        copies: list[str] = []
-        for name, queue_keys in targets:
-            keys += queue_keys.block
-            copies += (name, queue_keys.wake)
-        keys.append(targets[0][1].expiry)
-        self._keys = keys
-        self._tail = (limits.max_queue_depth, *stored, *copies)
+    merge_key = "vq-version"
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
-        args = (_now(self._clock), *self._tail)
-        return (script_command(COPY, self._keys, args), WAIT_REPLICA)
+        return (("GET", VQ_VERSION),)
 
     def settle(self, replies: Sequence[Any]) -> None:
         error = reply_error(replies[0])
         if error is not None:
             self.fail(error)
         else:
-            settle_future(self.future, None)
+            settle_future(self.future, replies[0] or b"0")
+
+
+class CopyCall(Call):
+    """Topic messages' copies into the virtual queues of one shard (a Redis Cluster).
+
+    On a cluster a publication's virtual queues live in several slots: the
+    engine checks the version first, then copies with one of these per shard
+    (gateway.engines.redis.layout), followed by WAIT_REPLICA. Concurrent
+    publications copying into the same virtual queues merge into one script
+    call, as concurrent enqueues to a queue do: one call per shard per
+    pipeline, not per message.
+
+    Args:
+        stored: the stored form of the copies.
+        targets: the virtual queues of one shard to copy into, by full name.
+        future: settled once copied.
+    """
+
+    __slots__ = ("_clock", "_futures", "_keys", "_limits", "_names", "_stored", "merge_key")
+
+    def __init__(
+        self,
+        stored: Stored,
+        targets: Sequence[tuple[str, QueueKeys]],
+        future: asyncio.Future[None],
+        *,
+        limits: EngineLimits,
+        clock: Clock,
+    ) -> None:
+        self._clock = clock
+        self._limits = limits
+        keys: list[str] = []
+        names: list[str] = []
+        for name, queue_keys in targets:
+            keys += queue_keys.block
+            names += (name, queue_keys.wake)
+        keys.append(targets[0][1].expiry)
+        self._keys = keys
+        self._names = names
+        self._stored = [stored]
+        self._futures = [future]
+        self.merge_key = ("copy", *names[::2])
+
+    def merge(self, other: Call) -> None:
+        assert isinstance(other, CopyCall)
+        self._stored += other._stored
+        self._futures += other._futures
+
+    def add(self, stored: Stored, future: asyncio.Future[None]) -> None:
+        """One more message, as merging a call of its own would add it."""
+        self._stored.append(stored)
+        self._futures.append(future)
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        now, depth, stored = _now(self._clock), self._limits.max_queue_depth, self._stored
+        commands: list[tuple[Any, ...]] = []
+        for start in range(0, len(stored), MAX_PER_SCRIPT):
+            chunk = stored[start : start + MAX_PER_SCRIPT]
+            args = (now, depth, len(chunk), *chain.from_iterable(chunk), *self._names)
+            commands.append(script_command(COPY, self._keys, args))
+        commands.append(WAIT_REPLICA)
+        return commands
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        for chunk, reply in enumerate(replies[:-1]):  # WAIT's count is not checked
+            error = reply_error(reply)
+            for future in self._futures[chunk * MAX_PER_SCRIPT : (chunk + 1) * MAX_PER_SCRIPT]:
+                if error is not None:
+                    fail_future(future, error)
+                else:
+                    settle_future(future, None)
+
+    def fail(self, error: BaseException) -> None:
+        for future in self._futures:
+            fail_future(future, error)
 
 
 class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):

@@ -183,6 +183,7 @@ from gateway.engines.redis.calls import (
     PublishCall,
     QueueKeys,
     Stored,
+    VersionCall,
     script_command,
 )
 from gateway.engines.redis.cluster_url import is_cluster_url
@@ -410,8 +411,7 @@ class RedisEngine:
             # The version is checked before anything is written, so a retry after
             # a stale cache copies nothing twice; a declaration that returned
             # before this publication started has bumped it already.
-            current = await self._command(("GET", VQ_VERSION))
-            if (current or b"0") == version:
+            if await self._version() == version:
                 break
             if self._vq_version == version:  # stale: reload, unless another call did
                 self._vq_version = None
@@ -422,17 +422,42 @@ class RedisEngine:
         ]
         targets = self._vq_matcher.match(message.destination)
         if targets:
-            stored = self._stored_fields(message)
-            shards: dict[int, list[tuple[str, QueueKeys]]] = {}
-            for name in targets:
-                shards.setdefault(self._layout.shard(name), []).append((name, self._keys(name)))
-            for shard_targets in shards.values():
-                call = CopyCall(stored, shard_targets, limits=self._limits, clock=self._clock)
-                writes.append(self._submit(call))
+            writes += self._copy(self._stored_fields(message), targets)
         await asyncio.gather(*writes)
         loop = asyncio.get_running_loop()
         for listener in self._topic_listeners:
             loop.call_soon(listener, message)
+
+    def _copy(self, stored: Stored, targets: Sequence[str]) -> list[asyncio.Future[None]]:
+        """Copy into ``targets``: one call per shard, joining one waiting for the pipeline."""
+        shards: dict[int, list[tuple[str, QueueKeys]]] = {}
+        for name in targets:
+            shards.setdefault(self._layout.shard(name), []).append((name, self._keys(name)))
+        batcher = self._batcher
+        futures: list[asyncio.Future[None]] = []
+        for shard_targets in shards.values():
+            future: asyncio.Future[None] = self._running_loop().create_future()
+            futures.append(future)
+            key = ("copy", *(name for name, _ in shard_targets))
+            waiting = None if batcher is None else batcher.waiting(key)
+            if waiting is not None:
+                assert isinstance(waiting, CopyCall)
+                waiting.add(stored, future)
+            else:
+                call = CopyCall(
+                    stored, shard_targets, future, limits=self._limits, clock=self._clock
+                )
+                self._submit_call(call)
+        return futures
+
+    def _version(self) -> asyncio.Future[bytes]:
+        """The virtual-queue version, read in the next pipeline (shared by callers)."""
+        batcher = self._batcher
+        waiting = None if batcher is None else batcher.waiting(VersionCall.merge_key)
+        if waiting is not None:
+            assert isinstance(waiting, VersionCall)
+            return waiting.future
+        return self._submit(VersionCall())
 
     # -- queues ------------------------------------------------------------
 

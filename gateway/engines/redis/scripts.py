@@ -329,23 +329,32 @@ return 1
 """,
 )
 
-#: Copy a topic message into virtual queues of one shard (a Redis Cluster, where
+#: Copy topic messages into virtual queues of one shard (a Redis Cluster, where
 #: the version check and the publication are calls of their own:
 #: gateway.engines.redis.layout). KEYS: one block per virtual queue, then the
-#: shard's expiry index. ARGV: now, max_queue_depth, the stored form (as
-#: PUBLISH's), then two per virtual queue: its full name, its wake channel. A
-#: full virtual queue gets no copy. Returns 1.
+#: shard's expiry index. ARGV: now, max_queue_depth, how many messages, then
+#: each message's stored form (six values, as PUBLISH's), then two per virtual
+#: queue: its full name, its wake channel. A virtual queue takes the messages
+#: in order while it has room; those past max_queue_depth get no copy. Returns 1.
 COPY: Final = _script(
     "copy",
     """
-local now, limit = ARGV[1], tonumber(ARGV[2])
+local now, limit, count = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local first = 4 + 6 * count
 local made = {}
-for i = 9, #ARGV, 2 do
-  local b = 1 + (i - 9) / 2 * 12
-  if depth(b) < limit then
-    promote(b, ARGV[i], now, made, 1000)
-    store(b, ARGV[i], now, made, tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
-    redis.call('ZADD', KEYS[#KEYS], 'LT', sooner(nil, ARGV[4], ARGV[5], now), ARGV[i])
+for i = first, #ARGV, 2 do
+  local b = 1 + (i - first) / 2 * 12
+  local queue = ARGV[i]
+  local room = math.min(count, limit - depth(b))
+  if room > 0 then
+    promote(b, queue, now, made, 1000)
+    local soonest = nil
+    for m = 4, 3 + 6 * room, 6 do
+      local nb, x = ARGV[m + 1], ARGV[m + 2]
+      store(b, queue, now, made, tonumber(ARGV[m]), nb, x, ARGV[m + 3], ARGV[m + 4], ARGV[m + 5])
+      soonest = sooner(soonest, nb, x, now)
+    end
+    redis.call('ZADD', KEYS[#KEYS], 'LT', soonest, queue)
     wake(b, ARGV[i + 1])
   end
 end
