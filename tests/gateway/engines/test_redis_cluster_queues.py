@@ -9,6 +9,9 @@
   Enqueues made during the failover either return or fail (EngineUnavailable),
   never hang, and enqueues succeed again afterwards; the promoted replica,
   alone, answers the WAIT after each write at once.
+- The same load while the queue's slot moves to another primary
+  (``MIGRATING``/``IMPORTING``, ``MIGRATE`` a few keys at a time, ``SETSLOT
+  NODE``): every accepted message is delivered.
 - An engine remembers a bounded number of registered queues.
 
 The fault test starts a six-node cluster of its own (it breaks it); the others
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from gateway.engines.base import EngineLimits, EngineUnavailable, QueueLimitReached
@@ -228,42 +232,79 @@ async def _no_wait_without_a_replica(url: str, slot: int) -> None:
         await client.aclose()
 
 
+async def _change_under_load(cluster: RedisCluster, change: Callable[[], object]) -> None:
+    """Enqueue, fetch and acknowledge QUEUE; run ``change`` (in a thread) once BEFORE
+    were accepted; go on until AFTER more were; then every accepted one must arrive."""
+    producer = RedisEngine(cluster.url, broker_id="p", sweep_interval=None)
+    consumer = RedisEngine(cluster.url, broker_id="c", sweep_interval=None)
+    await producer.start()
+    await consumer.start()
+    progress = Progress()
+    producing = asyncio.create_task(_produce(producer, progress))
+    consuming = asyncio.create_task(_consume(consumer, progress))
+    try:
+        async with asyncio.timeout(60 * T):  # enqueues that hang fail the test
+            await progress.until(lambda: len(progress.accepted) >= BEFORE, producing)
+            await asyncio.to_thread(change)
+            after = len(progress.accepted) + AFTER
+            await progress.until(lambda: len(progress.accepted) >= after, producing)
+            progress.stop.set()
+            await producing
+            # Every accepted message is delivered (duplicates allowed: at least once).
+            await progress.until(lambda: progress.accepted <= progress.received, consuming)
+    finally:
+        progress.stop.set()
+        consuming.cancel()
+        for task in (producing, consuming):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+        await consumer.close()
+        await producer.close()
+
+
+def queue_slot() -> int:
+    return key_slot(cluster_layout().queue_keys(QUEUE).block[2].encode())
+
+
 async def test_killing_the_primary_of_a_queue_loses_no_accepted_message(
     tmp_path: Path,
 ) -> None:
     with RedisCluster(tmp_path) as cluster:
-        slot = key_slot(cluster_layout().queue_keys(QUEUE).block[2].encode())
+        slot = queue_slot()
         primary = cluster.primary_of(slot)
         (replica,) = [n for n in cluster.nodes() if n.primary_id == primary.node_id]
-        producer = RedisEngine(cluster.url, broker_id="p", sweep_interval=None)
-        consumer = RedisEngine(cluster.url, broker_id="c", sweep_interval=None)
-        await producer.start()
-        await consumer.start()
-        progress = Progress()
-        producing = asyncio.create_task(_produce(producer, progress))
-        consuming = asyncio.create_task(_consume(consumer, progress))
-        try:
-            async with asyncio.timeout(60 * T):  # enqueues that hang fail the test
-                await progress.until(lambda: len(progress.accepted) >= BEFORE, producing)
 
-                def kill() -> None:
-                    cluster.server(primary.port).kill()
-                    cluster.wait_ready()  # over once the replica serves the slot
+        def kill() -> None:
+            cluster.server(primary.port).kill()
+            cluster.wait_ready()  # over once the replica serves the slot
 
-                await asyncio.to_thread(kill)
-                after = len(progress.accepted) + AFTER
-                await progress.until(lambda: len(progress.accepted) >= after, producing)
-                progress.stop.set()
-                await producing
-                # Every accepted message is delivered (duplicates allowed: at least once).
-                await progress.until(lambda: progress.accepted <= progress.received, consuming)
-            assert cluster.primary_of(slot).node_id == replica.node_id
-            await _no_wait_without_a_replica(cluster.url, slot)
-        finally:
-            progress.stop.set()
-            consuming.cancel()
-            for task in (producing, consuming):
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await task
-            await consumer.close()
-            await producer.close()
+        await _change_under_load(cluster, kill)
+        assert cluster.primary_of(slot).node_id == replica.node_id
+        await _no_wait_without_a_replica(cluster.url, slot)
+
+
+async def test_moving_a_queue_s_slot_to_another_primary_loses_no_accepted_message(
+    tmp_path: Path,
+) -> None:
+    with RedisCluster(tmp_path) as cluster:
+        slot = queue_slot()
+        source = cluster.primary_of(slot)
+        target = next(n for n in cluster.nodes() if n.primary and n.node_id != source.node_id)
+
+        def migrate() -> None:
+            # What redis-cli --cluster reshard does: IMPORTING, MIGRATING, the keys
+            # a few at a time (scripts meet TRYAGAIN or ASK meanwhile), then NODE.
+            with redis.Redis(port=source.port) as old, redis.Redis(port=target.port) as new:
+                new.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+                old.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+                while keys := old.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 3):
+                    old.execute_command(
+                        "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
+                    )
+                for node in cluster.nodes():
+                    if node.primary:
+                        with redis.Redis(port=node.port) as each:
+                            each.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+
+        await _change_under_load(cluster, migrate)
+        assert cluster.primary_of(slot).node_id == target.node_id
