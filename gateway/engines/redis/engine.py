@@ -25,7 +25,7 @@ Every suffix has two characters, so no two queues' keys can collide whatever
 
 On a Redis Cluster (``redis+cluster://``) the same keys carry hash tags so that
 each script touches one slot (:mod:`gateway.engines.redis.layout`): a queue's
-keys are ``asbp:{q<j>}:q:Q:*``, ``j`` its shard (one of 64, by CRC-32 of its
+keys are ``asbp:{q<j>}:q:Q:*``, ``j`` its shard (one of 64, by a hash of its
 name), beside the shard's own expiry index ``asbp:{q<j>}:expiry``; the registry
 is ``{asbp:vqueues}:queues``, in the virtual queues' slot; topics go to 16
 shard channels ``asbp:topics:{n}`` (``SPUBLISH``), a topic always to the same.
@@ -430,9 +430,11 @@ class RedisEngine:
 
     def _copy(self, stored: Stored, targets: Sequence[str]) -> list[asyncio.Future[None]]:
         """Copy into ``targets``: one call per shard, joining one waiting for the pipeline."""
-        shards: dict[int, list[tuple[str, QueueKeys]]] = {}
+        shards: dict[str, list[tuple[str, QueueKeys]]] = {}
         for name in targets:
-            shards.setdefault(self._layout.shard(name), []).append((name, self._keys(name)))
+            keys = self._keys(name)
+            # A shard's expiry index names it, and comes with the cached keys.
+            shards.setdefault(keys.expiry, []).append((name, keys))
         batcher = self._batcher
         futures: list[asyncio.Future[None]] = []
         for shard_targets in shards.values():

@@ -7,7 +7,8 @@ and a virtual-queue copy lower in the same script. So on a cluster the queues
 are dealt into :data:`CLUSTER_SHARDS` *shards*, each a hash tag of its own
 (``asbp:{q<j>}:``) that holds its queues' keys and its own expiry index: every
 per-message script touches one slot, as on one Redis. A queue's shard is
-``crc32(name) % shards``; the tags are picked so that no two shards share a
+a hash of its name (:func:`~gateway.engines.redis.sharded.spread`) modulo the
+number of shards; the tags are picked so that no two shards share a
 slot, so the shards (and the work) spread over every primary rather than pile
 on one (the trap of one tag for everything, centrifugal/centrifuge#554). A
 queue per tag (``{q:<name>}``) would spread as well, but then its scripts could
@@ -32,14 +33,13 @@ version, publishes and copies.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Final
 
 from redis.crc import key_slot
 
 from gateway.engines.redis.calls import EXPIRY, KEY_PREFIX, REGISTRY, TOPICS, VQUEUES, QueueKeys
-from gateway.engines.redis.sharded import shard_channels
+from gateway.engines.redis.sharded import shard_channels, spread
 
 __all__ = [
     "CLUSTER_REGISTRY",
@@ -84,7 +84,7 @@ class KeyLayout:
         shards = len(self.prefixes)
         if shards == 1:
             return 0
-        return zlib.crc32(queue.encode()) % shards
+        return spread(queue, shards)
 
     def queue_keys(self, queue: str) -> QueueKeys:
         """``queue``'s keys: in its shard's slot, with its shard's expiry index."""

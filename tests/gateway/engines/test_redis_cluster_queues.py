@@ -40,6 +40,7 @@ from gateway.engines.redis.layout import (
     cluster_layout,
     single_layout,
 )
+from gateway.engines.redis.sharded import shard_of
 from tests.support import T
 from tests.support.engines import make_message
 from tests.support.redis_cluster import RedisCluster
@@ -68,9 +69,12 @@ def test_each_queue_s_keys_share_one_slot_and_shards_spread() -> None:
     assert thirds == {0, 1, 2}
     assert len({key_slot(channel) for channel in layout.topic_channels}) == TOPIC_SHARDS
     assert layout.registry == CLUSTER_REGISTRY
-    # Queues spread over the shards rather than pile on one.
+    # Queues spread over the shards rather than pile on one, names that differ in
+    # one character too (a CRC would put vq0@/topic/.* and vq1@/topic/.* together).
     used = {layout.shard(f"queue-{n}") for n in range(1000)}
     assert len(used) == CLUSTER_SHARDS
+    assert len({layout.shard(f"vq{n}@/topic/.*") for n in range(12)}) >= 8
+    assert len({shard_of(list(layout.topic_channels), f"/topic/{c}") for c in "abcdefgh"}) >= 5
 
 
 def test_one_redis_keeps_its_key_names() -> None:
@@ -103,6 +107,57 @@ async def test_a_publication_copies_once_into_virtual_queues_of_every_shard(
         assert sorted(await engine.queues()) == sorted(f"{n}@/topic/.*" for n in names)
     finally:
         await engine.close()
+
+
+async def test_concurrent_publications_share_the_version_read_and_the_copies(
+    redis_cluster: RedisCluster,
+) -> None:
+    """50 publications at once: one version read and one COPY per shard in the
+    pipeline (merged), every virtual queue gets every message in publication
+    order, and a virtual queue with room for 30 gets the first 30."""
+    redis_cluster.flush()
+    layout = cluster_layout()
+    names = ["vq0", "vq1", "vq2"]
+    assert len({layout.shard(f"{n}@/topic/.*") for n in names}) > 1
+    limits = EngineLimits(max_queue_depth=30)
+    publisher = RedisEngine(redis_cluster.url, broker_id="p", limits=limits, sweep_interval=None)
+    await publisher.start()
+    try:
+        for name in names:
+            await publisher.declare_virtual_queue(name, "/topic/.*")
+        await publisher.publish(make_message("/topic/warm"))  # the cache loaded
+        for name in names:
+            full = f"{name}@/topic/.*"
+            warm = await publisher.fetch(full, "c")
+            await publisher.ack(full, [warm[0].receipt])
+        messages = [make_message("/topic/x", payload=b"%d" % n) for n in range(50)]
+        await asyncio.gather(*(publisher.publish(m) for m in messages))
+        for name in names:
+            full = f"{name}@/topic/.*"
+            got = await publisher.fetch(full, "c", count=100)
+            assert [d.message.id for d in got] == [m.id for m in messages[:30]], full
+    finally:
+        await publisher.close()
+
+
+async def test_a_virtual_queue_declared_at_another_broker_is_fed_at_once(
+    redis_cluster: RedisCluster,
+) -> None:
+    redis_cluster.flush()
+    publisher = RedisEngine(redis_cluster.url, broker_id="p", sweep_interval=None)
+    declarer = RedisEngine(redis_cluster.url, broker_id="d", sweep_interval=None)
+    await publisher.start()
+    await declarer.start()
+    try:
+        await publisher.publish(make_message("/topic/x"))  # caches "no virtual queues"
+        await declarer.declare_virtual_queue("late", "/topic/.*")
+        message = make_message("/topic/x")
+        await publisher.publish(message)  # the stale cache is found and reloaded
+        got = await publisher.fetch("late@/topic/.*", "c", count=10)
+        assert [d.message.id for d in got] == [message.id]
+    finally:
+        await declarer.close()
+        await publisher.close()
 
 
 async def test_a_new_queue_past_max_queues_is_refused_and_stores_nothing(
