@@ -7,8 +7,8 @@
   another fetches and acknowledges: its replica takes over, and every message
   whose ``enqueue`` returned (``asbp.accepted``) is delivered; none is lost.
   Enqueues made during the failover either return or fail (EngineUnavailable),
-  never hang, and enqueues succeed again afterwards; the promoted replica,
-  alone, answers the WAIT after each write at once.
+  never hang, and enqueues succeed again afterwards; once a WAIT on the promoted
+  replica (alone now) timed out, the next ones are answered at once.
 - The same load while the queue's slot moves to another primary
   (``MIGRATING``/``IMPORTING``, ``MIGRATE`` a few keys at a time, ``SETSLOT
   NODE``): every accepted message is delivered.
@@ -270,8 +270,8 @@ async def _consume(engine: RedisEngine, progress: Progress) -> None:
 
 
 async def _no_wait_without_a_replica(url: str, slot: int) -> None:
-    """The promoted replica has no replica of its own: a WAIT after a write there is
-    answered 0 at once (gateway/engines/redis/cluster.py), not after its timeout."""
+    """The promoted replica has no replica of its own: once a WAIT there timed out,
+    the next are answered 0 at once (gateway/engines/redis/cluster.py, "lonely")."""
     layout = cluster_layout()
     probe = layout.prefixes[layout.shard(QUEUE)] + "probe"
     assert key_slot(probe.encode()) == slot
@@ -279,8 +279,11 @@ async def _no_wait_without_a_replica(url: str, slot: int) -> None:
     made = batcher(client, [])
     try:
         await made.load_scripts()
+        # The first WAIT there times out (no replica confirms), and makes the
+        # primary lonely: the next is answered 0 at once, however long its timeout.
+        assert await made._pipeline([("SET", probe, "x"), ("WAIT", 1, 200)]) == [b"OK", 0]
         async with asyncio.timeout(10 * T):  # WAIT's own timeout is far longer
-            replies = await made._pipeline([("SET", probe, "x"), ("WAIT", 1, 600_000)])
+            replies = await made._pipeline([("SET", probe, "y"), ("WAIT", 1, 600_000)])
         assert replies == [b"OK", 0]
     finally:
         await made.close()
