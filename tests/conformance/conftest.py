@@ -3,8 +3,10 @@
 ``memory`` builds :class:`gateway.engines.memory.engine.MemoryEngine`. ``redis`` builds
 ``gateway.engines.redis.engine.RedisEngine`` on one private ``redis-server`` per
 session (:class:`tests.support.RedisServer`), emptied with FLUSHALL before each
-test. A missing Redis engine or ``redis-server`` is an error, never a skip: a
-suite that skips half its engines reports green while testing half the broker.
+test; ``redis-cluster`` on the session's private six-node Redis Cluster
+(``redis+cluster://``), emptied on every primary. A missing Redis engine or
+``redis-server`` is an error, never a skip: a suite that skips half its engines
+reports green while testing half the broker.
 
 "Two brokers" are two engine instances on one Redis. The memory engine serves
 exactly one broker, so for ``memory`` both names refer to the same instance:
@@ -48,9 +50,8 @@ def build(engine_kind: str, request: pytest.FixtureRequest) -> Build:
     # only, and the memory tests still run.
     from gateway.engines.redis.engine import RedisEngine
 
-    # Not in ENGINES yet: the queue scripts touch keys of several slots until the
-    # engine's keys are hash-tagged (docs/kubernetes.md, "Redis Cluster"); add it
-    # there then, and every conformance test runs on the session's cluster.
+    # The session's six-node cluster (tests/support/redis_cluster.py), emptied on
+    # every primary: the engine's keys spread over its slots (layout.py).
     if engine_kind == "redis-cluster":
         cluster = request.getfixturevalue("redis_cluster")
         cluster.flush()

@@ -111,7 +111,7 @@ def ids(items: Iterable[Delivery | Message]) -> list[str]:
 
 
 #: Every engine the suite runs on; each test id ends in one of these.
-ENGINES: Final = ("memory", "redis")
+ENGINES: Final = ("memory", "redis", "redis-cluster")
 
 _DEFAULT_LIMITS: Final = EngineLimits()
 

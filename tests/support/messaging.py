@@ -2,7 +2,10 @@
 
 The tests in tests/gateway/messaging/ run once per engine (:data:`ENGINES`) through
 the ``engine``, ``redis`` and ``broker`` fixtures of tests/gateway/messaging/conftest.py,
-which start brokers with :func:`start_broker`.
+which start brokers with :func:`start_broker`: ``memory``, ``redis`` (a private
+``redis-server``) and ``redis-cluster`` (the ``redis`` engine on the session's
+six-node Redis Cluster, so topics, queues and virtual queues are tested through
+real brokers and WebSockets on a cluster too).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from tests.support.gateway import (
     HttpChannel,
     Peer,
 )
+from tests.support.redis_cluster import RedisCluster
 
 #: Both engines: every messaging test runs on each.
-ENGINES = ("memory", "redis")
+ENGINES = ("memory", "redis", "redis-cluster")
 
 
 @dataclass(eq=False)
@@ -130,9 +134,17 @@ class RedisServers:
     the brokers stop before their Redis does.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, cluster: Callable[[], RedisCluster] | None = None) -> None:
         self.directory = directory
         self.server: RedisServer | None = None
+        self._cluster = cluster
+
+    async def cluster_url(self) -> str:
+        """The session's Redis Cluster, emptied: for the ``redis-cluster`` engine."""
+        assert self._cluster is not None, "this RedisServers was made without a cluster"
+        cluster = self._cluster()
+        await asyncio.to_thread(cluster.flush)
+        return cluster.url
 
     async def url(self) -> str:
         if self.server is None:
@@ -149,7 +161,11 @@ class RedisServers:
 async def start_broker(
     make_gateway: GatewayFactory, engine: str, redis: RedisServers, **overrides: Any
 ) -> Gateway:
-    """A broker on ``engine``; for ``redis``, on the test's private ``redis-server``."""
+    """A broker on ``engine``; for ``redis``, on the test's private ``redis-server``;
+    for ``redis-cluster``, the ``redis`` engine on the session's Redis Cluster."""
+    if engine == "redis-cluster":
+        engine = "redis"
+        overrides.setdefault("redis_url", await redis.cluster_url())
     if engine == "redis" and "redis_url" not in overrides:
         overrides["redis_url"] = await redis.url()
     return await make_gateway(engine=engine, **overrides)

@@ -21,7 +21,16 @@ from typing import Any, Final, Generic, TypeVar
 from gateway.engines.base import Delivery, EngineLimits, NoticeEvent, QueueFull, new_delivery
 from gateway.engines.redis.batch import Call, fail_future, reply_error, settle_future
 from gateway.engines.redis.codec import receipt, unpack_message
-from gateway.engines.redis.scripts import ACK, ENQUEUE, FETCH, PUBLISH, RELEASE, SWEEP, Script
+from gateway.engines.redis.scripts import (
+    ACK,
+    COPY,
+    ENQUEUE,
+    FETCH,
+    PUBLISH,
+    RELEASE,
+    SWEEP,
+    Script,
+)
 
 __all__ = [
     "EXPIRY",
@@ -33,8 +42,10 @@ __all__ = [
     "TOPICS",
     "VQUEUES",
     "VQ_VERSION",
+    "WAIT_REPLICA",
     "WAKE",
     "CommandCall",
+    "CopyCall",
     "EnqueueCall",
     "FetchCall",
     "FutureCall",
@@ -43,6 +54,7 @@ __all__ = [
     "QueueKeys",
     "Stored",
     "SweepCall",
+    "VersionCall",
     "script_command",
 ]
 
@@ -66,6 +78,11 @@ WAKE: Final = KEY_PREFIX + "wake:"
 #: Tagged like VQ_VERSION: a topic publication's script touches both, so on a Redis
 #: Cluster a publication that feeds no virtual queue stays in one slot.
 EXPIRY: Final = "{" + VQUEUES + "}:expiry"
+#: What follows a write that accepts messages on a Redis Cluster: answered once
+#: one replica has it too, or after a second without (docs/kubernetes.md,
+#: "Durability on a cluster"); the cluster batcher sends it to the primary the
+#: write went to.
+WAIT_REPLICA: Final = ("WAIT", 1, 1000)
 #: Entries a fetch script may look at beyond ``count`` (expired, delayed, discarded).
 FETCH_SLACK: Final = 1000
 #: Messages per enqueue, or receipts per ack, in one script call (merged calls are split).
@@ -84,10 +101,35 @@ T = TypeVar("T")
 class QueueKeys:
     """One queue's keys and wake-up channel, in the orders the scripts take them."""
 
-    __slots__ = ("block", "enqueue", "fetch", "release", "sweep", "wake")
+    __slots__ = (
+        "block",
+        "enqueue",
+        "expiry",
+        "fetch",
+        "registry",
+        "release",
+        "sweep",
+        "wait_replicas",
+        "wake",
+    )
 
-    def __init__(self, queue: str) -> None:
-        base = f"{KEY_PREFIX}q:{queue}:"
+    def __init__(
+        self,
+        queue: str,
+        *,
+        prefix: str = KEY_PREFIX + "q:",
+        expiry: str = EXPIRY,
+        registry: str | None = REGISTRY,
+        wait_replicas: bool = False,
+    ) -> None:
+        base = f"{prefix}{queue}:"
+        #: Follow each write that accepts messages with WAIT_REPLICA (a Redis Cluster).
+        self.wait_replicas = wait_replicas
+        #: The index of queues by next sweep that this queue is in (its shard's).
+        self.expiry = expiry
+        #: The registry the enqueue script adds the queue to; None on a Redis
+        #: Cluster, where it is another slot's (gateway.engines.redis.layout).
+        self.registry = registry
         #: The merge key of the queue's EnqueueCall.
         self.enqueue = ("enqueue", queue)
         #: delayed, waiting, s0..s9: the block the store and depth helpers use.
@@ -103,9 +145,9 @@ class QueueKeys:
             f"{base}lb",
         )
         #: Release: fetch's, then the expiry index.
-        self.release: tuple[str, ...] = (*self.fetch, EXPIRY)
+        self.release: tuple[str, ...] = (*self.fetch, expiry)
         #: Sweep: the expiry index, then fetch's.
-        self.sweep: tuple[str, ...] = (EXPIRY, *self.fetch)
+        self.sweep: tuple[str, ...] = (expiry, *self.fetch)
         #: The wake-up channel.
         self.wake = WAKE + queue
 
@@ -186,26 +228,36 @@ class EnqueueCall(Call):
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         keys, limits = self._keys, self._limits
+        registry = keys.registry
         head = (
             "EVALSHA",
             ENQUEUE.sha,
             2 + len(keys.block),
-            REGISTRY,
+            # On a cluster, no registry (another slot): a key of the queue's slot
+            # stands in, and an empty max_queues tells the script to skip it.
+            keys.expiry if registry is None else registry,
             *keys.block,
-            EXPIRY,
+            keys.expiry,
             self._queue,
             keys.wake,
-            limits.max_queues,
+            "" if registry is None else limits.max_queues,
             limits.max_queue_depth,
             _now(self._clock),
         )
         stored = self._stored
-        return [
+        commands = [
             (*head, *chain.from_iterable(stored[i : i + MAX_PER_SCRIPT]))
             for i in range(0, len(stored), MAX_PER_SCRIPT)
         ]
+        if keys.wait_replicas:
+            commands.append(WAIT_REPLICA)
+        return commands
 
     def settle(self, replies: Sequence[Any]) -> None:
+        if self._keys.wait_replicas:
+            # WAIT's count is not checked: the promise is "a replica has it, or a
+            # second passed" (docs/kubernetes.md), as the routing plane's.
+            replies = replies[:-1]
         for chunk, reply in enumerate(replies):
             waiting = self._futures[chunk * MAX_PER_SCRIPT : (chunk + 1) * MAX_PER_SCRIPT]
             error = reply_error(reply)
@@ -255,7 +307,7 @@ class PublishCall(FutureCall[bool]):
         for name, queue_keys in targets:
             keys += queue_keys.block
             copies += (name, queue_keys.wake)
-        keys.append(EXPIRY)
+        keys.append(targets[0][1].expiry if targets else EXPIRY)
         self._keys = keys
         self._head = (version, TOPICS, topic)
         self._tail = (limits.max_queue_depth, *stored, *copies)
@@ -270,6 +322,105 @@ class PublishCall(FutureCall[bool]):
             self.fail(error)
         else:
             settle_future(self.future, bool(replies[0]))
+
+
+class VersionCall(FutureCall[bytes]):
+    """The virtual-queue version, read before a publication copies (a Redis Cluster).
+
+    Publications that start while one read waits for the next pipeline share it:
+    it is written after each of them started, which is all the check needs
+    (gateway.engines.redis.engine, "Virtual queues"). The result is the version,
+    ``b"0"`` when none was ever declared.
+    """
+
+    __slots__ = ()
+
+    merge_key = "vq-version"
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        return (("GET", VQ_VERSION),)
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        error = reply_error(replies[0])
+        if error is not None:
+            self.fail(error)
+        else:
+            settle_future(self.future, replies[0] or b"0")
+
+
+class CopyCall(Call):
+    """Topic messages' copies into the virtual queues of one shard (a Redis Cluster).
+
+    On a cluster a publication's virtual queues live in several slots: the
+    engine checks the version first, then copies with one of these per shard
+    (gateway.engines.redis.layout), followed by WAIT_REPLICA. Concurrent
+    publications copying into the same virtual queues merge into one script
+    call, as concurrent enqueues to a queue do: one call per shard per
+    pipeline, not per message.
+
+    Args:
+        stored: the stored form of the copies.
+        targets: the virtual queues of one shard to copy into, by full name.
+        future: settled once copied.
+    """
+
+    __slots__ = ("_clock", "_futures", "_keys", "_limits", "_names", "_stored", "merge_key")
+
+    def __init__(
+        self,
+        stored: Stored,
+        targets: Sequence[tuple[str, QueueKeys]],
+        future: asyncio.Future[None],
+        *,
+        limits: EngineLimits,
+        clock: Clock,
+    ) -> None:
+        self._clock = clock
+        self._limits = limits
+        keys: list[str] = []
+        names: list[str] = []
+        for name, queue_keys in targets:
+            keys += queue_keys.block
+            names += (name, queue_keys.wake)
+        keys.append(targets[0][1].expiry)
+        self._keys = keys
+        self._names = names
+        self._stored = [stored]
+        self._futures = [future]
+        self.merge_key = ("copy", *names[::2])
+
+    def merge(self, other: Call) -> None:
+        assert isinstance(other, CopyCall)
+        self._stored += other._stored
+        self._futures += other._futures
+
+    def add(self, stored: Stored, future: asyncio.Future[None]) -> None:
+        """One more message, as merging a call of its own would add it."""
+        self._stored.append(stored)
+        self._futures.append(future)
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        now, depth, stored = _now(self._clock), self._limits.max_queue_depth, self._stored
+        commands: list[tuple[Any, ...]] = []
+        for start in range(0, len(stored), MAX_PER_SCRIPT):
+            chunk = stored[start : start + MAX_PER_SCRIPT]
+            args = (now, depth, len(chunk), *chain.from_iterable(chunk), *self._names)
+            commands.append(script_command(COPY, self._keys, args))
+        commands.append(WAIT_REPLICA)
+        return commands
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        for chunk, reply in enumerate(replies[:-1]):  # WAIT's count is not checked
+            error = reply_error(reply)
+            for future in self._futures[chunk * MAX_PER_SCRIPT : (chunk + 1) * MAX_PER_SCRIPT]:
+                if error is not None:
+                    fail_future(future, error)
+                else:
+                    settle_future(future, None)
+
+    def fail(self, error: BaseException) -> None:
+        for future in self._futures:
+            fail_future(future, error)
 
 
 class FetchCall(FutureCall[tuple[list[Delivery], bool, float | None]]):

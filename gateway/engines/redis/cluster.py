@@ -12,7 +12,16 @@ A command's slot is its first key's: ``EVALSHA sha numkeys key ...`` the first
 of its KEYS, any other command its first argument. A script without KEYS may
 run anywhere (redis-py does the same) and goes to the first primary. ``WAIT``
 has no key: it goes where the command before it in the batch went, which is
-what it waits for (the plane follows each send with one).
+what it waits for (the plane follows each send with one, the engine each write
+that accepts messages). A primary whose ``WAIT`` timed out with no replica
+confirming is *lonely* for :data:`LONELY_FOR` seconds: its ``WAIT``s are
+answered 0 at once, without being sent, since they could only wait out their
+timeout (a cluster run without replicas, or a primary whose replica died, as
+after a failover) and would make every accepted write that much later. The
+first ``WAIT`` after that is sent again, so a replica that came back (or
+joined) is waited for within :data:`LONELY_FOR`. (The slot map's list of
+replicas is not trusted for this: loaded before a replica attached, it would
+skip the waits for good.)
 
 *Redirections and failures.* The slot map can be stale: a slot moved
 (``MOVED``), is moving (``ASK``: the command goes once more to the importing
@@ -44,11 +53,13 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseErr
 from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, _pack_command, unavailable
 from gateway.engines.redis.scripts import Script
 
-__all__ = ["REDIRECT_DEADLINE", "ClusterBatcher", "command_slot"]
+__all__ = ["LONELY_FOR", "REDIRECT_DEADLINE", "ClusterBatcher", "command_slot"]
 
 #: Seconds a command keeps being sent again after redirections or a lost primary:
 #: long enough for a replica to be promoted (a few ``cluster-node-timeout``s).
 REDIRECT_DEADLINE: Final = 15.0
+#: Seconds a primary whose WAIT timed out is not waited for (module docstring).
+LONELY_FOR: Final = 5.0
 _FIRST_PAUSE: Final = 0.02
 _MAX_PAUSE: Final = 0.5
 
@@ -93,6 +104,8 @@ class ClusterBatcher(Batcher):
         super().__init__(client, scripts, max_calls=max_calls)  # type: ignore[arg-type]
         self._cluster = client
         self._redirect_deadline = redirect_deadline
+        #: Primaries whose last WAIT timed out, by name: until when (monotonic).
+        self._lonely: dict[str, float] = {}
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script on every primary.
@@ -122,15 +135,23 @@ class ClusterBatcher(Batcher):
             groups: dict[str, tuple[ClusterNode, list[int]]] = {}
             waits: dict[str, list[int]] = {}
             previous: ClusterNode | None = None
+            now = time.monotonic()
+            #: Each WAIT, by the command it follows (sent again with it: below).
+            wait_after: dict[int, int] = {}
+            before = -1
             for index in todo:
                 command = commands[index]
                 if command[0] == "WAIT" and previous is not None:
+                    wait_after[index] = before
+                    if self._lonely.get(previous.name, 0.0) > now:
+                        replies[index] = 0  # no replica to wait for (module docstring)
+                        continue
                     # One WAIT at the end of a primary's pipeline waits for every
                     # write before it: the others of the batch share its reply.
                     waits.setdefault(previous.name, []).append(index)
                     continue
                 node = asking.get(index) or self._node(command)
-                previous = node
+                previous, before = node, index
                 groups.setdefault(node.name, (node, []))[1].append(index)
             for name, indices in waits.items():
                 *shared, last = indices
@@ -149,7 +170,7 @@ class ClusterBatcher(Batcher):
             )
             again: list[int] = []
             asking = {}
-            for (_node, indices), result in zip(groups.values(), results, strict=True):
+            for (node, indices), result in zip(groups.values(), results, strict=True):
                 if isinstance(result, BaseException):
                     if not isinstance(result, CONNECTION_ERRORS):
                         raise result
@@ -159,6 +180,11 @@ class ClusterBatcher(Batcher):
                     continue
                 for index, reply in zip(indices, result, strict=True):
                     replies[index] = reply
+                    if commands[index][0] == "WAIT" and isinstance(reply, int):
+                        if reply == 0:  # timed out: lonely for a while (module docstring)
+                            self._lonely[node.name] = time.monotonic() + LONELY_FOR
+                        else:
+                            self._lonely.pop(node.name, None)
                     if isinstance(reply, MovedError | TryAgainError | ClusterDownError):
                         again.append(index)
                     elif isinstance(reply, AskError):
@@ -168,6 +194,13 @@ class ClusterBatcher(Batcher):
                         else:
                             asking[index] = target
                             again.append(index)
+            # A write sent again (MOVED, ASK...) takes its WAIT along: the WAIT that
+            # ran where the write was refused waited for nothing of it.
+            retried = set(again)
+            for wait, write in wait_after.items():
+                if write in retried and wait not in retried:
+                    again.append(wait)
+                    followers.pop(wait, None)
             if not again:
                 return _shared(replies, followers)
             if time.monotonic() >= deadline:

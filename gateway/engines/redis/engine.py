@@ -23,6 +23,13 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
 Every suffix has two characters, so no two queues' keys can collide whatever
 ``:`` their names hold.
 
+On a Redis Cluster (``redis+cluster://``) the same keys carry hash tags so that
+each script touches one slot (:mod:`gateway.engines.redis.layout`): a queue's
+keys are ``asbp:{q<j>}:q:Q:*``, ``j`` its shard (one of 64, by a hash of its
+name), beside the shard's own expiry index ``asbp:{q<j>}:expiry``; the registry
+is ``{asbp:vqueues}:queues``, in the virtual queues' slot; topics go to 16
+shard channels ``asbp:topics:{n}`` (``SPUBLISH``), a topic always to the same.
+
 *A queue* is ten streams, one per priority, each with one consumer group. A
 message is a stream entry (fields ``h`` header, ``p`` payload, ``x`` expiration,
 and ``n`` its notice spec when it has one; see :mod:`~gateway.engines.redis.codec`).
@@ -124,11 +131,18 @@ by itself, and per-channel names would pile up forever. The ``consumer``
 argument of ``fetch`` is therefore not stored; receipts, not names, identify
 leases.
 
-Limits: on a Redis Cluster (``redis+cluster://``) the engine connects and
-routes each script call to the primary of its first key's slot
-(:mod:`gateway.engines.redis.cluster`), but the scripts touch several queues'
-keys, which may sit in different slots: what that leaves failing is listed in
-docs/kubernetes.md. A single Redis, or one behind Sentinel, is fully supported.
+*On a Redis Cluster* every call goes to the primary of its slot
+(:mod:`gateway.engines.redis.cluster`), and what spans slots is split out of
+the per-message scripts (:mod:`gateway.engines.redis.layout`): a queue is
+registered once per engine before its first enqueue there
+(:mod:`gateway.engines.redis.registry`); a topic publication reads the
+virtual-queue version, then copies with one script call per shard its virtual
+queues live in and publishes on its shard channel, which every engine holds
+with ``SSUBSCRIBE`` (:mod:`gateway.engines.redis.sharded`, following slot moves
+and failovers); notices and wake-ups stay classic ``PUBLISH`` from inside the
+scripts. Each enqueue and copy is followed by ``WAIT 1 1000`` on its primary,
+so an accepted message is on a replica too (or a second passed without one:
+docs/kubernetes.md, "Durability on a cluster").
 """
 
 from __future__ import annotations
@@ -140,6 +154,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.engines.base import (
@@ -155,12 +170,12 @@ from gateway.engines.base import (
 from gateway.engines.redis.batch import Batcher, Call
 from gateway.engines.redis.calls import (
     NOTICES,
-    REGISTRY,
     TOPICS,
     VQ_VERSION,
     VQUEUES,
     WAKE,
     CommandCall,
+    CopyCall,
     EnqueueCall,
     FetchCall,
     FutureCall,
@@ -168,8 +183,10 @@ from gateway.engines.redis.calls import (
     PublishCall,
     QueueKeys,
     Stored,
+    VersionCall,
     script_command,
 )
+from gateway.engines.redis.cluster_url import is_cluster_url
 from gateway.engines.redis.codec import (
     ORIGIN_BYTES,
     notice_spec,
@@ -181,8 +198,11 @@ from gateway.engines.redis.codec import (
 from gateway.engines.redis.connection import Client, batcher, broadcast_connection, connect
 from gateway.engines.redis.expiry import DEFAULT_SWEEP_INTERVAL, SWEEP_BUDGET, Sweeper
 from gateway.engines.redis.inspection import Inspector
+from gateway.engines.redis.layout import KeyLayout, cluster_layout, single_layout
 from gateway.engines.redis.pubsub import HEALTH_INTERVAL, Subscriber, Wakeups
+from gateway.engines.redis.registry import Registrations
 from gateway.engines.redis.scripts import DECLARE, DEPTH, LOAD_VIRTUAL_QUEUES, SCRIPTS
+from gateway.engines.redis.sharded import ShardedSubscriber, shard_of
 from gateway.engines.topic_patterns import (
     InvalidVirtualQueue,
     TopicMatcher,
@@ -249,6 +269,21 @@ class RedisEngine:
         self._topic_listeners: list[TopicListener] = []
         self._notice_listeners: list[NoticeListener] = []
         self._keys_cache: dict[str, QueueKeys] = {}
+        # Where the keys live: gateway/engines/redis/layout.py (one Redis, or a
+        # cluster's shards; the registration of queues apart on a cluster).
+        self._layout: KeyLayout = cluster_layout() if is_cluster_url(url) else single_layout()
+        self._topic_channels = list(self._layout.topic_channels)
+        self._registrations = (
+            Registrations(
+                self._submit,
+                self._layout.registry,
+                limits.max_queues,
+                remembered=4 * limits.max_queues,
+            )
+            if self._layout.cluster
+            else None
+        )
+        self._sharded: ShardedSubscriber | None = None
         self._client: Client | None = None
         self._pubsub_attempts = 0
         self._batcher: Batcher | None = None
@@ -258,7 +293,7 @@ class RedisEngine:
         self._vq_matcher = TopicMatcher()
         self._vq_loading: asyncio.Future[None] | None = None
         self._sweep_interval = sweep_interval
-        self._sweeper = Sweeper(self._submit, self._keys, clock)
+        self._sweeper = Sweeper(self._submit, self._keys, clock, self._layout.expiries)
         self._inspector = Inspector(self._submit, self._keys, limits, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -285,9 +320,19 @@ class RedisEngine:
         )
         self._subscriber = subscriber
         self._wakeups = Wakeups(subscriber, lambda queue: self._keys(queue).wake.encode())
+        notices = (NOTICES + self._broker_id).encode()
         try:
             await self._batcher.load_scripts()
-            await subscriber.start([_TOPICS_BYTES, (NOTICES + self._broker_id).encode()])
+            if isinstance(client, RedisCluster):
+                # Topics on sharded pub/sub (a classic PUBLISH is repeated to every
+                # node); notices and wake-ups, published inside the queue scripts,
+                # stay classic.
+                sharded = ShardedSubscriber(client, self._on_message, self._on_reconnect)
+                self._sharded = sharded
+                await subscriber.start([notices])
+                await sharded.start(self._topic_channels)
+            else:
+                await subscriber.start([_TOPICS_BYTES, notices])
         except BaseException:
             await self.close()
             raise
@@ -307,6 +352,9 @@ class RedisEngine:
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
             await subscriber.close()
+        sharded, self._sharded = self._sharded, None
+        if sharded is not None:
+            await sharded.close()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
@@ -318,7 +366,14 @@ class RedisEngine:
         self._topic_listeners.append(listener)
 
     async def publish(self, message: Message) -> None:
-        """Publish to the topic and copy into matching virtual queues (one script call)."""
+        """Publish to the topic and copy into matching virtual queues (one script call).
+
+        On a Redis Cluster: a version check, then one call per shard of the
+        copies and the publication on its shard channel (layout.py).
+        """
+        if self._layout.cluster:
+            await self._publish_sharded(message)
+            return
         header = pack_header(message)
         stored = None
         while True:
@@ -346,6 +401,66 @@ class RedisEngine:
         for listener in self._topic_listeners:
             loop.call_soon(listener, message)
 
+    async def _publish_sharded(self, message: Message) -> None:
+        header = pack_header(message)
+        while True:
+            version = self._vq_version
+            if version is None:
+                await self._load_virtual_queues()
+                continue
+            # The version is checked before anything is written, so a retry after
+            # a stale cache copies nothing twice; a declaration that returned
+            # before this publication started has bumped it already.
+            if await self._version() == version:
+                break
+            if self._vq_version == version:  # stale: reload, unless another call did
+                self._vq_version = None
+        topic = self._origin + header + b"\n" + message.payload
+        channel = shard_of(self._topic_channels, message.destination)
+        writes: list[asyncio.Future[Any]] = [
+            self._submit(CommandCall(("SPUBLISH", channel, topic)))
+        ]
+        targets = self._vq_matcher.match(message.destination)
+        if targets:
+            writes += self._copy(self._stored_fields(message), targets)
+        await asyncio.gather(*writes)
+        loop = asyncio.get_running_loop()
+        for listener in self._topic_listeners:
+            loop.call_soon(listener, message)
+
+    def _copy(self, stored: Stored, targets: Sequence[str]) -> list[asyncio.Future[None]]:
+        """Copy into ``targets``: one call per shard, joining one waiting for the pipeline."""
+        shards: dict[str, list[tuple[str, QueueKeys]]] = {}
+        for name in targets:
+            keys = self._keys(name)
+            # A shard's expiry index names it, and comes with the cached keys.
+            shards.setdefault(keys.expiry, []).append((name, keys))
+        batcher = self._batcher
+        futures: list[asyncio.Future[None]] = []
+        for shard_targets in shards.values():
+            future: asyncio.Future[None] = self._running_loop().create_future()
+            futures.append(future)
+            key = ("copy", *(name for name, _ in shard_targets))
+            waiting = None if batcher is None else batcher.waiting(key)
+            if waiting is not None:
+                assert isinstance(waiting, CopyCall)
+                waiting.add(stored, future)
+            else:
+                call = CopyCall(
+                    stored, shard_targets, future, limits=self._limits, clock=self._clock
+                )
+                self._submit_call(call)
+        return futures
+
+    def _version(self) -> asyncio.Future[bytes]:
+        """The virtual-queue version, read in the next pipeline (shared by callers)."""
+        batcher = self._batcher
+        waiting = None if batcher is None else batcher.waiting(VersionCall.merge_key)
+        if waiting is not None:
+            assert isinstance(waiting, VersionCall)
+            return waiting.future
+        return self._submit(VersionCall())
+
     # -- queues ------------------------------------------------------------
 
     def enqueue(self, message: Message) -> asyncio.Future[None]:
@@ -364,6 +479,26 @@ class RedisEngine:
             EngineUnavailable: Redis cannot be reached.
         """
         future: asyncio.Future[None] = self._running_loop().create_future()
+        registrations = self._registrations
+        if registrations is not None and not registrations.known(message.destination):
+            # A Redis Cluster: register the queue first (registry.py).
+            registrations.hold(
+                message.destination, lambda error: self._enqueue_held(message, future, error)
+            )
+            return future
+        self._enqueue_into(message, future)
+        return future
+
+    def _enqueue_held(
+        self, message: Message, future: asyncio.Future[None], error: BaseException | None
+    ) -> None:
+        if error is not None:
+            if not future.done():
+                future.set_exception(error)
+        elif not future.done():
+            self._enqueue_into(message, future)
+
+    def _enqueue_into(self, message: Message, future: asyncio.Future[None]) -> None:
         queue = message.destination
         try:
             stored = self._stored_fields(message)
@@ -379,7 +514,6 @@ class RedisEngine:
                 )
         except Exception as exc:
             future.set_exception(exc)
-        return future
 
     async def fetch(
         self, queue: str, consumer: str, *, count: int = 1, wait: float = 0.0
@@ -450,7 +584,8 @@ class RedisEngine:
         """
         full_name = virtual_queue(name, pattern).full_name
         args = (full_name, pattern, self._limits.max_queues)
-        await self._command(script_command(DECLARE, (REGISTRY, VQUEUES, VQ_VERSION), args))
+        keys = (self._layout.registry, VQUEUES, VQ_VERSION)
+        await self._command(script_command(DECLARE, keys, args))
         self._vq_version = None  # our cache is stale now: reload before the next publish
 
     # -- expiry ------------------------------------------------------------
@@ -479,7 +614,7 @@ class RedisEngine:
 
     async def queues(self) -> list[str]:
         """Every queue and virtual queue (virtual ones as ``name@pattern``)."""
-        members = await self._command(("SMEMBERS", REGISTRY))
+        members = await self._command(("SMEMBERS", self._layout.registry))
         return sorted(member.decode() for member in members)
 
     async def depths(self) -> dict[str, int]:
@@ -529,7 +664,7 @@ class RedisEngine:
         if keys is None:
             if len(self._keys_cache) >= 4 * self._limits.max_queues:
                 self._keys_cache.clear()  # names that were never queues; start over
-            keys = self._keys_cache[queue] = QueueKeys(queue)
+            keys = self._keys_cache[queue] = self._layout.queue_keys(queue)
         return keys
 
     def _stored_fields(self, message: Message) -> Stored:
@@ -618,7 +753,7 @@ class RedisEngine:
         if channel.startswith(_WAKE_BYTES):
             assert self._wakeups is not None
             self._wakeups.wake(channel[len(_WAKE_BYTES) :].decode())
-        elif channel == _TOPICS_BYTES:
+        elif channel in self._topic_channels:
             origin, message = unpack_topic(data)
             if origin != self._origin:
                 for listener in self._topic_listeners:

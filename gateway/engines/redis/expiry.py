@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from gateway.engines.base import EngineUnavailable
@@ -59,6 +59,8 @@ class Sweeper:
             sweep shares pipelines with everything else the engine sends).
         keys: a queue's keys, by name (the engine's cache).
         clock: wall-clock seconds since the epoch (the engine's).
+        indexes: the expiry indexes to read: one on one Redis, one per shard on
+            a Redis Cluster (gateway.engines.redis.layout).
     """
 
     def __init__(
@@ -66,7 +68,9 @@ class Sweeper:
         submit: Callable[[FutureCall[Any]], asyncio.Future[Any]],
         keys: Callable[[str], QueueKeys],
         clock: Callable[[], float],
+        indexes: Sequence[str] = (EXPIRY,),
     ) -> None:
+        self._indexes = tuple(indexes)
         self._submit = submit
         self._keys = keys
         self._clock = clock
@@ -89,22 +93,38 @@ class Sweeper:
             EngineUnavailable: Redis cannot be reached.
         """
         now = self._clock()
-        due = await self._submit(
-            CommandCall(("ZRANGEBYSCORE", EXPIRY, "-inf", repr(now), "LIMIT", 0, SWEEP_QUEUES))
+        # One read per index, all in one pipeline (on a cluster, one per primary).
+        dues = await asyncio.gather(
+            *(
+                self._submit(
+                    CommandCall(
+                        ("ZRANGEBYSCORE", index, "-inf", repr(now), "LIMIT", 0, SWEEP_QUEUES)
+                    )
+                )
+                for index in self._indexes
+            )
         )
         calls = []
-        for raw_name in due:
-            name = raw_name.decode()
-            call = SweepCall(name, self._keys(name), budget=SWEEP_BUDGET, clock=self._clock)
-            calls.append(self._submit(call))
-        # Submitted now, so it shares the sweeps' pipeline and sees their scores.
-        earliest = self._submit(CommandCall(("ZRANGE", EXPIRY, 0, 0, "WITHSCORES")))
-        *swept, first = await asyncio.gather(*calls, earliest)
+        for due in dues:
+            for raw_name in due:
+                name = raw_name.decode()
+                call = SweepCall(name, self._keys(name), budget=SWEEP_BUDGET, clock=self._clock)
+                calls.append(self._submit(call))
+        # Submitted now, so they share the sweeps' pipeline and see their scores.
+        earliest = [
+            self._submit(CommandCall(("ZRANGE", index, 0, 0, "WITHSCORES")))
+            for index in self._indexes
+        ]
+        results = await asyncio.gather(*calls, *earliest)
+        swept, firsts = results[: len(calls)], results[len(calls) :]
         removed = sum(result[0] for result in swept)
-        if not first:
-            return removed, None
-        # [member, score] (RESP2), or [[member, score]] (RESP3)
-        return removed, float(first[0][1] if isinstance(first[0], list) else first[1])
+        scores = [
+            # [member, score] (RESP2), or [[member, score]] (RESP3)
+            float(first[0][1] if isinstance(first[0], list) else first[1])
+            for first in firsts
+            if first
+        ]
+        return removed, min(scores) if scores else None
 
     async def _sweep_periodically(self, interval: float) -> None:
         failing = False

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.engines.base import EngineLimits, QueuedMessage, QueueStats
 from gateway.engines.redis.batch import reply_error, settle_future
-from gateway.engines.redis.calls import EXPIRY, FutureCall, QueueKeys, script_command
+from gateway.engines.redis.calls import FutureCall, QueueKeys, script_command
 from gateway.engines.redis.codec import unpack_message
 from gateway.engines.redis.dead_letters import DEAD_LETTERS_SUFFIX, LIST
 from gateway.engines.redis.scripts import DEPTH, GROUP, REQUEUE_DEAD
@@ -157,7 +157,7 @@ class Inspector:
         keys = self._keys(queue)
         command = script_command(
             REQUEUE_DEAD,
-            (*keys.block, dead_letters_key(keys), EXPIRY),
+            (*keys.block, dead_letters_key(keys), keys.expiry),
             (queue, count, self._limits.max_queue_depth, repr(float(self._clock())), keys.wake),
         )
         [moved] = await self._submit(Commands([command]))

@@ -45,6 +45,7 @@ from gateway.engines.redis.dead_letters import BURY, REQUEUE
 
 __all__ = [
     "ACK",
+    "COPY",
     "DECLARE",
     "DEPTH",
     "ENQUEUE",
@@ -52,6 +53,7 @@ __all__ = [
     "GROUP",
     "LOAD_VIRTUAL_QUEUES",
     "PUBLISH",
+    "REGISTER",
     "RELEASE",
     "REQUEUE_DEAD",
     "SCRIPTS",
@@ -253,9 +255,10 @@ def _script(name: str, body: str) -> Script:
 
 
 #: Store messages in one queue.
-#: KEYS: registry, then the queue's block (delayed, waiting, s0..s9), then the
-#: expiry index.
-#: ARGV: queue, wake channel, max_queues, max_queue_depth, now, then six per
+#: KEYS: registry (on a Redis Cluster, any key of the queue's slot), then the
+#: queue's block (delayed, waiting, s0..s9), then the expiry index.
+#: ARGV: queue, wake channel, max_queues ('' on a cluster: registered already),
+#: max_queue_depth, now, then six per
 #: message: priority, not_before ('' = none), expiration, header, payload, notice spec.
 #: Returns how many it stored, the first ones, as many as max_queue_depth leaves
 #: room for; or an error: ``QLIMIT`` (a new queue too many), ``QFULL`` (no room).
@@ -263,7 +266,9 @@ ENQUEUE: Final = _script(
     "enqueue",
     """
 local queue, now = ARGV[1], ARGV[5]
-if redis.call('SISMEMBER', KEYS[1], queue) == 0 then
+-- An empty max_queues: a Redis Cluster, where the registry is another slot's and
+-- the queue was registered before (REGISTER); KEYS[1] is then a key of this slot.
+if ARGV[3] ~= '' and redis.call('SISMEMBER', KEYS[1], queue) == 0 then
   if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[3]) then
     return redis.error_reply('QLIMIT ' .. queue)
   end
@@ -320,6 +325,54 @@ for i = 12, #ARGV, 2 do
     wake(b, ARGV[i + 1])
   end
 end
+return 1
+""",
+)
+
+#: Copy topic messages into virtual queues of one shard (a Redis Cluster, where
+#: the version check and the publication are calls of their own:
+#: gateway.engines.redis.layout). KEYS: one block per virtual queue, then the
+#: shard's expiry index. ARGV: now, max_queue_depth, how many messages, then
+#: each message's stored form (six values, as PUBLISH's), then two per virtual
+#: queue: its full name, its wake channel. A virtual queue takes the messages
+#: in order while it has room; those past max_queue_depth get no copy. Returns 1.
+COPY: Final = _script(
+    "copy",
+    """
+local now, limit, count = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local first = 4 + 6 * count
+local made = {}
+for i = first, #ARGV, 2 do
+  local b = 1 + (i - first) / 2 * 12
+  local queue = ARGV[i]
+  local room = math.min(count, limit - depth(b))
+  if room > 0 then
+    promote(b, queue, now, made, 1000)
+    local soonest = nil
+    for m = 4, 3 + 6 * room, 6 do
+      local nb, x = ARGV[m + 1], ARGV[m + 2]
+      store(b, queue, now, made, tonumber(ARGV[m]), nb, x, ARGV[m + 3], ARGV[m + 4], ARGV[m + 5])
+      soonest = sooner(soonest, nb, x, now)
+    end
+    redis.call('ZADD', KEYS[#KEYS], 'LT', soonest, queue)
+    wake(b, ARGV[i + 1])
+  end
+end
+return 1
+""",
+)
+
+#: Register a queue (a Redis Cluster, where ENQUEUE cannot: the registry is
+#: another slot's). KEYS: registry. ARGV: queue, max_queues. Returns 1 if new,
+#: 0 if known; error QLIMIT.
+REGISTER: Final = _script(
+    "register",
+    """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return redis.error_reply('QLIMIT ' .. ARGV[1])
+end
+redis.call('SADD', KEYS[1], ARGV[1])
 return 1
 """,
 )
@@ -798,6 +851,8 @@ REQUEUE_DEAD: Final = _script("requeue_dead", REQUEUE)
 SCRIPTS: Final = (
     ENQUEUE,
     PUBLISH,
+    COPY,
+    REGISTER,
     FETCH,
     ACK,
     RELEASE,

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -46,7 +46,7 @@ from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
 from gateway.tasks import cancel_and_wait
 
-__all__ = ["ShardedSubscriber", "shard_channels", "shard_of"]
+__all__ = ["ShardedSubscriber", "shard_channels", "shard_of", "spread"]
 
 _log = logging.getLogger(__name__)
 
@@ -73,10 +73,20 @@ def shard_channels(base: str, count: int) -> list[bytes]:
     return names
 
 
+def spread(name: str | bytes, count: int) -> int:
+    """Which of ``count`` shards ``name`` belongs to (stable across runs and brokers).
+
+    BLAKE2b, not CRC-32: a CRC is linear, so names that differ in one character
+    and share a long suffix (``vq0@/topic/.*``, ``vq1@/topic/.*``) differ by a
+    fixed pattern whose low bits are often zero, and land in the same shard.
+    """
+    raw = name.encode() if isinstance(name, str) else name
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest()) % count
+
+
 def shard_of(channels: list[bytes], name: str | bytes) -> bytes:
     """The channel of ``channels`` that ``name`` is published on (stable across runs)."""
-    raw = name.encode() if isinstance(name, str) else name
-    return channels[zlib.crc32(raw) % len(channels)]
+    return channels[spread(name, len(channels))]
 
 
 class _NodeLink:

@@ -1,9 +1,9 @@
-"""Topics of the redis engine on a Redis Cluster whose node under the engine's
-pub/sub connection dies: the engine subscribes again on another node and topic
-messages flow again (gateway/engines/redis/connection.py, broadcast_connection).
+"""Topics of the redis engine on a Redis Cluster whose primary under a topic's
+shard channel dies: its replica takes over, the engine subscribes the channel
+again there (gateway/engines/redis/sharded.py) and topic messages flow again.
 
-Classic ``PUBLISH`` reaches every node of a cluster, so any node serves a
-subscriber; each reconnection tries the next one.
+On a cluster topics are sharded pub/sub (``SSUBSCRIBE``/``SPUBLISH``): a
+channel lives on the primary of its slot, so the subscriber must follow it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from pathlib import Path
 import anyio
 import pytest
 import redis
+from redis.crc import key_slot
 
 from gateway.engines.base import EngineUnavailable, Message
 from gateway.engines.redis.engine import RedisEngine
+from gateway.engines.redis.layout import cluster_layout
+from gateway.engines.redis.sharded import shard_of
 from tests.support import T
 from tests.support.engines import Recorder, make_message
 from tests.support.redis_cluster import RedisCluster
@@ -24,16 +27,13 @@ from tests.support.redis_cluster import RedisCluster
 pytestmark = pytest.mark.anyio
 
 
-def pubsub_node(cluster: RedisCluster) -> int:
-    """The port of the node holding the engine's subscribed connection."""
-    found = []
-    for port in cluster.ports:
-        if not cluster.server(port).running:
-            continue
-        with redis.Redis(port=port) as client:
-            if client.client_list(_type="pubsub"):
-                found.append(port)
-    (port,) = found
+def shard_primary(cluster: RedisCluster, topic: str) -> int:
+    """The port of the primary serving ``topic``'s shard channel, which the engine holds."""
+    channel = shard_of(list(cluster_layout().topic_channels), topic)
+    port = cluster.primary_of(key_slot(channel)).port
+    with redis.Redis(port=port) as client:
+        subscribed = client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    assert subscribed[1] >= 1  # the engine's SSUBSCRIBE is there
     return port
 
 
@@ -50,7 +50,7 @@ async def test_topics_flow_again_after_the_subscribed_node_dies(tmp_path: Path) 
             engine.listen(received)
             await engine.publish(first := make_message("/topic/a"))
             await received.wait_for(arrived(first))
-            cluster.server(pubsub_node(cluster)).kill()
+            cluster.server(shard_primary(cluster, "/topic/a")).kill()
             await anyio.to_thread.run_sync(cluster.wait_ready)
             # Published until one arrives: what is published while the subscriber
             # reconnects is lost, as for any pub/sub subscriber that is offline.

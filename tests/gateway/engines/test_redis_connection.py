@@ -190,6 +190,42 @@ async def test_a_command_for_a_slot_being_migrated_follows_ask_to_the_importing_
         redis_cluster.flush()
 
 
+async def wait_calls(client: redis.asyncio.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+
+async def test_a_write_sent_again_after_moved_takes_its_wait_along(
+    redis_cluster: RedisCluster,
+) -> None:
+    """The WAIT after a write answered MOVED ran where the write was refused; it is
+    sent again with the write, to the primary that took it."""
+    redis_cluster.flush()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=5 * T)
+    assert isinstance(client, ClusterClient)
+    made = batcher(client, [])
+    key = "wait-moved-test:{moved}"
+    slot = command_slot(("GET", key))
+    assert slot is not None
+    source = redis_cluster.primary_of(slot)
+    target = next(n for n in redis_cluster.nodes() if n.primary and n.node_id != source.node_id)
+    try:
+        await made.load_scripts()  # the slot map, before the slot moves: stale after
+        for node in redis_cluster.nodes():
+            if node.primary:
+                async with redis.asyncio.Redis(port=node.port) as each:
+                    await command(each, "CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        async with redis.asyncio.Redis(port=target.port) as new:
+            waits = await wait_calls(new)
+            assert await made._pipeline([("SET", key, "v"), ("WAIT", 1, 5000)]) == [b"OK", 1]
+            assert await wait_calls(new) == waits + 1
+            assert await new.get(key) == b"v"
+    finally:
+        await made.close()
+        await client.aclose()
+        redis_cluster.flush()
+
+
 async def test_a_slot_nobody_serves_fails_its_calls_as_unavailable_and_no_others(
     tmp_path: Path,
 ) -> None:

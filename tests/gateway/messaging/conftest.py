@@ -17,8 +17,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[RedisServers]:
-    servers = RedisServers(tmp_path)
+async def redis(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[RedisServers]:
+    # The session's cluster, asked for only by a test on the redis-cluster engine.
+    servers = RedisServers(tmp_path, cluster=lambda: request.getfixturevalue("redis_cluster"))
     try:
         yield servers
     finally:
