@@ -57,6 +57,7 @@ from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
+from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
 __all__ = [
@@ -291,6 +292,9 @@ async def _run_hypercorn(
     on_ready: _Ready,
     stop: asyncio.Event,
 ) -> None:
+    # Our WebSocket stream: close frames on failure as Uvicorn sends them, and the
+    # fast path for plain frames (gateway/transports/hypercorn_ws.py says why).
+    install_ws_stream()
     hypercorn_config = HypercornConfig()
     hypercorn_config.accesslog = None
     # A Logger object is used as is: Hypercorn adds no handler of its own, and its

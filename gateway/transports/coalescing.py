@@ -323,6 +323,24 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions[SEND_FRAME] = self.send_frame
             extensions[RECEIVE_FRAMES] = self.on_frame
 
+    def send_receive_event_to_app(self) -> None:
+        """Uvicorn's, but a text message that is not UTF-8 fails with 1007 and a reason.
+
+        Uvicorn closes with 1007 and no reason, and logs the client's bad bytes as an
+        error with a traceback (any client could fill the log). Here the close frame
+        says what was wrong (the decoder's words, as Hypercorn's path says them:
+        gateway/transports/hypercorn_ws.py), and nothing is logged.
+        """
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError as exc:
+                self.frames = []
+                self.conn.send_close(1007, exc.reason)
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
+
     def send_frame(self, payload: bytes, text: bool) -> bool:
         """Frame ``payload`` as one binary (or, if ``text``, UTF-8 text) message and gather it.
 

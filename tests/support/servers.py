@@ -55,6 +55,7 @@ from starlette.types import ASGIApp
 from asbp import DEFAULT_LIMITS
 from gateway.transports.coalescing import CoalescingWebSocketProtocol
 from gateway.transports.h11_eof import EofAnsweringH11Protocol
+from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
 from .timing import T
@@ -324,6 +325,7 @@ def _hypercorn(
     app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None, h2: bool, max_message_bytes: int
 ) -> _Serve:
     async def serve(ready: _Ready, stop: asyncio.Event) -> None:
+        install_ws_stream()  # as gateway/ops/server.py serves the broker
         config = _hypercorn_config(tls=tls, h2=h2)
         config.websocket_max_message_size = max_message_bytes
         if tls is None:
