@@ -18,6 +18,9 @@ import socket
 import struct
 import threading
 
+import h2.config
+import h2.connection
+import h2.events
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import pytest
@@ -341,3 +344,84 @@ async def test_with_an_extension_a_failed_connection_gets_its_close_frame(
         finally:
             sock.close()
     assert closed == (code, reason)
+
+
+# -- HTTP/2: a failed stream does not take the connection's other streams with it
+
+
+def h2_streams_after_a_failure(port: int) -> tuple[tuple[int, str], bytes, bool]:
+    """Two WebSockets on one HTTP/2 connection (RFC 8441); the first sends a message
+    over the limit in several DATA frames at once, then the second sends one message.
+
+    Returns the first stream's close (code, reason), the second's echo, and whether
+    the first stream was ended by the server (END_STREAM).
+    """
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5 * T)
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    received: dict[int, bytes] = {}
+    ended: set[int] = set()
+    statuses: dict[int, bytes] = {}
+
+    def read() -> None:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                statuses[event.stream_id] = dict(event.headers)[b":status"]
+            elif isinstance(event, h2.events.DataReceived):
+                received[event.stream_id] = received.get(event.stream_id, b"") + event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                ended.add(event.stream_id)
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                raise AssertionError("the server ended the whole connection")
+        sock.sendall(conn.data_to_send())
+
+    try:
+        while not conn.remote_settings.enable_connect_protocol:
+            read()
+        streams = []
+        for _ in range(2):
+            stream_id = conn.get_next_available_stream_id()
+            conn.send_headers(
+                stream_id,
+                [
+                    (b":method", b"CONNECT"),
+                    (b":protocol", b"websocket"),
+                    (b":scheme", b"http"),
+                    (b":path", b"/"),
+                    (b":authority", b"127.0.0.1"),
+                    (b"sec-websocket-version", b"13"),
+                ],
+            )
+            streams.append(stream_id)
+        sock.sendall(conn.data_to_send())
+        while len(statuses) < 2:
+            read()
+        assert set(statuses.values()) == {b"200"}
+        failing, other = streams
+        oversized = client_frame(0x2, bytes(3000))
+        for start in range(0, len(oversized), 500):  # DATA frames, all in one write
+            conn.send_data(failing, oversized[start : start + 500])
+        conn.send_data(other, client_frame(0x2, b"still here"))
+        sock.sendall(conn.data_to_send())
+        while not received.get(failing) or len(received.get(other, b"")) < 12:
+            read()
+        close = received[failing]
+        assert close[0] == 0x88, close[:16]
+        code, reason = struct.unpack("!H", close[2:4])[0], close[4 : 2 + close[1]].decode()
+        return (code, reason), received[other][2:], failing in ended
+    finally:
+        sock.close()
+
+
+async def test_over_http2_a_failed_stream_leaves_the_others_open() -> None:
+    async with serve_app_async(echo_app, max_message_bytes=1024) as running:
+        closed, echoed, ended = await asyncio.to_thread(h2_streams_after_a_failure, running.port)
+    assert closed == (1009, "frame with 3000 bytes exceeds limit of 1024 bytes")
+    assert echoed == b"still here"
+    assert ended
