@@ -192,6 +192,7 @@ class AsbpWSStream(WSStream):
         self._transport: asyncio.WriteTransport | None = None
         self._send_lock: asyncio.Lock | None = None
         self._gathered: list[bytes] = []
+        self._gathered_size = 0
         #: HTTP/2: the stream is one of many on the connection (RFC 8441).
         self._h2 = isinstance(
             getattr(self._stream_send, "__self__", None), hypercorn.protocol.h2.H2Protocol
@@ -369,7 +370,10 @@ class AsbpWSStream(WSStream):
             # Another write waits for the socket: ours would pass it.
             or lock.locked()
             or transport.is_closing()
-            or transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+            # What is gathered counts: the socket's buffer, not this list, is where a
+            # reader that stops reading pushes back, up to the high-water mark.
+            or transport.get_write_buffer_size() + self._gathered_size
+            > transport.get_write_buffer_limits()[1]
         ):
             return False
         length = len(payload)
@@ -384,12 +388,14 @@ class AsbpWSStream(WSStream):
         if not gathered:
             asyncio.get_running_loop().call_soon(self._flush)
         gathered += (head, payload)
+        self._gathered_size += length
         return True
 
     def _flush(self) -> None:
         gathered = self._gathered
         if gathered:
             self._gathered = []
+            self._gathered_size = 0
             transport = self._transport
             if transport is not None and not transport.is_closing():
                 transport.write(b"".join(gathered))
