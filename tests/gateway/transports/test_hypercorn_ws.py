@@ -418,7 +418,15 @@ def h2_streams_after_a_failure(port: int) -> tuple[tuple[int, str], bytes, bool]
         close = received[failing]
         assert close[0] == 0x88, close[:16]
         code, reason = struct.unpack("!H", close[2:4])[0], close[4 : 2 + close[1]].decode()
-        return (code, reason), received[other][2:], failing in ended
+        was_ended = failing in ended
+        # The client ends its side of the failed stream (the server lets it go then);
+        # the connection and its other stream carry on.
+        conn.end_stream(failing)
+        conn.send_data(other, client_frame(0x2, b"and still"))
+        sock.sendall(conn.data_to_send())
+        while len(received[other]) < 12 + 11:
+            read()
+        return (code, reason), received[other][2:12] + received[other][14:], was_ended
     finally:
         sock.close()
 
@@ -427,5 +435,5 @@ async def test_over_http2_a_failed_stream_leaves_the_others_open() -> None:
     async with serve_app_async(echo_app, max_message_bytes=1024) as running:
         closed, echoed, ended = await asyncio.to_thread(h2_streams_after_a_failure, running.port)
     assert closed == (1009, "frame with 3000 bytes exceeds limit of 1024 bytes")
-    assert echoed == b"still here"
+    assert echoed == b"still hereand still"
     assert ended
