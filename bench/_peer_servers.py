@@ -174,6 +174,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+#: Starts of a server whose port was taken meanwhile, at most.
+_PORT_ATTEMPTS = 3
+#: What RabbitMQ says when its distribution port or its listener's is taken.
+_PORT_IN_USE = ("already_used", "eaddrinuse")
+
+
+class _PortTaken(RuntimeError):
+    """A port found free was taken before the server bound it."""
+
+
 def free_port() -> int:
     """A port nothing listens on now (for servers that cannot be given port 0)."""
     with socket.socket() as sock:
@@ -292,6 +302,17 @@ class RabbitNode:
         return cpu_seconds(descendants(self.process.pid))
 
     async def start(self) -> None:
+        # A port found free may be taken before the VM binds it (an outgoing
+        # connection's ephemeral port, on a busy machine): start again on others.
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                await self._start()
+                return
+            except _PortTaken:
+                if attempt == _PORT_ATTEMPTS - 1:
+                    raise
+
+    async def _start(self) -> None:
         self.port = free_port()
         base = self.directory
         base.mkdir(parents=True, exist_ok=True)
@@ -332,10 +353,10 @@ class RabbitNode:
                 while True:
                     line = await stdout.readline()
                     if not line:
-                        raise RuntimeError(
-                            "rabbitmq-server exited before it was ready:\n"
-                            + b"".join(tail[-20:]).decode(errors="replace")
-                        )
+                        said = b"".join(tail[-20:]).decode(errors="replace")
+                        taken = any(sign in said for sign in _PORT_IN_USE)
+                        failure = _PortTaken if taken else RuntimeError
+                        raise failure("rabbitmq-server exited before it was ready:\n" + said)
                     tail.append(line)
                     if listening in line:
                         break

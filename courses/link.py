@@ -42,6 +42,7 @@ from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
 from gateway.engines.base import Delivery, Engine, QueueFull, new_message
 from gateway.errors import LocalError
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["CourseRefusedError", "Crossing", "OutboundCourse", "queue_name"]
 
@@ -136,9 +137,7 @@ class OutboundCourse:
         """Stop dialling; what is queued stays queued."""
         self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def submit(self, command: Command, *, notify: dict[str, str]) -> asyncio.Future[None]:
         """Queue ``command`` for the peer with a fresh ``course.id``.

@@ -13,9 +13,9 @@ sockets; transports hold those and call the router.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from importlib import metadata
 from pathlib import Path
 from typing import Final
@@ -43,6 +43,7 @@ from gateway.plane.base import LogRetention, Plane
 from gateway.plane.census import BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
+from gateway.tasks import cancel_and_wait
 from gateway.types import CourseStats, Outlets
 
 __all__ = [
@@ -75,6 +76,11 @@ def _access(
 
 #: Seconds between housekeeping passes, at most.
 _TICK: Final = 1.0
+#: How long a stopping broker waits for its engine, routing plane, census and event
+#: log to close, in all: well inside the servers' and Kubernetes' grace periods.
+_STOP_BUDGET: Final = 10.0
+#: What each step still gets once the budget is spent.
+_STOP_LAST_TRY: Final = 1.0
 
 
 def create_engine(config: GatewayConfig, *, broker_id: str) -> Engine:
@@ -299,21 +305,46 @@ class Broker:
         self._stopped = True
         self.ready = False
         if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+            await cancel_and_wait(self._housekeeping)
         for tube in self.respondents.tubes():
             self.router.close_tube(tube)
         for channel in self.channels:
             self.router.close_channel(channel)
-        await self.messaging.stop()
-        await self.census.close()
-        await self.plane.close()
-        await self.engine.close()
+        # Each step may wait on Redis (a command timeout of its own, retries on a
+        # cluster while slots move); together they must still end inside the
+        # server's and the orchestrator's grace period, or a stopping broker is
+        # killed half-way, or lingers. Past the budget each step gets a last try.
+        deadline = asyncio.get_running_loop().time() + _STOP_BUDGET
+        await self._stop_step("messaging", self.messaging.stop(), deadline)
+        await self._stop_step("census", self.census.close(), deadline)
+        await self._stop_step("plane", self.plane.close(), deadline)
+        await self._stop_step("engine", self.engine.close(), deadline)
         if self.event_log is not None:
             # Last: everything routed until now is in the buffer, and gets written.
-            await self.event_log.stop()
+            await self._stop_step("event_log", self.event_log.stop(), deadline)
         self.log.info("broker.stop", extra={"broker": self.broker_id})
+
+    async def _stop_step(self, step: str, closing: Awaitable[None], deadline: float) -> None:
+        """Await ``closing`` until ``deadline`` (or a last :data:`_STOP_LAST_TRY`).
+
+        Run as a task of its own and waited on with ``asyncio.wait``: a timeout
+        around it would rely on its cancellation arriving, which redis-py's
+        ``wait_for`` can drop (gateway.tasks). Past the deadline the step is
+        cancelled, given a last moment, then abandoned and logged: what it held
+        ends with the process, and what it leased in the bus expires as a
+        crashed broker's does. A step that fails is logged; the next still runs.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = asyncio.ensure_future(closing)
+        await asyncio.wait([task], timeout=max(deadline - started, _STOP_LAST_TRY))
+        if not task.done():
+            self.log.warning("broker.stop_overran", extra={"step": step})
+            await cancel_and_wait(task, ignore=(Exception,), deadline=loop.time() + _STOP_LAST_TRY)
+        elif not task.cancelled() and task.exception() is not None:
+            self.log.error("broker.stop_failed", extra={"step": step}, exc_info=task.exception())
+        seconds = round(loop.time() - started, 3)
+        self.log.debug("broker.stop_step", extra={"step": step, "seconds": seconds})
 
     async def _keep_house(self) -> None:
         tick = min(_TICK, self.config.tubes.respondent_timeout / 4)

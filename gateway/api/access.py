@@ -17,12 +17,17 @@ Three ways in, from ``[management]``:
   token names a ``kid`` the cached set lacks (the issuer rotated keys), at most
   once per ``jwks_refetch_interval`` (a minute).
 
-JWTs are verified with joserfc, which the broker already uses for agent
-credentials: authlib's own ``authlib.jose`` is deprecated by its authors in
-favour of joserfc (their own successor to it; importing it raises
-``AuthlibDeprecationWarning``), so the resource server's one job, checking a
-JWT against a JWKS, stays on joserfc; authlib does the console's OpenID Connect
-sign-in (gateway.console.oidc), where it is the client the issue names.
+The JWT check is authlib's resource server: a ``ResourceProtector`` with a
+``BearerTokenValidator`` (RFC 6750), so a refusal carries the standard challenge
+(``WWW-Authenticate: Bearer realm="asbp", error="invalid_token"`` with 401, or
+``error="insufficient_scope"`` with the scope wanted and 403). The validator
+decodes with joserfc, as authlib's own JWT access-token validator
+(``authlib.oauth2.rfc9068``) does; that one is not used as is because RFC 9068
+makes ``client_id``, ``jti`` and ``iat`` essential, which common identity
+providers leave out of their access tokens (Keycloak puts the client in ``azp``,
+Okta in ``cid``): the checks here are the ones every provider's tokens pass
+(signature by the issuer's JWKS, ``iss``, ``aud``, ``exp``, the scope). authlib
+also does the console's OpenID Connect sign-in (gateway.console.oidc).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
+from authlib.oauth2 import OAuth2Error
+from authlib.oauth2.rfc6749 import ResourceProtector
+from authlib.oauth2.rfc6750 import BearerTokenValidator, InsufficientScopeError, InvalidTokenError
 from joserfc import jwt
 from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
@@ -89,6 +97,67 @@ def _scopes(claims: dict[str, Any]) -> set[str]:
     return set()
 
 
+#: The realm named in the API's challenges.
+_REALM: Final = "asbp"
+
+
+class _UnknownKey(Exception):
+    """The token names a key the cached JWKS lacks: the issuer may have rotated."""
+
+
+class _Headers:
+    """What authlib's ResourceProtector reads of a request: its headers."""
+
+    def __init__(self, authorization: str) -> None:
+        self.headers = {"Authorization": authorization}
+
+
+class _JwtAccessTokens(BearerTokenValidator):  # type: ignore[misc]  # authlib is untyped
+    """The issuer's JWT access tokens, for authlib's ResourceProtector."""
+
+    def __init__(self, issuer: str, audience: str) -> None:
+        super().__init__(realm=_REALM)
+        #: The issuer's keys, set by ManagementAccess before each check.
+        self.keys: KeySet | None = None
+        self._registry = jwt.JWTClaimsRegistry(
+            iss={"essential": True, "value": issuer},
+            aud={"essential": True, "value": audience},
+            exp={"essential": True},
+        )
+
+    def authenticate_token(self, token_string: str) -> dict[str, Any]:
+        if self.keys is None:
+            raise self._invalid("the issuer's keys are not available")
+        try:
+            token = jwt.decode(token_string, self.keys, algorithms=_ALGORITHMS)
+        except (ValueError, InvalidKeyIdError) as exc:
+            # An unknown kid: InvalidKeyIdError from joserfc 1.8 on (a JoseError, so
+            # it must be caught first), a ValueError before.
+            raise _UnknownKey(str(exc)) from exc
+        except JoseError as exc:
+            raise self._invalid(f"the bearer token is not valid: {exc}") from exc
+        try:
+            self._registry.validate(token.claims)
+        except JoseError as exc:
+            raise self._invalid(f"the bearer token is not valid: {exc}") from exc
+        return dict(token.claims)
+
+    def validate_token(self, token: dict[str, Any], scopes: list[str], request: object) -> None:
+        if self.scope_insufficient(sorted(_scopes(token)), scopes):
+            raise InsufficientScopeError(description=f"the token lacks the scope {scopes[0]}")
+
+    def _invalid(self, description: str) -> InvalidTokenError:
+        return InvalidTokenError(description=description, realm=self.realm)
+
+
+def _challenge(error: OAuth2Error, scope: str) -> dict[str, str]:
+    """The RFC 6750 challenge for ``error`` (authlib adds none to insufficient_scope)."""
+    for name, value in error.get_headers():
+        if name.lower() == "www-authenticate":
+            return {"WWW-Authenticate": value}
+    return {"WWW-Authenticate": f'Bearer realm="{_REALM}", error="{error.error}", scope="{scope}"'}
+
+
 class ManagementAccess:
     """Checks each call's bearer token against ``[management]``.
 
@@ -120,8 +189,9 @@ class ManagementAccess:
                 "a JWKS needs management.issuer and management.audience",
                 key="management.issuer",
             )
-        self._issuer = settings.issuer or ""
-        self._audience = settings.audience or ""
+        self._tokens = _JwtAccessTokens(settings.issuer or "", settings.audience or "")
+        self._protector = ResourceProtector()
+        self._protector.register_token_validator(self._tokens)
         #: Open to loopback peers without a token (nothing configured, loopback host).
         self.open = self._token is None and not self._jwt and is_loopback(config.host)
 
@@ -151,40 +221,37 @@ class ManagementAccess:
             return "admin-token"
         if not self._jwt:
             raise ApiError(401, "the bearer token is not valid")
-        claims = await self._verify(credential)
         wanted = self._settings.write_scope if scope == "write" else self._settings.read_scope
-        if wanted not in _scopes(claims):
-            raise ApiError(403, f"the token lacks the scope {wanted}")
+        claims = await self._verify(f"Bearer {credential}", wanted)
         subject = claims.get("sub")
         return f"jwt:{subject}" if isinstance(subject, str) else "jwt"
 
-    async def _verify(self, credential: str) -> dict[str, Any]:
-        keys = await self._keys(refresh=False)
+    async def _verify(self, authorization: str, wanted: str) -> dict[str, Any]:
+        """The token's claims, checked by authlib's resource server for ``wanted``."""
+        request = _Headers(authorization)
+        self._tokens.keys = await self._keys(refresh=False)
         try:
-            token = jwt.decode(credential, keys, algorithms=_ALGORITHMS)
-        except (ValueError, InvalidKeyIdError) as exc:
-            # An unknown kid: InvalidKeyIdError from joserfc 1.8 on (a JoseError, so
-            # it must be caught first), a ValueError before. The issuer may have
-            # rotated its keys: fetch them again (at most once per interval).
-            if self._jwks_url is None:
-                raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
-            keys = await self._keys(refresh=True)
             try:
-                token = jwt.decode(credential, keys, algorithms=_ALGORITHMS)
-            except (ValueError, JoseError) as again:
-                raise ApiError(401, f"the bearer token is not valid: {again}") from again
-        except JoseError as exc:
-            raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
-        registry = jwt.JWTClaimsRegistry(
-            iss={"essential": True, "value": self._issuer},
-            aud={"essential": True, "value": self._audience},
-            exp={"essential": True},
-        )
-        try:
-            registry.validate(token.claims)
-        except JoseError as exc:
-            raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
-        return dict(token.claims)
+                return self._validate(request, wanted)
+            except _UnknownKey as exc:
+                if self._jwks_url is None:
+                    raise ApiError(401, f"the bearer token is not valid: {exc}") from exc
+                # The issuer may have rotated its keys: fetch them again (at most
+                # once per interval) and check once more.
+                self._tokens.keys = await self._keys(refresh=True)
+                try:
+                    return self._validate(request, wanted)
+                except _UnknownKey as again:
+                    raise ApiError(401, f"the bearer token is not valid: {again}") from again
+        except OAuth2Error as error:
+            status = 403 if error.error == "insufficient_scope" else 401
+            raise ApiError(
+                status, error.description or error.error, headers=_challenge(error, wanted)
+            ) from error
+
+    def _validate(self, request: _Headers, wanted: str) -> dict[str, Any]:
+        claims: dict[str, Any] = self._protector.validate_request([wanted], request)
+        return claims
 
     async def _keys(self, *, refresh: bool) -> KeySet:
         url = self._jwks_url

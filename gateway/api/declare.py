@@ -42,12 +42,16 @@ class ApiError(LocalError):
     Args:
         status: the HTTP status.
         detail: what went wrong, for people.
+        headers: response headers to add (an RFC 6750 challenge, say).
     """
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(
+        self, status: int, detail: str, *, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.headers = dict(headers) if headers is not None else None
 
 
 @dataclass(frozen=True, slots=True)

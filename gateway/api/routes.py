@@ -30,7 +30,9 @@ MAX_BODY: Final = 64 * 1024
 
 
 def _problem_response(error: ApiError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = error.headers
+    if headers is None and error.status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="asbp"'}  # no credentials: no error code
     return Response(
         to_json(problem(error.status, error.detail)),
         status_code=error.status,

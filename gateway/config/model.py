@@ -247,6 +247,12 @@ class GatewayConfig:
     server: ServerName = "auto"
     #: TLS for the listening port; None serves plain HTTP.
     tls: TlsConfig | None = None
+    #: Accept permessage-deflate (RFC 7692) when a WebSocket client offers it, as
+    #: browsers always do. Off by default, as Centrifugo and Socket.IO have it:
+    #: ASBP Commands are short, a compressor per connection costs tens of KiB and
+    #: CPU on every frame, and a compressed connection leaves the fast frame path
+    #: (gateway.transports.coalescing). Worth it for large text payloads on slow links.
+    websocket_compression: bool = False
     #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
     #: one there, so it stays stable across restarts.
     broker_id: str | None = None

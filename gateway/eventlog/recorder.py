@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from gateway.eventlog.schema import DestinationKind, Event, SourceKind, to_ndjson
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["BATCH_SIZE", "CHUNK", "CLOCK_NS", "INTERVAL", "Recorder", "Route", "Store"]
 
@@ -268,9 +269,7 @@ class Recorder:
             self._wake.set()
             done, _ = await asyncio.wait({task}, timeout=self._stop_timeout)
             if not done:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
             elif not task.cancelled():
                 task.result()
         self.lost += self.buffered  # what the store did not take in time

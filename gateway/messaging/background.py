@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.messaging.consumers import cancel_and_wait
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["BackgroundWork"]
 

@@ -56,7 +56,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from asbp import AsbpError
 from gateway.acl import AccessContext, DestinationType
@@ -64,8 +64,9 @@ from gateway.engines.base import Delivery, Engine
 from gateway.messaging.notifications import notification
 from gateway.messaging.subscriptions import Endpoint
 from gateway.metrics.counts import MessagingCounts
+from gateway.tasks import cancel_and_wait
 
-__all__ = ["ANSWER_BYTES", "BATCH", "QueueConsumer", "cancel_and_wait"]
+__all__ = ["ANSWER_BYTES", "BATCH", "QueueConsumer"]
 
 #: Messages fetched at once, at most (also the Redis engine's most per fetch). A
 #: fetch asks for the room all subscribers have left, up to this: one round trip
@@ -76,22 +77,6 @@ BATCH: Final = 1000
 ANSWER_BYTES: Final = 256
 #: Seconds to wait before fetching again after the engine failed.
 RETRY: Final = 1.0
-#: Seconds to wait for a cancelled task to end before cancelling it again.
-CANCEL_AGAIN: Final = 0.1
-
-
-async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it has ended, cancelling it again if it goes on.
-
-    A cancellation can be lost: Python 3.11's ``asyncio.wait_for`` (which
-    redis-py's connections use to write) returns its result, swallowing the
-    cancellation, when both arrive together. The task then runs on, and a fetch
-    that waits in a loop would never end: the broker would hang stopping. So
-    the task is asked again until it is done.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=CANCEL_AGAIN)
 
 
 class QueueConsumer:

@@ -25,7 +25,6 @@ most); records that did not fit are counted in the next one's ``suppressed``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -38,6 +37,7 @@ import orjson
 from asbp import AsbpError, FaultCode
 from gateway.engines.base import Engine, Message
 from gateway.messaging.notifications import milliseconds
+from gateway.tasks import cancel_and_wait
 
 __all__ = [
     "FAULTS_PER_SECOND",
@@ -104,9 +104,7 @@ class SystemTopics:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
     # -- counts ----------------------------------------------------------------
 

@@ -383,6 +383,7 @@ async def _run_uvicorn(
             proxy_headers=False,
             # The same limit as Hypercorn's: websockets refuses a longer message (1009).
             ws_max_size=max_message_bytes(config.limits),
+            ws_per_message_deflate=config.websocket_compression,
             timeout_graceful_shutdown=math.ceil(GRACEFUL_TIMEOUT),
             ssl_certfile=None if config.tls is None else config.tls.certfile,
             ssl_keyfile=None if config.tls is None else config.tls.keyfile,

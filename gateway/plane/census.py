@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 from gateway.engines.redis.connection import Client, connect
 from gateway.plane.base import PlaneUnavailable
 from gateway.plane.redis.keys import directory_prefix
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["BrokerCard", "Census", "Describe", "LocalCensus", "RedisCensus"]
 
@@ -180,9 +181,7 @@ class RedisCensus:
     async def close(self) -> None:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(RedisError):

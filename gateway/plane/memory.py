@@ -14,7 +14,6 @@ against both implementations.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 import uuid
@@ -35,6 +34,7 @@ from gateway.plane.base import (
     pick_least,
 )
 from gateway.plane.memory_log import LogStore, MemoryChannelLog
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["MemoryBus", "MemoryPlane"]
 
@@ -170,9 +170,7 @@ class MemoryPlane:
     async def _stop(self) -> None:
         renewal, self._renewal = self._renewal, None
         if renewal is not None:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
+            await cancel_and_wait(renewal)
         self._inbound = None
 
     def _renew(self) -> None:

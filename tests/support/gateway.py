@@ -146,8 +146,10 @@ class LogEvents(logging.Handler):
         with self._mutex:
             return [r for r in self.records if matches(r)]
 
-    async def wait(self, event: str, **fields: object) -> logging.LogRecord:
-        """The first record for ``event`` with these attributes, waiting up to ``5 * T``."""
+    async def wait(
+        self, event: str, *, timeout: float = 5 * T, **fields: object
+    ) -> logging.LogRecord:
+        """The first record for ``event`` with these attributes, waiting up to ``timeout``."""
         matches = self._matcher(event, fields)
         future: asyncio.Future[logging.LogRecord] = self._loop.create_future()
         entry = (matches, future)
@@ -157,7 +159,7 @@ class LogEvents(logging.Handler):
                     return record
             self._waiters.append(entry)
         try:
-            return await asyncio.wait_for(future, 5 * T)
+            return await asyncio.wait_for(future, timeout)
         finally:
             with self._mutex:
                 self._waiters.remove(entry)

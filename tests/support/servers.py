@@ -38,7 +38,9 @@ import contextlib
 import logging
 import math
 import socket
+import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
@@ -259,6 +261,8 @@ class _ServerThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
+        # The loop, kept past the serve coroutine's end (the runner still closes it).
+        self._seen_loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, timeout: float) -> None:
         self._thread.start()
@@ -277,10 +281,32 @@ class _ServerThread:
             return  # never started
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise ServerFailed(f"{self._thread.name} did not stop within {timeout:g}s")
+            raise ServerFailed(
+                f"{self._thread.name} did not stop within {timeout:g}s; where it is:\n"
+                + self._whereabouts()
+            )
         if self._error is not None and not self._error_reported:
             self._error_reported = True
             raise ServerFailed(f"{self._thread.name} failed") from self._error
+
+    def _whereabouts(self) -> str:
+        """The stuck thread's stack and every task of its loop, for the failure message.
+
+        A server that will not stop is found in CI, once in hundreds of runs: without
+        this the message says only that it happened, never where.
+        """
+        lines: list[str] = []
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is not None:
+            lines.append("thread:")
+            lines.extend(traceback.format_stack(frame))
+        loop = self._seen_loop
+        if loop is not None:
+            # Read from another thread: good enough for a post-mortem, never for control.
+            for task in list(asyncio.all_tasks(loop)):
+                lines.append(f"task {task.get_name()}:\n")
+                lines.extend(_awaiting(task.get_coro()))
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
     def _run(self) -> None:
         try:
@@ -295,6 +321,7 @@ class _ServerThread:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(_exception_handler)
+        self._seen_loop = loop
         with self._lock:
             self._loop = loop
             self._stop = stop
@@ -309,6 +336,19 @@ class _ServerThread:
     def _mark_ready(self) -> None:
         self._ready = True
         self._settled.set()
+
+
+def _awaiting(coro: object) -> list[str]:
+    """Where a suspended coroutine is, down its chain of awaits (a task's own stack
+    shows only the outermost frame)."""
+    lines: list[str] = []
+    while coro is not None and len(lines) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            lines.append(f"  {code.co_filename}:{frame.f_lineno} {code.co_name}\n")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return lines
 
 
 def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -393,6 +433,7 @@ def _uvicorn(
             # As gateway/ops/server.py runs Uvicorn: websockets-sansio, writes coalesced.
             ws=CoalescingWebSocketProtocol if ws == "coalescing" else ws,
             ws_max_size=max_message_bytes,
+            ws_per_message_deflate=False,  # as gateway/ops/server.py's default
             lifespan="auto",
             log_config=None,  # leave the process's logging configuration alone
             access_log=False,

@@ -44,7 +44,6 @@ the sweep O(queues + messages it removes).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import secrets
 import time
@@ -65,6 +64,7 @@ from gateway.engines.base import (
 )
 from gateway.engines.memory.queue import MemoryQueue, stored_form
 from gateway.engines.topic_patterns import TopicMatcher, virtual_queue
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["DEFAULT_SWEEP_INTERVAL", "MemoryEngine"]
 
@@ -133,9 +133,7 @@ class MemoryEngine:
         self._closed = True
         sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            await cancel_and_wait(sweeper)
         for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()

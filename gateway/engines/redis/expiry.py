@@ -27,13 +27,13 @@ that expires before it is due leaves when it is due.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.calls import EXPIRY, CommandCall, FutureCall, QueueKeys, SweepCall
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["DEFAULT_SWEEP_INTERVAL", "MIN_SWEEP_PAUSE", "SWEEP_BUDGET", "SWEEP_QUEUES", "Sweeper"]
 
@@ -80,9 +80,7 @@ class Sweeper:
         """Stop the timer (idempotent); a sweep under way is cancelled."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def sweep_once(self) -> tuple[int, float | None]:
         """One sweep: (messages removed, the earliest score left, None if none).

@@ -35,6 +35,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["HEALTH_INTERVAL", "Subscriber", "Wakeups"]
 
@@ -155,8 +156,7 @@ class Subscriber:
             # A task cancelled mid-send can fail inside redis-py (a connection
             # torn down under it raises AttributeError or a connection error);
             # at close nothing it was doing matters any more.
-            with contextlib.suppress(asyncio.CancelledError, AttributeError, *CONNECTION_ERRORS):
-                await task
+            await cancel_and_wait(task, ignore=(AttributeError, *CONNECTION_ERRORS))
         self._fail_confirming(EngineUnavailable("the Redis engine is closed"))
         if self._connection is not None:
             await self._connection.disconnect()

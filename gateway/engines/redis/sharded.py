@@ -44,6 +44,7 @@ from redis.exceptions import ResponseError
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
+from gateway.tasks import cancel_and_wait
 
 __all__ = ["ShardedSubscriber", "shard_channels", "shard_of"]
 
@@ -116,9 +117,7 @@ class _NodeLink:
         reader, self.reader = self.reader, None
         connection, self.connection = self.connection, None
         if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *CONNECTION_ERRORS):
-                await reader
+            await cancel_and_wait(reader, ignore=CONNECTION_ERRORS)
         if connection is not None:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await connection.disconnect()
@@ -235,8 +234,7 @@ class ShardedSubscriber:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task, ignore=(Exception,))
         links, self._links = self._links, {}
         for link in links.values():
             await link.close()

@@ -75,6 +75,7 @@ from gateway.plane.redis.scripts import (
     SEND_TO,
     SWEEP,
 )
+from gateway.tasks import cancel_and_wait, end_within
 
 __all__ = ["PREFIX", "SWEEP_BATCH", "RedisPlane"]
 
@@ -87,6 +88,8 @@ STREAM_MAX: Final = 100_000
 #: Milliseconds one XREAD waits for an entry before it asks again (and the reader
 #: sees whether the plane is stopping).
 _BLOCK_MS: Final = 200
+#: Seconds past a read's BLOCK that a stopping plane waits for its reader to notice.
+_READER_GRACE: Final = 0.5
 #: Seconds a closing plane waits to leave the directory, then for its last calls.
 _CLOSE_TIMEOUT: Final = 4.0
 #: Entries one XREAD returns at most.
@@ -350,13 +353,15 @@ class RedisPlane:
     async def _halt(self) -> None:
         tasks, self._tasks = self._tasks, []
         self._stopping = True
+        # A read cancelled mid-reply can fail inside redis-py; nothing it did matters now.
+        ignore = (AttributeError, *CONNECTION_ERRORS)
         for task in tasks:
-            if task.get_name() != _READER:
-                task.cancel()
-        for task in tasks:
-            # A read cancelled mid-reply can fail inside redis-py; nothing it did matters now.
-            with contextlib.suppress(asyncio.CancelledError, AttributeError, *CONNECTION_ERRORS):
-                await task
+            if task.get_name() == _READER:
+                # It looks at _stopping between reads, each blocking at most _BLOCK_MS;
+                # a read that Redis leaves unanswered (a stopped Redis) is cancelled.
+                await end_within(task, _BLOCK_MS / 1000 + _READER_GRACE, ignore=ignore)
+            else:
+                await cancel_and_wait(task, ignore=ignore)
         self._inbound = None
         self._log.wake_all()
 

@@ -237,7 +237,7 @@ async def test_a_static_token_is_required_once_configured(
     gateway = await make_gateway(management=ManagementConfig(token_file=str(token_file)))
     anonymous = await api(gateway, "GET", "/broker")
     assert anonymous.status_code == 401
-    assert anonymous.headers["www-authenticate"] == "Bearer"
+    assert anonymous.headers["www-authenticate"] == 'Bearer realm="asbp"'
     wrong = await api(gateway, "GET", "/broker", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
     good = await api(gateway, "GET", "/broker", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -275,6 +275,15 @@ async def test_jwt_access_tokens_need_the_issuer_audience_and_scope(
     assert (denied.status_code, denied.json()["detail"]) == (
         403,
         "the token lacks the scope asbp:write",
+    )
+    # RFC 6750's challenges, from authlib's resource server.
+    assert denied.headers["www-authenticate"] == (
+        'Bearer realm="asbp", error="insufficient_scope", scope="asbp:write"'
+    )
+    expired = await api(gateway, "GET", "/broker", headers=bearer(scope="asbp:read", exp=1))
+    assert expired.status_code == 401
+    assert expired.headers["www-authenticate"].startswith(
+        'Bearer realm="asbp", error="invalid_token", error_description="the bearer token is not'
     )
     writer = bearer(scp=["asbp:read", "asbp:write"])
     assert (await api(gateway, "POST", "/queues/x/purge", headers=writer)).status_code == 404

@@ -29,6 +29,7 @@ from typing import IO, Any, Self
 import httpx
 import orjson
 import pytest
+import websockets.asyncio.client
 
 from gateway.broker_id import BROKER_ID_FILE
 from gateway.config import load_config
@@ -453,6 +454,25 @@ async def test_uvicorn_serves_http11_over_tls(tmp_path: Path, tls_files: TlsFile
         response = await client.get(f"{url}/healthz")
     assert url.startswith("https://127.0.0.1:")
     assert (response.status_code, response.http_version) == (200, "HTTP/1.1")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compression", [False, True])
+async def test_websocket_compression_is_accepted_only_when_configured(
+    tmp_path: Path, compression: bool
+) -> None:
+    # Off by default: a browser always offers permessage-deflate, and a compressed
+    # connection costs a compressor per Channel and leaves the fast frame path.
+    config = GatewayConfig(port=0, data_dir=tmp_path, websocket_compression=compression)
+    async with serving(config) as url:
+        ws_url = url.replace("http://", "ws://") + "/asbp"
+        async with websockets.asyncio.client.connect(ws_url, compression="deflate") as ws:
+            greeting = await asyncio.wait_for(ws.recv(), 5 * T)
+            accepted = ws.response.headers.get("Sec-WebSocket-Extensions")
+    assert str(greeting).startswith("c=asbp.channel")
+    assert (accepted is not None) == compression, accepted
+    if compression:
+        assert accepted is not None and accepted.startswith("permessage-deflate")
 
 
 @pytest.mark.anyio
