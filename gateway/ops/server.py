@@ -57,6 +57,7 @@ from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
+from gateway.transports.hypercorn_ws import configure_compression
 from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
@@ -304,6 +305,8 @@ async def _run_hypercorn(
     # Assigned, never mutated: Hypercorn's defaults are class-level lists.
     hypercorn_config.alpn_protocols = ["h2", "http/1.1"]
     hypercorn_config.websocket_max_message_size = max_message_bytes(config.limits)
+    # As Uvicorn's ws_per_message_deflate below (our stream reads it; Hypercorn has none).
+    configure_compression(hypercorn_config, config.websocket_compression)
     if config.tls is None:
         sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     else:

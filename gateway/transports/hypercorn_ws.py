@@ -57,6 +57,7 @@ from typing import Any, Final, cast
 
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.protocol.events import Body, Data, EndBody, EndData, Event, StreamClosed
 from hypercorn.protocol.ws_stream import (
     ASGIWebsocketState,
@@ -69,15 +70,17 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from gateway.errors import LocalError
-from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader
+from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
 __all__ = [
+    "CLOSE_TIMEOUT",
+    "COMPRESSION_ATTRIBUTE",
     "SUPPORTED_HYPERCORN",
     "AsbpWSStream",
     "UnsupportedHypercorn",
+    "configure_compression",
     "install",
-    "too_big_reason",
     "websockets_reason",
 ]
 
@@ -86,8 +89,28 @@ __all__ = [
 SUPPORTED_HYPERCORN: Final = ("0.18.",)
 
 
+#: Seconds a connection whose message was refused (1009) waits for the client's
+#: close frame before the server closes it (websockets' own default is 10).
+CLOSE_TIMEOUT: Final = 5.0
+
+#: The close frame's opcode (RFC 6455 §5.5.1).
+_CLOSE: Final = 0x8
+
+
 class UnsupportedHypercorn(LocalError, RuntimeError):
     """The installed Hypercorn is not one :class:`AsbpWSStream` was written against."""
+
+
+#: The attribute of a Hypercorn ``Config`` that says whether a WebSocket client's offer
+#: of permessage-deflate is accepted: Hypercorn has no such setting, and accepts it
+#: whenever offered, which is what a ``Config`` without the attribute still gets.
+COMPRESSION_ATTRIBUTE: Final = "asbp_websocket_compression"
+
+
+def configure_compression(config: HypercornConfig, enabled: bool) -> None:
+    """Whether streams served with ``config`` accept permessage-deflate (the broker's
+    ``websocket_compression``, as Uvicorn's ``ws_per_message_deflate``)."""
+    setattr(config, COMPRESSION_ATTRIBUTE, enabled)
 
 
 def install(version: str | None = None) -> None:
@@ -157,22 +180,6 @@ def websockets_reason(reason: str) -> str:
     return reason
 
 
-def too_big_reason(length: int, max_size: int, current_size: int | None) -> str:
-    """The reason websockets gives for 1009 (its ``PayloadTooBig``), word for word.
-
-    Args:
-        length: the payload length the refused frame's header announces.
-        max_size: the connection's message limit.
-        current_size: bytes of the fragmented message read before this frame, if any.
-    """
-    if current_size is None:
-        return f"frame with {length} bytes exceeds limit of {max_size} bytes"
-    return (
-        f"frame with {length} bytes after reading {current_size} bytes "
-        f"exceeds limit of {max_size} bytes"
-    )
-
-
 class AsbpWSStream(WSStream):
     """Hypercorn's ``WSStream``, failing connections with a close frame, and faster."""
 
@@ -209,6 +216,8 @@ class AsbpWSStream(WSStream):
                 await self.send(StreamClosed(stream_id=self.stream_id))
                 return
             if isinstance(event, (Body, Data)):
+                if self._reader is not None and self._close_frame_read(event.data):
+                    await self.send(StreamClosed(stream_id=self.stream_id))
                 return
         reader = self._reader
         if reader is not None and isinstance(event, (Body, Data)) and not self.closed:
@@ -265,7 +274,8 @@ class AsbpWSStream(WSStream):
         opcode, fin, length = header
         current = self._current_size
         if length > max_size - (current or 0):
-            await self._fail(CloseReason.MESSAGE_TOO_BIG, too_big_reason(length, max_size, current))
+            reason = too_big_reason(length, max_size, current)
+            await self._fail(CloseReason.MESSAGE_TOO_BIG, reason, linger=True)
             return True
         if opcode < 3:  # a data frame starts, continues or ends the message (§5.4)
             self._current_size = None if fin else (current or 0) + length
@@ -301,14 +311,24 @@ class AsbpWSStream(WSStream):
                     await self._send_wsproto_event(event.response())
                 await self.send(StreamClosed(stream_id=self.stream_id))
 
-    async def _fail(self, code: int, reason: str) -> None:
-        """Fail the connection: a close frame with ``code`` and ``reason``, then the end."""
-        self._reader = None
+    async def _fail(self, code: int, reason: str, *, linger: bool = False) -> None:
+        """Fail the connection: a close frame with ``code`` and ``reason``, then the end.
+
+        With ``linger`` (a message refused from its frame header: the frames around
+        it are intact), over HTTP/1.1 the connection waits, up to
+        :data:`CLOSE_TIMEOUT`, for the client's close frame, dropping the rest of
+        the refused message. Closing the socket while it still holds unread bytes
+        makes the kernel answer with a reset, and a browser that gets it discards the
+        close frame it had not yet read: it reported 1006 and no reason about one
+        time in two.
+        """
+        if not (linger and not self._h2):
+            self._reader = None
         await self._send_wsproto_event(CloseConnection(code=code, reason=reason))
         # As websockets does: a server ends the connection after failing it rather
         # than reading on until the client answers the close (RFC 6455 §7.1.7).
         await self.send(EndData(stream_id=self.stream_id))
-        if not self._h2:
+        if not self._h2 and not linger:
             await self.send(StreamClosed(stream_id=self.stream_id))
             return
         # On HTTP/2 the stream ends with END_STREAM (EndData), but Hypercorn must keep
@@ -320,6 +340,28 @@ class AsbpWSStream(WSStream):
         app_put, self.app_put = self.app_put, None  # one disconnect, this one
         if app_put is not None:
             await app_put({"type": "websocket.disconnect", "code": code})
+        if not self._h2:
+            if self._close_frame_read(b""):  # it may have come with the refused bytes
+                await self.send(StreamClosed(stream_id=self.stream_id))
+            else:
+                self.task_group.spawn(self._close_after_timeout)
+
+    def _close_frame_read(self, data: bytes) -> bool:
+        """Drop ``data`` (lingering after a failure), unless it completes the client's
+        close frame's header: True then."""
+        reader = self._reader
+        assert reader is not None
+        reader.feed(data)
+        while (event := reader.next_event()) is not None:
+            header = reader.handed_on_header
+            if event[0] == OTHER and header is not None and header[0] == _CLOSE:
+                return True
+        return False
+
+    async def _close_after_timeout(self) -> None:
+        await self.context.sleep(CLOSE_TIMEOUT)
+        if not self.closed:
+            await self.send(StreamClosed(stream_id=self.stream_id))
 
     async def app_send(self, message: Any) -> None:
         if message is None and self._discarding and not self.closed:
@@ -340,6 +382,9 @@ class AsbpWSStream(WSStream):
     # -- writing
 
     async def _accept(self, message: WebsocketAcceptEvent) -> None:
+        if not getattr(self.config, COMPRESSION_ATTRIBUTE, True):
+            # Declined: with no offer to answer, the response names no extension.
+            self.handshake.extensions = None
         await super()._accept(message)
         if self.handshake.extensions:
             # An extension (permessage-deflate, offered by every browser) may be

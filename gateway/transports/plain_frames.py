@@ -61,7 +61,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["BINARY", "OTHER", "TEXT", "PlainFrameReader"]
+__all__ = ["BINARY", "OTHER", "TEXT", "PlainFrameReader", "too_big_reason"]
 
 #: A whole text message: its payload is valid UTF-8.
 TEXT: Final = 0x1
@@ -183,3 +183,19 @@ class PlainFrameReader:
         self._at = 0
         self._other = 0
         return rest
+
+
+def too_big_reason(length: int, max_size: int, current_size: int | None) -> str:
+    """The reason websockets gives for 1009 (its ``PayloadTooBig``), word for word.
+
+    Args:
+        length: the payload length the refused frame's header announces.
+        max_size: the connection's message limit.
+        current_size: bytes of the fragmented message read before this frame, if any.
+    """
+    if current_size is None:
+        return f"frame with {length} bytes exceeds limit of {max_size} bytes"
+    return (
+        f"frame with {length} bytes after reading {current_size} bytes "
+        f"exceeds limit of {max_size} bytes"
+    )

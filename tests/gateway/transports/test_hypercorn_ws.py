@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import logging
 import os
 import socket
 import struct
 import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 import h2.config
 import h2.connection
@@ -24,17 +29,23 @@ import h2.events
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import pytest
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.utils import wrap_app
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
+from gateway.transports import coalescing, hypercorn_ws
 from gateway.transports.asgi import Receive, Scope, Send
 from gateway.transports.hypercorn_ws import (
     AsbpWSStream,
     UnsupportedHypercorn,
+    configure_compression,
     install,
-    too_big_reason,
     websockets_reason,
 )
+from gateway.transports.plain_frames import too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 from tests.support import T, serve_app_async
 
@@ -44,6 +55,42 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@contextlib.asynccontextmanager
+async def hypercorn_with_compression(app: Any, *, max_message_bytes: int) -> AsyncIterator[int]:
+    """``app`` behind Hypercorn in this loop, accepting permessage-deflate (which the
+    test servers, as the broker by default, decline); yields the port."""
+    install()
+    config = HypercornConfig()
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 1.0
+    config.websocket_max_message_size = max_message_bytes
+    configure_compression(config, True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    ready, stop = asyncio.Event(), asyncio.Event()
+
+    async def shutdown_trigger() -> None:
+        ready.set()  # called once the socket accepts connections
+        await stop.wait()
+
+    serving = asyncio.create_task(
+        worker_serve(
+            wrap_app(app, config.wsgi_max_body_size, "asgi"),
+            config,
+            sockets=Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
+            shutdown_trigger=shutdown_trigger,
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 5 * T)
+        yield sock.getsockname()[1]
+    finally:
+        stop.set()
+        await serving
+        sock.close()
 
 
 def test_install_refuses_a_hypercorn_it_does_not_know() -> None:
@@ -260,14 +307,37 @@ async def test_with_compression_there_are_no_shortcuts_and_wsproto_reads() -> No
         await send({"type": "websocket.send", "bytes": message["bytes"]})
         await send({"type": "websocket.close", "code": 1000})
 
-    async with serve_app_async(app) as running:
+    async with hypercorn_with_compression(app, max_message_bytes=2**20) as port:
         async with asyncio.timeout(5 * T):
-            async with connect(running.ws_url, compression="deflate") as client:
+            async with connect(f"ws://127.0.0.1:{port}/", compression="deflate") as client:
                 assert client.response is not None
                 assert "permessage-deflate" in client.response.headers["Sec-WebSocket-Extensions"]
                 await client.send(b"squeezed " * 100)
                 assert await client.recv() == b"squeezed " * 100
     assert offered == []  # a plain frame would break the deflate stream
+
+
+async def test_compression_off_declines_the_offer_and_keeps_the_shortcuts() -> None:
+    """The broker's default (websocket_compression = false), as the test servers have
+    it: a client that offers permessage-deflate, as every browser does, gets none."""
+    offered: list[object] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        offered.extend(key for key in (SEND_FRAME, RECEIVE_FRAMES) if key in scope["extensions"])
+        message = await receive()
+        await send({"type": "websocket.send", "bytes": message["bytes"]})
+        await send({"type": "websocket.close", "code": 1000})
+
+    async with serve_app_async(app) as running:
+        async with asyncio.timeout(5 * T):
+            async with connect(running.ws_url, compression="deflate") as client:
+                assert client.response is not None
+                assert "Sec-WebSocket-Extensions" not in client.response.headers
+                await client.send(b"plain")
+                assert await client.recv() == b"plain"
+    assert offered == [SEND_FRAME, RECEIVE_FRAMES]
 
 
 # -- failing, on the path where wsproto reads everything (an extension offered)
@@ -340,8 +410,8 @@ async def echo_app(scope: Scope, receive: Receive, send: Send) -> None:
 async def test_with_an_extension_a_failed_connection_gets_its_close_frame(
     frame: bytes, code: int, reason: str
 ) -> None:
-    async with serve_app_async(echo_app, max_message_bytes=1024) as running:
-        sock, rest = await asyncio.to_thread(deflate_client, running.port)
+    async with hypercorn_with_compression(echo_app, max_message_bytes=1024) as port:
+        sock, rest = await asyncio.to_thread(deflate_client, port)
         try:
             sock.sendall(frame)
             closed = await asyncio.to_thread(close_frame_then_end, sock, rest)
@@ -437,3 +507,70 @@ async def test_over_http2_a_failed_stream_leaves_the_others_open() -> None:
     assert closed == (1009, "frame with 3000 bytes exceeds limit of 1024 bytes")
     assert echoed == b"still hereand still"
     assert ended
+
+
+# -- a refused message: the server waits for the client's close frame
+
+
+def refuse_one_message(port: int, *, echo: bool) -> tuple[bytes, float]:
+    """Send a message over the limit (1024 bytes) whole, read the 1009 close frame,
+    answer it (``echo``) or not, and wait for the server to end the connection.
+
+    Returns the close frame's payload and the seconds from the close frame to the end.
+    """
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30 * T)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(
+            (
+                "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade"
+                f"\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        assert data.startswith(b"HTTP/1.1 101"), data
+        data = data.partition(b"\r\n\r\n")[2]
+        sock.sendall(client_frame(0x2, bytes(3000)))
+        while len(data) < 2 or len(data) < 2 + data[1]:
+            data += sock.recv(65536)
+        assert data[0] == 0x88, data[:16]
+        payload = data[2 : 2 + data[1]]
+        closed_at = time.monotonic()
+        if echo:
+            sock.sendall(client_frame(0x8, payload[:2]))
+        while sock.recv(65536):
+            pass
+        return payload, time.monotonic() - closed_at
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_a_refused_message_ends_once_the_client_answers_the_close(
+    server: Literal["hypercorn", "uvicorn"], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server reads on after refusing a message, dropping it, and ends the
+    connection as soon as the client's close frame arrives: closing it with the
+    message unread made the kernel reset it, and a browser then lost the close
+    frame (1006, no reason; tests/browser/test_close_codes.py)."""
+    # Far longer than the test waits: the end must come from the client's answer.
+    monkeypatch.setattr(hypercorn_ws, "CLOSE_TIMEOUT", 600.0)
+    monkeypatch.setattr(coalescing, "CLOSE_TIMEOUT", 600.0)
+    async with serve_app_async(echo_app, server=server, max_message_bytes=1024) as running:
+        payload, _ = await asyncio.to_thread(refuse_one_message, running.port, echo=True)
+    reason = "frame with 3000 bytes exceeds limit of 1024 bytes"
+    assert payload == struct.pack("!H", 1009) + reason.encode()
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_a_refused_message_ends_after_the_close_timeout_without_an_answer(
+    server: Literal["hypercorn", "uvicorn"], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hypercorn_ws, "CLOSE_TIMEOUT", 0.2)
+    monkeypatch.setattr(coalescing, "CLOSE_TIMEOUT", 0.2)
+    async with serve_app_async(echo_app, server=server, max_message_bytes=1024) as running:
+        payload, waited = await asyncio.to_thread(refuse_one_message, running.port, echo=False)
+    assert payload[:2] == struct.pack("!H", 1009)
+    assert waited >= 0.2 * 0.9  # not before the timeout (monotonic clocks, rounding)

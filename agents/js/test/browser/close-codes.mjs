@@ -1,8 +1,7 @@
 // What a browser sees when a broker refuses a WebSocket message over its limit:
 // the close code and reason its CloseEvent carries, which must be the same on every
-// server (issue 16). Chromium offers permessage-deflate, so this is the path where
-// each server's WebSocket library (wsproto on Hypercorn, websockets on Uvicorn)
-// reads every frame.
+// server (issue 16). Chromium offers permessage-deflate; the extensions the server
+// accepted are reported too.
 // Usage: node close-codes.mjs <message size> <base URL>...
 // Prints one JSON line per URL ({code, reason, extensions}), then "ok".
 import { launch, say } from "../browser.mjs";
