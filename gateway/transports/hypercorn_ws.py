@@ -5,7 +5,7 @@ Why this exists
 Hypercorn builds each WebSocket stream itself (``WSStream``, looked up as a
 module attribute by ``hypercorn.protocol.h11`` for HTTP/1.1 and by
 ``hypercorn.protocol.h2`` for RFC 8441 over HTTP/2) and offers no setting to
-choose another. Two things about it needed changing (issues 16 and 17):
+choose another. Three things about it needed changing (issues 16 and 17):
 
 * **Failing a connection.** On a protocol error (1002) or invalid UTF-8 (1007),
   wsproto yields a ``CloseConnection`` event with the code, and ``WSStream``
@@ -16,11 +16,18 @@ choose another. Two things about it needed changing (issues 16 and 17):
   the client still sends (a 17 MiB message took about 20 s). Uvicorn's
   websockets sends the code and a reason and then closes the TCP connection
   (a server "closes the TCP connection immediately" on failure). Here a failed
-  connection gets the close frame with wsproto's code and reason, then the
-  stream ends; an oversized message is refused from its frame header, before
-  any of it is buffered, with the reason websockets gives
-  (``frame with N bytes exceeds limit of M bytes``), so a client sees the same
-  close frame from either server.
+  connection gets the close frame with wsproto's code and the reason in
+  websockets' words (:func:`websockets_reason`), then the stream ends; an
+  oversized message is refused from its frame header, before any of it is
+  buffered, with the reason websockets gives (``frame with N bytes exceeds limit
+  of M bytes``), so a client sees the same close frame from either server. After
+  that refusal the framing is intact, so the connection waits for the client's
+  close frame (up to :data:`CLOSE_TIMEOUT`), dropping the rest of the message:
+  closed with bytes unread, the kernel resets it and a browser loses the close
+  frame.
+* **Compression.** Hypercorn accepts permessage-deflate whenever a client offers
+  it; the broker's ``websocket_compression`` (off by default) reaches the stream
+  as an attribute of Hypercorn's ``Config`` (:func:`configure_compression`).
 * **Speed.** Per message, Hypercorn's path built wsproto event objects, queued
   a ``websocket.receive`` for the application's task, and wrote each message it
   sent with its own ``send(2)`` after awaiting the writer's drain under a lock.
@@ -37,8 +44,10 @@ choose another. Two things about it needed changing (issues 16 and 17):
 
 Upstream: the close frame on failure is a small fix to ``WSStream._handle_events``
 (answer a ``CloseConnection`` the peer did not send with one of our own, then
-end the stream) worth offering to Hypercorn; the rest is specific to our
-extensions. Until Hypercorn has it, :func:`install` puts :class:`AsbpWSStream`
+end the stream) worth offering to Hypercorn, as is one to its ``H2Protocol``,
+which fails the whole connection with a ``KeyError`` on a DATA frame for a stream
+it has closed (so here a failed HTTP/2 stream stays until the client ends it);
+the rest is specific to our extensions. Until Hypercorn has it, :func:`install` puts :class:`AsbpWSStream`
 where Hypercorn looks ``WSStream`` up. It is called by the broker's server
 start-up (gateway/ops/server.py) and the test servers, never on import, and it
 refuses a Hypercorn it was not written against: the subclass relies on
@@ -344,7 +353,10 @@ class AsbpWSStream(WSStream):
             if self._close_frame_read(b""):  # it may have come with the refused bytes
                 await self.send(StreamClosed(stream_id=self.stream_id))
             else:
-                self.task_group.spawn(self._close_after_timeout)
+                # A timer, not a sleeping task: Hypercorn's connection waits for its
+                # tasks before it is done, and this one would outlive the connection.
+                loop = asyncio.get_running_loop()
+                loop.call_later(CLOSE_TIMEOUT, self._close_timed_out)
 
     def _close_frame_read(self, data: bytes) -> bool:
         """Drop ``data`` (lingering after a failure), unless it completes the client's
@@ -358,10 +370,9 @@ class AsbpWSStream(WSStream):
                 return True
         return False
 
-    async def _close_after_timeout(self) -> None:
-        await self.context.sleep(CLOSE_TIMEOUT)
+    def _close_timed_out(self) -> None:
         if not self.closed:
-            await self.send(StreamClosed(stream_id=self.stream_id))
+            self.task_group.spawn(self.send, StreamClosed(stream_id=self.stream_id))
 
     async def app_send(self, message: Any) -> None:
         if message is None and self._discarding and not self.closed:
