@@ -47,10 +47,10 @@ Upstream: the close frame on failure is a small fix to ``WSStream._handle_events
 end the stream) worth offering to Hypercorn, as is one to its ``H2Protocol``,
 which fails the whole connection with a ``KeyError`` on a DATA frame for a stream
 it has closed (so here a failed HTTP/2 stream stays until the client ends it);
-the rest is specific to our extensions. Until Hypercorn has it, :func:`install` puts :class:`AsbpWSStream`
-where Hypercorn looks ``WSStream`` up. It is called by the broker's server
-start-up (gateway/ops/server.py) and the test servers, never on import, and it
-refuses a Hypercorn it was not written against: the subclass relies on
+the rest is specific to our extensions. Until Hypercorn has them, :func:`install`
+puts :class:`AsbpWSStream` where Hypercorn looks ``WSStream`` up. It is called by
+the broker's server start-up (gateway/ops/server.py) and the test servers, never
+on import, and it refuses a Hypercorn it was not written against: the subclass relies on
 ``WSStream``'s internals (``connection``, ``state``, ``app_put``, ``send``),
 which a new version may change.
 """
