@@ -184,6 +184,10 @@ async def _main(args: argparse.Namespace) -> None:
 
                 await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
             else:
+                # Our WebSocket stream, as gateway/ops/server.py installs it.
+                from gateway.transports.hypercorn_ws import install
+
+                install()
                 await run(app, sock, _announce, stop)
     elif args.target == "loop":
         await run(loop_app(), sock, _announce, stop)

@@ -272,6 +272,11 @@ async def _main(args: argparse.Namespace) -> None:
             gc.freeze()
             await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
         else:
+            # As gateway/ops/server.py serves the broker: our WebSocket stream (the bare
+            # relay runs on Hypercorn's own, as any other application would).
+            from gateway.transports.hypercorn_ws import install
+
+            install()
             gc.freeze()
             await run(app, sock, _announce, stop)
 

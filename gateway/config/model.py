@@ -259,7 +259,8 @@ class GatewayConfig:
     #: browsers always do. Off by default, as Centrifugo and Socket.IO have it:
     #: ASBP Commands are short, a compressor per connection costs tens of KiB and
     #: CPU on every frame, and a compressed connection leaves the fast frame path
-    #: (gateway.transports.coalescing). Worth it for large text payloads on slow links.
+    #: (gateway.transports.coalescing, gateway.transports.hypercorn_ws: on both
+    #: servers). Worth it for large text payloads on slow links.
     websocket_compression: bool = False
     #: The Broker-Identifier ``b``; None loads it from ``data_dir`` or creates
     #: one there, so it stays stable across restarts.

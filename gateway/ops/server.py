@@ -57,6 +57,8 @@ from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
+from gateway.transports.hypercorn_ws import configure_compression
+from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
 __all__ = [
@@ -291,6 +293,9 @@ async def _run_hypercorn(
     on_ready: _Ready,
     stop: asyncio.Event,
 ) -> None:
+    # Our WebSocket stream: close frames on failure as Uvicorn sends them, and the
+    # fast path for plain frames (gateway/transports/hypercorn_ws.py says why).
+    install_ws_stream()
     hypercorn_config = HypercornConfig()
     hypercorn_config.accesslog = None
     # A Logger object is used as is: Hypercorn adds no handler of its own, and its
@@ -300,6 +305,8 @@ async def _run_hypercorn(
     # Assigned, never mutated: Hypercorn's defaults are class-level lists.
     hypercorn_config.alpn_protocols = ["h2", "http/1.1"]
     hypercorn_config.websocket_max_message_size = max_message_bytes(config.limits)
+    # As Uvicorn's ws_per_message_deflate below (our stream reads it; Hypercorn has none).
+    configure_compression(hypercorn_config, config.websocket_compression)
     if config.tls is None:
         sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     else:

@@ -61,16 +61,23 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 from websockets.protocol import State
 
-from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader
+from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
-__all__ = ["CoalescingTransport", "CoalescingWebSocketProtocol"]
+__all__ = ["CLOSE_TIMEOUT", "CoalescingTransport", "CoalescingWebSocketProtocol"]
+
+#: Seconds a connection whose message was refused (1009) waits for the client's
+#: close frame before the server closes it (websockets' own default is 10).
+CLOSE_TIMEOUT: Final = 5.0
+
+#: The close frame's opcode (RFC 6455 §5.5.1).
+_CLOSE: Final = 0x8
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -174,10 +181,19 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._extensions_negotiated = False
         self._on_frame: Callable[[bytes, bool], None] | None = None
         self._on_frame_context: contextvars.Context | None = None
+        #: Bytes of the fragmented message handed on so far (websockets' current_size).
+        self._current_size: int | None = None
+        #: Refused a message (1009): dropping what comes until the client's close frame.
+        self._lingering = False
         super().connection_made(self._coalescing)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
+        if self._lingering:
+            assert reader is not None
+            if self._close_frame_read(reader, data):
+                self.transport.close()
+            return
         if reader is None:
             reader = self._start_reading(data)
             if reader is None:
@@ -246,6 +262,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         while (event := reader.next_event()) is not None:
             kind, payload = event
             if kind == OTHER:
+                header = reader.handed_on_header
+                if header is not None and self._refuse_too_big(reader, header):
+                    return
                 super().data_received(payload)
                 if self.conn.state is not State.OPEN or self.close_sent:
                     # Failed, or closing: websockets discards or answers the rest.
@@ -269,6 +288,49 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         if queued and not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
+
+    def _refuse_too_big(self, reader: PlainFrameReader, header: tuple[int, bool, int]) -> bool:
+        """Refuse a frame longer than what the message may still hold, from its header,
+        as websockets would (the same 1009 and reason), but wait for the client's close
+        frame before closing; True if it did.
+
+        websockets closes the socket at once, with the rest of the message unread, and
+        the kernel answers the client's next bytes with a reset: a browser that gets it
+        discards the close frame it had not yet read and reports 1006, no reason
+        (gateway/transports/hypercorn_ws.py lingers the same way on Hypercorn).
+        """
+        opcode, fin, length = header
+        max_size = self.config.ws_max_size
+        current = self._current_size
+        if length <= max_size - (current or 0):
+            if opcode < 3:  # a data frame starts, continues or ends the message (§5.4)
+                self._current_size = None if fin else (current or 0) + length
+            return False
+        self.conn.send_close(1009, too_big_reason(length, max_size, current))
+        # The application learns when the connection is lost (Uvicorn queues the
+        # disconnect then): told now, it would return, and Uvicorn closes the socket
+        # when it does.
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self._lingering = True
+        if self.read_paused:  # the rest must be read to find the close frame
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self._close_frame_read(reader, b""):
+            self.transport.close()
+        else:
+            self.loop.call_later(CLOSE_TIMEOUT, self.transport.close)
+        return True
+
+    @staticmethod
+    def _close_frame_read(reader: PlainFrameReader, data: bytes) -> bool:
+        """Drop ``data``, unless it completes the header of the client's close frame."""
+        reader.feed(data)
+        while (event := reader.next_event()) is not None:
+            header = reader.handed_on_header
+            if event[0] == OTHER and header is not None and header[0] == _CLOSE:
+                return True
+        return False
 
     def _handle(self, handler: Callable[[bytes, bool], None], payload: bytes, text: bool) -> bool:
         """Call the application's frame handler; False if it failed (the connection ends)."""
@@ -322,6 +384,24 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
             extensions[SEND_FRAME] = self.send_frame
             extensions[RECEIVE_FRAMES] = self.on_frame
+
+    def send_receive_event_to_app(self) -> None:
+        """Uvicorn's, but a text message that is not UTF-8 fails with 1007 and a reason.
+
+        Uvicorn closes with 1007 and no reason, and logs the client's bad bytes as an
+        error with a traceback (any client could fill the log). Here the close frame
+        says what was wrong (the decoder's words, as Hypercorn's path says them:
+        gateway/transports/hypercorn_ws.py), and nothing is logged.
+        """
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError as exc:
+                self.frames = []
+                self.conn.send_close(1007, exc.reason)
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
 
     def send_frame(self, payload: bytes, text: bool) -> bool:
         """Frame ``payload`` as one binary (or, if ``text``, UTF-8 text) message and gather it.

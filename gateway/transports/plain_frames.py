@@ -61,7 +61,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["BINARY", "OTHER", "TEXT", "PlainFrameReader"]
+__all__ = ["BINARY", "OTHER", "TEXT", "PlainFrameReader", "too_big_reason"]
 
 #: A whole text message: its payload is valid UTF-8.
 TEXT: Final = 0x1
@@ -82,7 +82,7 @@ class PlainFrameReader:
             a longer frame is handed on, for the full implementation to refuse.
     """
 
-    __slots__ = ("_at", "_buffer", "_fragmented", "_other", "max_size")
+    __slots__ = ("_at", "_buffer", "_fragmented", "_other", "handed_on_header", "max_size")
 
     def __init__(self, *, max_size: int | None) -> None:
         self.max_size = max_size
@@ -93,6 +93,11 @@ class PlainFrameReader:
         self._other = 0
         #: Inside a fragmented message (handed on, with everything up to its end).
         self._fragmented = False
+        #: After an :data:`OTHER` event that starts a frame: its ``(opcode, fin,
+        #: payload length)`` from the header; None after every other event. A caller
+        #: that enforces limits from the header (gateway.transports.hypercorn_ws)
+        #: reads it; the bytes are handed on all the same.
+        self.handed_on_header: tuple[int, bool, int] | None = None
 
     def feed(self, data: bytes | bytearray) -> None:
         """Append ``data``, as received, to what is still to be read."""
@@ -108,6 +113,7 @@ class PlainFrameReader:
         None means that more data is needed: the rest of a plain frame, or of a
         frame's header.
         """
+        self.handed_on_header = None
         buffer = self._buffer
         at = self._at
         available = len(buffer) - at
@@ -166,7 +172,9 @@ class PlainFrameReader:
         if opcode < 3:  # continuation, text or binary
             self._fragmented = not first & 0x80
         self._other = end - at
-        return self.next_event()
+        event = self.next_event()  # its first bytes: at least the two read above
+        self.handed_on_header = (opcode, bool(first & 0x80), length)
+        return event
 
     def rest(self) -> bytes:
         """Everything received and not yet returned; the reader is empty afterwards."""
@@ -175,3 +183,19 @@ class PlainFrameReader:
         self._at = 0
         self._other = 0
         return rest
+
+
+def too_big_reason(length: int, max_size: int, current_size: int | None) -> str:
+    """The reason websockets gives for 1009 (its ``PayloadTooBig``), word for word.
+
+    Args:
+        length: the payload length the refused frame's header announces.
+        max_size: the connection's message limit.
+        current_size: bytes of the fragmented message read before this frame, if any.
+    """
+    if current_size is None:
+        return f"frame with {length} bytes exceeds limit of {max_size} bytes"
+    return (
+        f"frame with {length} bytes after reading {current_size} bytes "
+        f"exceeds limit of {max_size} bytes"
+    )

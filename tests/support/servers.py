@@ -57,6 +57,8 @@ from starlette.types import ASGIApp
 from asbp import DEFAULT_LIMITS
 from gateway.transports.coalescing import CoalescingWebSocketProtocol
 from gateway.transports.h11_eof import EofAnsweringH11Protocol
+from gateway.transports.hypercorn_ws import configure_compression
+from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
 from .timing import T
@@ -364,6 +366,7 @@ def _hypercorn(
     app: ASGIApp, sock: socket.socket, *, tls: TlsFiles | None, h2: bool, max_message_bytes: int
 ) -> _Serve:
     async def serve(ready: _Ready, stop: asyncio.Event) -> None:
+        install_ws_stream()  # as gateway/ops/server.py serves the broker
         config = _hypercorn_config(tls=tls, h2=h2)
         config.websocket_max_message_size = max_message_bytes
         if tls is None:
@@ -395,6 +398,7 @@ def _hypercorn_config(*, tls: TlsFiles | None, h2: bool) -> HypercornConfig:
     # propagate to the root, where pytest captures and reports them.
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = _GRACEFUL_TIMEOUT
+    configure_compression(config, False)  # as gateway/ops/server.py's default
     # Assigned, never mutated: Hypercorn's defaults are class-level lists.
     config.alpn_protocols = ["h2", "http/1.1"] if h2 else ["http/1.1"]
     if tls is not None:

@@ -35,7 +35,7 @@ from gateway.broker import _STOP_BUDGET, _STOP_LAST_TRY
 from gateway.broker_id import BROKER_ID_FILE
 from gateway.config import load_config
 from gateway.config.fields import FOREIGN_ENV_VARS
-from gateway.config.model import GatewayConfig, TlsConfig
+from gateway.config.model import GatewayConfig, ServerName, TlsConfig
 from gateway.ops.cli import main
 from gateway.ops.server import Endpoints, ServerError, serve
 from tests.support import (
@@ -490,13 +490,17 @@ async def test_uvicorn_serves_http11_over_tls(tmp_path: Path, tls_files: TlsFile
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
 @pytest.mark.parametrize("compression", [False, True])
 async def test_websocket_compression_is_accepted_only_when_configured(
-    tmp_path: Path, compression: bool
+    tmp_path: Path, compression: bool, server: ServerName
 ) -> None:
     # Off by default: a browser always offers permessage-deflate, and a compressed
-    # connection costs a compressor per Channel and leaves the fast frame path.
-    config = GatewayConfig(port=0, data_dir=tmp_path, websocket_compression=compression)
+    # connection costs a compressor per Channel and leaves the fast frame path. On
+    # Hypercorn our WebSocket stream declines it (gateway/transports/hypercorn_ws.py).
+    config = GatewayConfig(
+        port=0, data_dir=tmp_path, websocket_compression=compression, server=server
+    )
     async with serving(config) as url:
         ws_url = url.replace("http://", "ws://") + "/asbp"
         async with websockets.asyncio.client.connect(ws_url, compression="deflate") as ws:

@@ -103,3 +103,28 @@ def test_rest_returns_what_was_not_read_and_empties_the_reader() -> None:
     assert reader.next_event() == (OTHER, close[3:])
     assert reader.rest() == plain
     assert reader.next_event() is None
+
+
+def test_each_handed_on_frame_reports_its_header_once() -> None:
+    """The header of a handed-on frame, after the event that starts it; None after
+    every other event (its later bytes, plain messages)."""
+    reader = PlainFrameReader(max_size=1000)
+    first = frame(BINARY, b"a" * 300, fin=False)  # fragmented: handed on
+    too_big = frame(CONT, b"b" * 70_000)  # a 64-bit length
+    plain = frame(BINARY, b"plain")
+    reader.feed(first[:2])
+    assert reader.next_event() is None  # its 16-bit length has not arrived yet
+    assert reader.handed_on_header is None
+    reader.feed(first[2:4])
+    assert reader.next_event() == (OTHER, first[:4])
+    assert reader.handed_on_header == (BINARY, False, 300)
+    reader.feed(first[4:] + too_big[:10])
+    assert reader.next_event() == (OTHER, first[4:])
+    assert reader.handed_on_header is None  # the rest of the same frame
+    assert reader.next_event() == (OTHER, too_big[:10])
+    assert reader.handed_on_header == (CONT, True, 70_000)
+    reader.feed(too_big[10:] + plain)
+    assert reader.next_event() == (OTHER, too_big[10:])
+    assert reader.handed_on_header is None
+    assert reader.next_event() == (BINARY, b"plain")
+    assert reader.handed_on_header is None
