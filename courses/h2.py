@@ -76,7 +76,7 @@ class H2WebSocket:
     """One WebSocket on one HTTP/2 stream of its own connection.
 
     The part of websockets' ``ClientConnection`` a Course uses: :meth:`send`,
-    :meth:`recv`, ``async for``, :meth:`close` and :attr:`close_code`. Made by
+    :meth:`recv`, ``async for``, :meth:`ping`, :meth:`close` and :attr:`close_code`. Made by
     :func:`open_h2_websocket`.
     """
 
@@ -180,6 +180,24 @@ class H2WebSocket:
                 yield await self.recv()
             except ConnectionClosedOK:
                 return
+
+    async def ping(self) -> asyncio.Future[None]:
+        """Send a ping; the future returned is done when its pong comes back (and
+        fails with :class:`ConnectionClosed` if the WebSocket closes first).
+
+        Raises:
+            ConnectionClosed: the WebSocket is closed or closing.
+        """
+        if self._ws.state is not OPEN or self._closed.is_set():
+            raise self._closed_exc()
+        payload = os.urandom(4)
+        while payload in self._pongs:
+            payload = os.urandom(4)
+        pong: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pongs[payload] = pong
+        self._ws.send_ping(payload)
+        self._pump_out()
+        return pong
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the WebSocket (a close frame, the peer's, END_STREAM) and the connection."""
@@ -355,7 +373,9 @@ class H2WebSocket:
         self._ws.data_to_send()
         self._closed.set()
         for waiter in self._pongs.values():
-            waiter.cancel()
+            if not waiter.done():
+                waiter.set_exception(self._closed_exc())
+                waiter.exception()  # retrieved: nobody need be waiting for it
         self._pongs.clear()
 
     def _closed_exc(self) -> ConnectionClosed:
@@ -369,21 +389,15 @@ class H2WebSocket:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), interval)
-            if self._closed.is_set() or self._ws.state is not OPEN:
-                return
-            payload = os.urandom(4)
-            pong: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._pongs[payload] = pong
-            self._ws.send_ping(payload)
-            self._pump_out()
             try:
+                pong = await self.ping()
                 await asyncio.wait_for(pong, self._ping_timeout)
-            except (TimeoutError, asyncio.CancelledError):
-                if self._closed.is_set():
-                    return
+            except TimeoutError:
                 # No pong: the peer is gone without telling. Drop the connection; the
                 # reader ends the WebSocket and the Course dials again.
                 self._writer.transport.abort()
+                return
+            except ConnectionClosed:
                 return
 
     async def _shutdown(self) -> None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl as ssl_module
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from h2.config import H2Configuration
+from h2.connection import H2Connection
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -288,6 +291,23 @@ async def test_the_h2_client_speaks_a_course_and_closes_cleanly(
             await ws.recv()
 
 
+async def test_a_ping_gets_its_pong_and_fails_once_closed(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    async with bus_b(tmp_path, tls_files) as (server, a):
+        token, _ = key_of(a).sign("b.test", lifetime=60)
+        async with await open_h2(server, tls_files, token, ping_interval=None) as ws:
+            await ws.recv()
+            pong = await ws.ping()
+            await asyncio.wait_for(pong, 5 * T)
+            unanswered = await ws.ping()
+            await ws.close()
+        # Closed before (or as) its pong came: done either way, never left hanging.
+        assert unanswered.done()
+        with pytest.raises(ConnectionClosed):
+            await ws.ping()
+
+
 async def test_a_bad_frame_ends_the_stream_and_iteration_raises(
     tmp_path: Path, tls_files: TlsFiles
 ) -> None:
@@ -338,6 +358,57 @@ async def test_a_server_without_h2_is_reported_unavailable(
     async with serve_app_async(app, tls=tls_files, server="uvicorn") as server:
         with pytest.raises(Http2Unavailable, match="not h2"):
             await open_h2(server, tls_files, None)
+
+
+@contextlib.asynccontextmanager
+async def bare_h2_server(tls: TlsFiles, *, settings: bool) -> AsyncIterator[int]:
+    """A TLS server that takes ``h2`` by ALPN and either sends SETTINGS without
+    extended CONNECT (as an HTTP/2 server that serves no WebSocket does) or closes at
+    once; its port."""
+    context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert, tls.key)
+    context.set_alpn_protocols(["h2"])
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if settings:
+            connection = H2Connection(H2Configuration(client_side=False))
+            connection.initiate_connection()
+            writer.write(connection.data_to_send())
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    connection.receive_data(data)
+                    writer.write(connection.data_to_send())
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("settings", "reason"),
+    [
+        (True, "does not enable extended CONNECT"),
+        (False, "closed before the server's SETTINGS"),
+    ],
+)
+async def test_an_h2_server_without_extended_connect_is_reported_unavailable(
+    tls_files: TlsFiles, settings: bool, reason: str
+) -> None:
+    async with bare_h2_server(tls_files, settings=settings) as port:
+        with pytest.raises(Http2Unavailable, match=reason):
+            await open_h2_websocket(
+                "127.0.0.1",
+                port,
+                path="/course",
+                authority=f"127.0.0.1:{port}",
+                headers=[],
+                ssl_context=h2_ssl_context(str(tls_files.ca)),
+                open_timeout=5 * T,
+            )
 
 
 def _bytes(frame: str | bytes) -> bytes:
