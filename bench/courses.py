@@ -89,7 +89,12 @@ class Relay:
         if self.target is None:
             writer.transport.abort()
             return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            # The broker behind is gone (the run is stopping): the dialler retries.
+            writer.transport.abort()
+            return
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             try:

@@ -148,7 +148,7 @@ class H2WebSocket:
         self._pump_out()
         while self._pending and not self._closed.is_set():
             self._window.clear()
-            await _first(self._window.wait(), self._closed)
+            await self._window.wait()  # set by a WINDOW_UPDATE, or the end
             self._pump_out()
         if self._pending:
             raise self._closed_exc()
@@ -167,7 +167,9 @@ class H2WebSocket:
             if self._closed.is_set():
                 raise self._closed_exc()
             self._arrived.clear()
-            await _first(self._arrived.wait(), self._closed)
+            # One event, set by a message or by the end: no task per wait, since
+            # this is every acknowledgement's path.
+            await self._arrived.wait()
         message = self._messages.popleft()
         self._room.set()
         return message
@@ -372,6 +374,10 @@ class H2WebSocket:
         self._ws.receive_eof()
         self._ws.data_to_send()
         self._closed.set()
+        # Wake whoever waits for a message, a window or room: they see the end.
+        self._arrived.set()
+        self._window.set()
+        self._room.set()
         for waiter in self._pongs.values():
             if not waiter.done():
                 waiter.set_exception(self._closed_exc())
