@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
@@ -59,15 +60,18 @@ async def two_buses(
     *,
     http2: str = "auto",
     b_serving: dict[str, Any] | None = None,
+    relays: list[Relay] | None = None,
 ) -> AsyncIterator[tuple[RunningServer, RunningServer, LogEvents, LogEvents]]:
     """Buses a.test and b.test, each dialling the other with ``http2``; b served as
-    ``b_serving`` says (Hypercorn by default)."""
+    ``b_serving`` says (Hypercorn by default). ``relays`` gets the relays to a and b."""
     bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
     with (
         log_events(f"h2-a-{tmp_path.name}") as (log_a, a_events),
         log_events(f"h2-b-{tmp_path.name}") as (log_b, b_events),
     ):
         async with Relay() as to_a, Relay() as to_b:
+            if relays is not None:
+                relays += [to_a, to_b]
             config_a = bus_config(bus_a, {bus_b: to_b.url()}, tls=tls)
             config_b = bus_config(bus_b, {bus_a: to_a.url()}, tls=tls)
             for config in (config_a, config_b):
@@ -117,6 +121,42 @@ async def test_a_course_over_http2_carries_commands_both_ways_and_replies_by_p(
         for n in range(5):
             got = await bob.recv()
             assert (got.command_id, got.body) == (n, big)
+
+
+async def test_a_course_over_http2_cut_before_its_acknowledgements_delivers_once_in_order(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    relays: list[Relay] = []
+    count = 50
+    async with (
+        two_buses(tmp_path, tls_files, relays=relays) as (a, b, a_events, _),
+        user(a.ws_url, "alice", tls_files) as alice,
+        user(b.ws_url, "bob", tls_files) as bob,
+    ):
+        to_b = relays[1]
+        assert (await a_events.wait("course.up", timeout=10 * T)).http2 is True
+        # Nothing b sends reaches a from now: no acknowledgement (nor WINDOW_UPDATE).
+        to_b.hold_back = True
+        for n in range(count):
+            await alice.send(Command({"c": "chat", "r": "bob*b.test"}, str(n).encode()))
+        first = [(await bob.recv()).body for _ in range(count)]
+        assert first == [str(n).encode() for n in range(count)]
+        # The link drops with all of them unacknowledged; a dials again (over HTTP/2),
+        # sends them again, and b drops what it has seen.
+        connections = to_b.connections
+        to_b.cut()
+        to_b.target = b.port
+        await to_b.wait_connections(connections + 1)
+        await alice.send(Command({"c": "chat", "r": "bob*b.test"}, b"after"))
+        assert (await bob.recv()).body == b"after"  # no copy came before it
+        ups = a_events.find("course.up")
+        assert len(ups) >= 2 and all(record.http2 is True for record in ups)
+        async with httpx.AsyncClient(verify=client_ssl_context(tls_files)) as http:
+            metrics = (await http.get(f"{b.http_url}/metrics")).text
+        # Every one came again, and was dropped as seen.
+        assert f'asbp_course_received_total{{outcome="duplicate"}} {count}.0' in metrics
+        assert f'asbp_course_received_total{{outcome="accepted"}} {count + 1}.0' in metrics
+    print(f"{count} Commands sent, {count} sent again after the cut, each delivered once")
 
 
 async def test_auto_falls_back_to_http1_against_uvicorn(
