@@ -55,13 +55,14 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import CLOSED, OPEN, Protocol, Side
 
-__all__ = ["H2WebSocket", "Http2Unavailable", "open_h2_websocket"]
+__all__ = ["MAX_MESSAGE", "H2WebSocket", "Http2Unavailable", "h2_ssl_context", "open_h2_websocket"]
 
 #: Messages read and not yet taken before we stop reading the socket.
 _INBOX: Final = 64
-#: What a Course receives is its peer's greeting and acknowledgements (8 KiB
-#: headers): a megabyte is far above either and bounds a hostile peer.
-_MAX_MESSAGE: Final = 2**20
+#: The largest message a dialler reads, on either HTTP (courses.transport). What a
+#: Course receives is its peer's greeting and acknowledgements (8 KiB headers): a
+#: megabyte is far above either and bounds what a hostile peer can make us hold.
+MAX_MESSAGE: Final = 2**20
 #: A refusal's body read at most (the peer's fault Command).
 _MAX_REFUSAL_BODY: Final = 64 * 1024
 _READ: Final = 65536
@@ -97,7 +98,7 @@ class H2WebSocket:
         self._h2 = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
-        self._ws = Protocol(Side.CLIENT, state=OPEN, max_size=_MAX_MESSAGE)
+        self._ws = Protocol(Side.CLIENT, state=OPEN, max_size=MAX_MESSAGE)
         self._stream = 0
         self._settings = asyncio.Event()
         self._status = 0
@@ -119,6 +120,7 @@ class H2WebSocket:
         #: The server's close frame came: nothing more goes on the stream.
         self._close_rcvd = asyncio.Event()
         self._closed = asyncio.Event()
+        self._closing_watched = False
         self._pongs: dict[bytes, asyncio.Future[None]] = {}
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
@@ -297,6 +299,12 @@ class H2WebSocket:
                 return
             self._ws.receive_data(data)
             await self._frames()
+            if self._ws.close_expected() and not self._closing_watched:
+                # The WebSocket layer failed the connection (a message too big, a
+                # protocol error) or is done: give the server close_timeout to end
+                # the stream, as websockets' client gives it to close TCP.
+                self._closing_watched = True
+                self._tasks.append(asyncio.create_task(self._end_after_close_timeout()))
         elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
             self._remote_ended = True
 
@@ -388,6 +396,12 @@ class H2WebSocket:
         if self._ws.state is not CLOSED:
             return ConnectionClosedError(None, None)
         return self._ws.close_exc
+
+    async def _end_after_close_timeout(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closed.wait(), self._close_timeout)
+        if not self._closed.is_set():
+            self._writer.transport.abort()  # the reader sees the end, and ends it
 
     async def _keepalive(self) -> None:
         interval = self._ping_interval

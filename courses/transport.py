@@ -14,6 +14,8 @@ A peer's ``http2`` setting (courses.settings) chooses:
     HTTP/1.1 only, as before HTTP/2 was offered.
 
 ``ws://`` (the development flag) is always HTTP/1.1: HTTP/2 is chosen by TLS's ALPN.
+Either way a message from the answering side is at most ``MAX_MESSAGE`` (1 MiB);
+a larger one closes the link (1009) and it is dialled again.
 The two paths send the same request headers (the Course credential) and give the
 same socket interface (:class:`CourseSocket`), so courses.link does not know which
 one it drains into; it only reports it (``course.up``'s ``http2``).
@@ -31,7 +33,7 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect
 
-from courses.h2 import Http2Unavailable, h2_ssl_context, open_h2_websocket
+from courses.h2 import MAX_MESSAGE, Http2Unavailable, h2_ssl_context, open_h2_websocket
 
 __all__ = ["HTTP2_MODES", "CourseSocket", "Dialled", "Dialler", "Http2Mode"]
 
@@ -110,7 +112,9 @@ class Dialler:
             additional_headers=dict(headers),
             ssl=self._ssl if secure else None,
             compression=None,
-            max_size=None,
+            # Bounded as over HTTP/2: the answering side sends a greeting and
+            # acknowledgements only, and a hostile one must not fill our memory.
+            max_size=MAX_MESSAGE,
             open_timeout=self._open_timeout,
         ) as ws:
             yield Dialled(ws, http2=False)

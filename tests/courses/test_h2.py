@@ -20,7 +20,10 @@ import httpx
 import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
+from h2.events import RequestReceived
+from h2.settings import SettingCodes
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from asbp import Command, decode, encode
@@ -401,10 +404,13 @@ async def test_a_server_without_h2_is_reported_unavailable(
 
 
 @contextlib.asynccontextmanager
-async def bare_h2_server(tls: TlsFiles, *, settings: bool) -> AsyncIterator[int]:
+async def bare_h2_server(
+    tls: TlsFiles, *, settings: bool, huge_message: bool = False
+) -> AsyncIterator[int]:
     """A TLS server that takes ``h2`` by ALPN and either sends SETTINGS without
     extended CONNECT (as an HTTP/2 server that serves no WebSocket does) or closes at
-    once; its port."""
+    once; or, with ``huge_message``, accepts the WebSocket and starts a 2 MiB message
+    (a hostile answering peer); its port."""
     context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tls.cert, tls.key)
     context.set_alpn_protocols(["h2"])
@@ -413,10 +419,17 @@ async def bare_h2_server(tls: TlsFiles, *, settings: bool) -> AsyncIterator[int]
         if settings:
             connection = H2Connection(H2Configuration(client_side=False))
             connection.initiate_connection()
+            if huge_message:
+                connection.update_settings({SettingCodes.ENABLE_CONNECT_PROTOCOL: 1})
             writer.write(connection.data_to_send())
             with contextlib.suppress(OSError):
                 while data := await reader.read(65536):
-                    connection.receive_data(data)
+                    for event in connection.receive_data(data):
+                        if isinstance(event, RequestReceived):
+                            connection.send_headers(event.stream_id, [(":status", "200")])
+                            # A binary frame announcing 2 MiB, and its first bytes.
+                            header = b"\x82\x7f" + (2 * 2**20).to_bytes(8, "big")
+                            connection.send_data(event.stream_id, header + b"x" * 1000)
                     writer.write(connection.data_to_send())
         writer.close()
 
@@ -449,6 +462,48 @@ async def test_an_h2_server_without_extended_connect_is_reported_unavailable(
                 ssl_context=h2_ssl_context(str(tls_files.ca)),
                 open_timeout=5 * T,
             )
+
+
+async def test_an_answer_larger_than_a_megabyte_closes_an_http2_course(
+    tls_files: TlsFiles,
+) -> None:
+    async with bare_h2_server(tls_files, settings=True, huge_message=True) as port:
+        ws = await open_h2_websocket(
+            "127.0.0.1",
+            port,
+            path="/course",
+            authority=f"127.0.0.1:{port}",
+            headers=[],
+            ssl_context=h2_ssl_context(str(tls_files.ca)),
+            open_timeout=5 * T,
+            close_timeout=0.5 * T,
+        )
+        async with ws:
+            with pytest.raises(ConnectionClosed) as caught:
+                await asyncio.wait_for(ws.recv(), 5 * T)
+        assert caught.value.sent is not None and caught.value.sent.code == 1009
+
+
+async def test_an_answer_larger_than_a_megabyte_closes_an_http1_course(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """A hostile answerer on HTTP/1.1 (no h2 by ALPN): the link is dropped, not grown."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+
+    async def answer(ws: ServerConnection) -> None:
+        await ws.send(b"x" * (2 * 2**20))
+        await ws.wait_closed()
+
+    context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls_files.cert, tls_files.key)
+    async with serve(answer, "127.0.0.1", 0, ssl=context, max_size=None) as hostile:
+        port = next(iter(hostile.sockets)).getsockname()[1]
+        with log_events(f"h2-hostile-{tmp_path.name}") as (log, events):
+            config_a = bus_config(a, {b: f"wss://127.0.0.1:{port}/course"}, tls=tls_files)
+            async with serve_bus(a, config_a, tls_files, log=log):
+                failed = await events.wait("course.link_failed", timeout=10 * T)
+                assert "1009" in failed.error
+                assert not events.find("course.up")
 
 
 def _bytes(frame: str | bytes) -> bytes:
