@@ -207,6 +207,7 @@ class H2WebSocket:
         """Close the WebSocket (a close frame, the peer's, END_STREAM) and the connection."""
         if self._ws.state is OPEN and not self._closed.is_set():
             self._ws.send_close(code, reason)
+            self._eof = True  # a close frame, then END_STREAM (RFC 8441 §5)
             self._pump_out()
             with contextlib.suppress(TimeoutError):
                 # The closing handshake is done when the server's close frame comes
@@ -358,9 +359,15 @@ class H2WebSocket:
                 )
                 if window <= 0:
                     break
-                h2c.send_data(self._stream, bytes(self._pending[:window]))
+                chunk = bytes(self._pending[:window])
                 del self._pending[:window]
-            if self._eof and not self._pending:
+                # Our close frame ends our half of the stream in the same DATA frame:
+                # an empty DATA frame after it could reach a server that has already
+                # let the stream go (see above).
+                last = self._eof and not self._pending
+                h2c.send_data(self._stream, chunk, end_stream=last)
+                self._local_ended = last
+            if self._eof and not self._pending and not self._local_ended:
                 self._local_ended = True
                 h2c.end_stream(self._stream)
         except h2.exceptions.ProtocolError:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import RequestReceived
+from h2.events import DataReceived, RequestReceived, StreamEnded
 from h2.settings import SettingCodes
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
@@ -405,12 +405,19 @@ async def test_a_server_without_h2_is_reported_unavailable(
 
 @contextlib.asynccontextmanager
 async def bare_h2_server(
-    tls: TlsFiles, *, settings: bool, huge_message: bool = False
+    tls: TlsFiles,
+    *,
+    settings: bool,
+    huge_message: bool = False,
+    accept: bool = False,
+    received: list[bytes] | None = None,
+    ended: asyncio.Event | None = None,
 ) -> AsyncIterator[int]:
     """A TLS server that takes ``h2`` by ALPN and either sends SETTINGS without
     extended CONNECT (as an HTTP/2 server that serves no WebSocket does) or closes at
-    once; or, with ``huge_message``, accepts the WebSocket and starts a 2 MiB message
-    (a hostile answering peer); its port."""
+    once; or accepts the WebSocket and, with ``huge_message``, starts a 2 MiB message
+    (a hostile answering peer), else keeps what comes in ``received`` and sets
+    ``ended`` at the client's END_STREAM; its port."""
     context = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tls.cert, tls.key)
     context.set_alpn_protocols(["h2"])
@@ -419,7 +426,7 @@ async def bare_h2_server(
         if settings:
             connection = H2Connection(H2Configuration(client_side=False))
             connection.initiate_connection()
-            if huge_message:
+            if huge_message or accept:
                 connection.update_settings({SettingCodes.ENABLE_CONNECT_PROTOCOL: 1})
             writer.write(connection.data_to_send())
             with contextlib.suppress(OSError):
@@ -427,9 +434,17 @@ async def bare_h2_server(
                     for event in connection.receive_data(data):
                         if isinstance(event, RequestReceived):
                             connection.send_headers(event.stream_id, [(":status", "200")])
-                            # A binary frame announcing 2 MiB, and its first bytes.
-                            header = b"\x82\x7f" + (2 * 2**20).to_bytes(8, "big")
-                            connection.send_data(event.stream_id, header + b"x" * 1000)
+                            if huge_message:
+                                # A binary frame announcing 2 MiB, and its first bytes.
+                                header = b"\x82\x7f" + (2 * 2**20).to_bytes(8, "big")
+                                connection.send_data(event.stream_id, header + b"x" * 1000)
+                        elif isinstance(event, DataReceived) and received is not None:
+                            received.append(event.data or b"")
+                            connection.acknowledge_received_data(
+                                event.flow_controlled_length or 0, event.stream_id
+                            )
+                        elif isinstance(event, StreamEnded) and ended is not None:
+                            ended.set()
                     writer.write(connection.data_to_send())
         writer.close()
 
@@ -482,6 +497,33 @@ async def test_an_answer_larger_than_a_megabyte_closes_an_http2_course(
             with pytest.raises(ConnectionClosed) as caught:
                 await asyncio.wait_for(ws.recv(), 5 * T)
         assert caught.value.sent is not None and caught.value.sent.code == 1009
+
+
+async def test_closing_sends_a_close_frame_then_end_stream(tls_files: TlsFiles) -> None:
+    received: list[bytes] = []
+    ended = asyncio.Event()
+    async with bare_h2_server(
+        tls_files, settings=True, accept=True, received=received, ended=ended
+    ) as port:
+        ws = await open_h2_websocket(
+            "127.0.0.1",
+            port,
+            path="/course",
+            authority=f"127.0.0.1:{port}",
+            headers=[],
+            ssl_context=h2_ssl_context(str(tls_files.ca)),
+            open_timeout=5 * T,
+            close_timeout=0.2 * T,  # this server never answers the close frame
+        )
+        await ws.send(b"one")
+        await ws.close(1001)
+        await asyncio.wait_for(ended.wait(), 5 * T)
+    frames = b"".join(received)
+    # Two masked frames: a binary one of 3 bytes, then a close frame of 2 (the code).
+    assert (frames[0], frames[1], len(frames)) == (0x82, 0x80 | 3, 2 + 4 + 3 + 2 + 4 + 2)
+    assert (frames[9], frames[10]) == (0x88, 0x80 | 2)
+    mask, code = frames[11:15], frames[15:17]
+    assert bytes(c ^ m for c, m in zip(code, mask, strict=False)) == (1001).to_bytes(2, "big")
 
 
 async def test_an_answer_larger_than_a_megabyte_closes_an_http1_course(
