@@ -55,6 +55,8 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import CLOSED, OPEN, Protocol, Side
 
+from gateway.errors import LocalError
+
 __all__ = ["MAX_MESSAGE", "H2WebSocket", "Http2Unavailable", "h2_ssl_context", "open_h2_websocket"]
 
 #: Messages read and not yet taken before we stop reading the socket.
@@ -68,9 +70,13 @@ _MAX_REFUSAL_BODY: Final = 64 * 1024
 _READ: Final = 65536
 
 
-class Http2Unavailable(WebSocketException):
+class Http2Unavailable(LocalError, WebSocketException):
     """The server does not take a WebSocket over HTTP/2: it chose another protocol
-    by ALPN, or did not enable extended CONNECT. ``auto`` falls back to HTTP/1.1."""
+    by ALPN, or did not enable extended CONNECT. ``auto`` falls back to HTTP/1.1.
+
+    In the one error tree (a :class:`~gateway.errors.LocalError`: logged, never sent),
+    and a ``WebSocketException`` too, so the link treats it as any failed handshake
+    under ``always``."""
 
 
 class H2WebSocket:
