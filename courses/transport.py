@@ -5,9 +5,11 @@ A peer's ``http2`` setting (courses.settings) chooses:
 ``auto`` (the default)
     offer ``h2`` by ALPN; a server that picks it and enables extended CONNECT
     (RFC 8441) carries the WebSocket on an HTTP/2 stream (courses.h2), any other
-    gets a second connection for the HTTP/1.1 upgrade (websockets' client). A server
-    that takes HTTP/2 and then refuses the Course is not asked again over HTTP/1.1:
-    its refusal stands.
+    gets a second connection for the HTTP/1.1 upgrade (websockets' client), and is
+    dialled straight over HTTP/1.1 for :data:`REPROBE` seconds after that, so a
+    peer without HTTP/2 costs one extra TLS handshake per ten minutes, not one per
+    reconnection. A server that takes HTTP/2 and then refuses the Course is not
+    asked again over HTTP/1.1: its refusal stands.
 ``always``
     HTTP/2 or nothing: a server without it fails the attempt (``course.link_failed``).
 ``never``
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +38,12 @@ from websockets.asyncio.client import connect
 
 from courses.h2 import MAX_MESSAGE, Http2Unavailable, h2_ssl_context, open_h2_websocket
 
-__all__ = ["HTTP2_MODES", "CourseSocket", "Dialled", "Dialler", "Http2Mode"]
+__all__ = ["HTTP2_MODES", "REPROBE", "CourseSocket", "Dialled", "Dialler", "Http2Mode"]
 
 Http2Mode = Literal["auto", "always", "never"]
 HTTP2_MODES: Final[tuple[Http2Mode, ...]] = ("auto", "always", "never")
+#: Seconds ``auto`` keeps to HTTP/1.1 with a URL whose server did not offer HTTP/2.
+REPROBE: Final = 600.0
 
 
 class CourseSocket(Protocol):
@@ -75,6 +80,9 @@ class Dialler:
         # Two contexts: the HTTP/1.1 one must not offer h2, or a server would pick it.
         self._ssl = ssl.create_default_context(cafile=cafile)
         self._h2_ssl = h2_ssl_context(cafile)
+        #: URL -> when (monotonic) its server last did not offer HTTP/2; one entry
+        #: per URL of this peer at most.
+        self._http1_since: dict[str, float] = {}
 
     @contextlib.asynccontextmanager
     async def dial(self, url: str, *, headers: Mapping[str, str]) -> AsyncIterator[Dialled]:
@@ -87,7 +95,9 @@ class Dialler:
         """
         parts = urlsplit(url)
         secure = parts.scheme == "wss"
-        if secure and self.http2 != "never":
+        since = self._http1_since.get(url)
+        known_http1 = since is not None and time.monotonic() - since < REPROBE
+        if secure and self.http2 != "never" and not (self.http2 == "auto" and known_http1):
             host = parts.hostname or ""
             path = parts.path or "/"
             try:
@@ -103,7 +113,9 @@ class Dialler:
             except Http2Unavailable:
                 if self.http2 == "always":
                     raise
+                self._http1_since[url] = time.monotonic()
             else:
+                self._http1_since.pop(url, None)
                 async with socket:
                     yield Dialled(socket, http2=True)
                 return

@@ -30,6 +30,7 @@ from asbp import Command, decode, encode
 from asbp.fault_commands import read_fault
 from courses.credential import SigningKey
 from courses.h2 import H2WebSocket, Http2Unavailable, h2_ssl_context, open_h2_websocket
+from courses.transport import Dialler
 from courses.wire import ACK, ID_KEY
 from gateway.app import create_app
 from tests.courses.buses import Bus, Relay, bus_config, make_bus, serve_bus, user
@@ -191,6 +192,26 @@ async def test_auto_falls_back_when_hypercorn_does_not_offer_h2(
         assert (await b_events.wait("course.up", timeout=10 * T)).http2 is True
         await alice.send(Command({"c": "chat", "r": "bob*b.test"}, b"hi"))
         assert (await bob.recv()).body == b"hi"
+
+
+async def test_auto_dials_a_server_without_http2_straight_over_http1_after_once(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    app = create_app(bus_config(b, {a: []}, tls=tls_files))
+    async with serve_app_async(app, tls=tls_files, server="uvicorn") as server, Relay() as relay:
+        relay.target = server.port
+        dialler = Dialler(ca=tls_files.ca, http2="auto")
+        # The first dial asks for h2 and dials again for HTTP/1.1; the next go
+        # straight to HTTP/1.1 (for REPROBE seconds).
+        for connections in (2, 3, 4):
+            token, _ = key_of(a).sign("b.test", lifetime=60)
+            headers = {"Authorization": f"Bearer {token}"}
+            async with dialler.dial(relay.url(), headers=headers) as link:
+                assert link.http2 is False
+                assert decode(_bytes(await link.socket.recv())).name == "asbp.course"
+            assert relay.connections == connections
+        await relay.drain()
 
 
 async def test_never_keeps_to_http1_where_http2_is_offered(
