@@ -1,6 +1,6 @@
 """Courses: a round trip across two buses beside the same round trip inside one, and a drain.
 
-    python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
+    python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N] [--http2]
 
 Two brokers run as processes (``python -m gateway``, Hypercorn, the memory engine,
 each its own bus: ``a.test`` and ``b.test``), linked by a Course through a TCP relay
@@ -15,6 +15,13 @@ two-buses      alice*a.test sends ``r=bob*b.test``; bob (on bus B) answers by
                ``p``: each Command is queued at A, crosses the Course, is
                acknowledged by B; the answer crosses back the same way
 =============  ================================================================
+
+With ``--http2``, everything runs on TLS (a throwaway CA) and a third bus, ``c.test``,
+is linked to ``a.test`` by a Course over HTTP/2 (RFC 8441, ``http2 = "auto"`` against
+Hypercorn), while the Course to ``b.test`` is told ``http2 = "never"``: one more
+layout, ``two-buses-h2`` (bob on bus C), measured in the same repeats, so the HTTP/2
+Course and the HTTP/1.1 one are compared in one run, each against one bus on TLS;
+the drain is measured on both Courses too.
 
 With ``--outage 60 --rate 100`` (issue 13's figure), the Course is also held for 60
 s while alice sends 100 Commands/s, then let through: every Command must arrive once,
@@ -46,6 +53,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from agents.credentials import generate_agent_key, mint_agent_token
+from tests.support.tls import TlsFiles, client_ssl_context, generate_tls_files
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 30.0
@@ -81,7 +89,12 @@ class Relay:
         if self.target is None:
             writer.transport.abort()
             return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            # The broker behind is gone (the run is stopping): the dialler retries.
+            writer.transport.abort()
+            return
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             try:
@@ -104,9 +117,11 @@ class Relay:
 class Bus:
     """One bus: its files and its broker process."""
 
-    def __init__(self, root: Path, domain: str, server: str) -> None:
+    def __init__(self, root: Path, domain: str, server: str, tls: TlsFiles | None = None) -> None:
         self.domain = domain
         self.server = server
+        self.tls = tls
+        self.ssl = client_ssl_context(tls) if tls is not None else None
         self.directory = root / domain
         self.directory.mkdir()
         private, public = generate_agent_key()
@@ -116,19 +131,39 @@ class Bus:
         (self.directory / "signin.pem").write_text(agent_public)
         self.process: asyncio.subprocess.Process | None = None
         self.port = 0
+        #: Per peer dialled: whether its Course came up on HTTP/2 (course.up).
+        self.http2: dict[str, bool] = {}
 
-    def configure(self, peer: Bus, url: str) -> None:
-        (self.directory / "peer.pub.pem").write_bytes((peer.directory / "bus.pub.pem").read_bytes())
-        (self.directory / "broker.toml").write_text(
+    def configure(
+        self, peer: Bus, url: str, *more: tuple[Bus, str, str], http2: str = "never"
+    ) -> None:
+        """Courses to ``peer`` at ``url`` with ``http2`` (on TLS), and to each of
+        ``more`` (peer, URL, ``http2``)."""
+        tls = self.tls
+        text = (
             'insecure_dev_tubes = true\nauthenticate_command = "login"\n'
             '[event_log]\nmode = "off"\n'
             '[agents.signin]\npublic_key = "signin.pem"\nserves = ["login"]\n'
+        )
+        if tls is not None:
+            text += f'[tls]\ncertfile = "{tls.cert}"\nkeyfile = "{tls.key}"\n'
+        text += (
             f'[courses]\ndomain = "{self.domain}"\nsigning_key = "bus.pem"\n'
             "backoff_min = 0.01\nbackoff_max = 0.05\nqueue_max_commands = 1000000\n"
             "queue_max_bytes = 1073741824\n"
-            f'[courses."{peer.domain}"]\nurls = ["{url}"]\npublic_key = "peer.pub.pem"\n'
-            'names = ["chat.*"]\n'
         )
+        if tls is not None:
+            text += f'ca = "{tls.ca}"\n'
+        for other, other_url, mode in ((peer, url, http2), *more):
+            key = f"{other.domain}.pub.pem"
+            (self.directory / key).write_bytes((other.directory / "bus.pub.pem").read_bytes())
+            text += (
+                f'[courses."{other.domain}"]\nurls = ["{other_url}"]\npublic_key = "{key}"\n'
+                'names = ["chat.*"]\n'
+            )
+            if tls is not None:
+                text += f'http2 = "{mode}"\n'
+        (self.directory / "broker.toml").write_text(text)
 
     async def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
@@ -156,8 +191,11 @@ class Bus:
         stderr = self.process.stderr
 
         async def drain() -> None:
-            while await stderr.readline():
-                pass
+            while line := await stderr.readline():
+                if line.startswith(b"{") and b'"course.up"' in line:
+                    # Which HTTP each Course of this bus runs on, from its own log.
+                    event = json.loads(line)
+                    self.http2[str(event.get("peer"))] = bool(event.get("http2"))
 
         self._drain = asyncio.create_task(drain())
 
@@ -167,7 +205,7 @@ class Bus:
             await self.process.wait()
 
     def url(self, path: str) -> str:
-        return f"ws://127.0.0.1:{self.port}{path}"
+        return f"{'ws' if self.tls is None else 'wss'}://127.0.0.1:{self.port}{path}"
 
     def cpu_seconds(self) -> float:
         assert self.process is not None
@@ -181,7 +219,10 @@ async def signin_agent(bus: Bus) -> AsyncIterator[None]:
     """A bare Tube that signs ``<body>`` in as ``<body>*<domain>``."""
     token = mint_agent_token("signin", bus.agent_private, audience="asbp-broker")
     tube = await connect(
-        bus.url("/tube"), additional_headers={"Authorization": f"Bearer {token}"}, compression=None
+        bus.url("/tube"),
+        additional_headers={"Authorization": f"Bearer {token}"},
+        compression=None,
+        ssl=bus.ssl,
     )
     await tube.recv()  # asbp.tube
     await tube.send(b"c=asbp.register,names=login,u=1;")
@@ -209,7 +250,9 @@ async def signin_agent(bus: Bus) -> AsyncIterator[None]:
 
 async def sign_in(bus: Bus, name: str) -> tuple[ClientConnection, bytes]:
     """A Channel with ``name`` signed in; the Subject-Identifier."""
-    ws = await connect(bus.url("/asbp"), compression=None, max_queue=4096, max_size=None)
+    ws = await connect(
+        bus.url("/asbp"), compression=None, max_queue=4096, max_size=None, ssl=bus.ssl
+    )
     await ws.recv()  # asbp.channel
     await ws.send(b"c=login,u=1;" + name.encode())
     answer = await ws.recv()
@@ -267,10 +310,11 @@ async def drain(
     subject: bytes,
     bob: ClientConnection,
     backlog: int,
+    to: bytes = b"bob*b.test",
 ) -> float:
     """``backlog`` Commands queued while the Course is held, then let through: Commands/s."""
     relay.cut()
-    head = b"c=chat,r=bob*b.test,s=" + subject + b";"
+    head = b"c=chat,r=" + to + b",s=" + subject + b";"
     for n in range(backlog):
         await alice.send(head + str(n).encode())
     # Alice's own Channel answers in order: once this fault arrives, all were queued.
@@ -328,73 +372,113 @@ async def outage(
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="asbp-courses-") as tmp:
-        a = Bus(Path(tmp), "a.test", args.server)
-        b = Bus(Path(tmp), "b.test", args.server)
-        to_a, to_b = Relay(), Relay()
-        await to_a.start()
-        await to_b.start()
-        a.configure(b, f"ws://127.0.0.1:{to_b.port}/course")
-        b.configure(a, f"ws://127.0.0.1:{to_a.port}/course")
-        await a.start()
-        await b.start()
+        tls = generate_tls_files(Path(tmp) / "tls") if args.http2 else None
+        scheme = "ws" if tls is None else "wss"
+        a = Bus(Path(tmp), "a.test", args.server, tls)
+        b = Bus(Path(tmp), "b.test", args.server, tls)
+        c = Bus(Path(tmp), "c.test", args.server, tls) if tls is not None else None
+        to_a, to_b, to_c = Relay(), Relay(), Relay()
+        for relay in (to_a, to_b, to_c):
+            await relay.start()
+        buses = [a, b] if c is None else [a, b, c]
+        if c is None:
+            a.configure(b, f"ws://127.0.0.1:{to_b.port}/course")
+        else:
+            # b over HTTP/1.1 (http2 = "never"), c over HTTP/2 ("auto" against Hypercorn).
+            a.configure(
+                b, f"{scheme}://127.0.0.1:{to_b.port}/course",
+                (c, f"{scheme}://127.0.0.1:{to_c.port}/course", "auto"),
+            )  # fmt: skip
+            c.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course", http2="auto")
+        b.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course")
+        for bus in buses:
+            await bus.start()
         to_a.target, to_b.target = a.port, b.port
-        rows: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
-        cpu: dict[str, list[float]] = {"one-bus": [], "two-buses": []}
-        drains: list[float] = []
+        if c is not None:
+            to_c.target = c.port
+        layouts = {"one-bus": b"bob*a.test", "two-buses": b"bob*b.test"}
+        if c is not None:
+            layouts["two-buses-h2"] = b"bob*c.test"
+        rows: dict[str, list[float]] = {layout: [] for layout in layouts}
+        cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
+        drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
         sent = in_order = 0
         drained = 0.0
         try:
-            async with signin_agent(a), signin_agent(b):
+            async with contextlib.AsyncExitStack() as agents:
+                for bus in buses:
+                    await agents.enter_async_context(signin_agent(bus))
                 alice, alice_s = await sign_in(a, "alice")
-                bob_here, bob_here_s = await sign_in(a, "bob")
-                bob_there, bob_there_s = await sign_in(b, "bob")
-                echoes = [
-                    asyncio.create_task(echo_by_p(bob_here, bob_here_s)),
-                    asyncio.create_task(echo_by_p(bob_there, bob_there_s)),
-                ]
-                # Warm up both paths (and wait for the Courses to come up).
-                await round_trips(alice, alice_s, b"bob*a.test", args.requests // 10, args.window)
-                await round_trips(alice, alice_s, b"bob*b.test", args.requests // 10, args.window)
+                bobs = {"one-bus": await sign_in(a, "bob"), "two-buses": await sign_in(b, "bob")}
+                if c is not None:
+                    bobs["two-buses-h2"] = await sign_in(c, "bob")
+                echoes = [asyncio.create_task(echo_by_p(*bob)) for bob in bobs.values()]
+                # Warm up every path (and wait for the Courses to come up).
+                for to in layouts.values():
+                    await round_trips(alice, alice_s, to, args.requests // 10, args.window)
                 for _ in range(args.repeats):
-                    for layout, to in (("one-bus", b"bob*a.test"), ("two-buses", b"bob*b.test")):
-                        cpu0 = a.cpu_seconds() + b.cpu_seconds()
+                    for layout, to in layouts.items():
+                        cpu0 = sum(bus.cpu_seconds() for bus in buses)
                         seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
-                        used = a.cpu_seconds() + b.cpu_seconds() - cpu0
+                        used = sum(bus.cpu_seconds() for bus in buses) - cpu0
                         rows[layout].append(args.requests / seconds)
                         cpu[layout].append(used / args.requests * 1e6)
                 for task in echoes:
                     task.cancel()
+                courses = [("two-buses", to_b, b, b"bob*b.test")]
+                if c is not None:
+                    courses.append(("two-buses-h2", to_c, c, b"bob*c.test"))
                 for _ in range(args.repeats):
-                    drains.append(
-                        await drain(to_b, b.port, alice, alice_s, bob_there, args.backlog)
-                    )
+                    for layout, relay, bus, to in courses:
+                        drains[layout].append(
+                            await drain(
+                                relay, bus.port, alice, alice_s, bobs[layout][0], args.backlog, to
+                            )
+                        )
                 if args.outage:
                     sent, in_order, drained = await outage(
-                        to_b, b.port, alice, alice_s, bob_there, args.outage, args.rate
+                        to_b, b.port, alice, alice_s, bobs["two-buses"][0], args.outage, args.rate
                     )
         finally:
-            await a.stop()
-            await b.stop()
-            await to_a.stop()
-            await to_b.stop()
+            for bus in buses:
+                await bus.stop()
+            for relay in (to_a, to_b, to_c):
+                await relay.stop()
     print(
-        f"{args.server}, round trips, window {args.window}, {args.requests} per repeat, "
-        f"{args.repeats} repeats"
+        f"{args.server}{' on TLS' if tls else ''}, round trips, window {args.window}, "
+        f"{args.requests} per repeat, {args.repeats} repeats"
     )
-    print(f"{'layout':<10} {'round trips/s':>14} {'CPU us/trip':>12}")
+    print(
+        "Courses: "
+        + ", ".join(
+            f"{bus.domain}->{peer} {'HTTP/2' if on else 'HTTP/1.1'}"
+            for bus in buses
+            for peer, on in sorted(bus.http2.items())
+        )
+    )
+    print(f"{'layout':<13} {'round trips/s':>14} {'CPU us/trip':>12}")
     for layout in rows:
         print(
-            f"{layout:<10} {statistics.median(rows[layout]):>14.0f} "
+            f"{layout:<13} {statistics.median(rows[layout]):>14.0f} "
             f"{statistics.median(cpu[layout]):>12.1f}"
         )
-    ratio = statistics.median(
-        t / o for t, o in zip(rows["two-buses"], rows["one-bus"], strict=True)
-    )
-    print(f"  ratio two-buses / one-bus (median of repeats): {ratio:.2f}")
-    print(f"  goal >= 0.50: {ratio:.2f}, {'met' if ratio >= 0.5 else 'missed'}")
-    rate = statistics.median(drains)
-    print(f"drain of a {args.backlog}-Command backlog: {rate:.0f} Commands/s (median)")
-    print(f"  goal >= 10000: {rate:.0f}, {'met' if rate >= 10_000 else 'missed'}")
+    for layout, what in (("two-buses", "two-buses"), ("two-buses-h2", "two-buses over HTTP/2")):
+        if layout not in rows:
+            continue
+        ratio = statistics.median(t / o for t, o in zip(rows[layout], rows["one-bus"], strict=True))
+        print(f"  ratio {what} / one-bus (median of repeats): {ratio:.2f}")
+        print(f"  goal >= 0.50: {ratio:.2f}, {'met' if ratio >= 0.5 else 'missed'}")
+    if "two-buses-h2" in rows:
+        ratio = statistics.median(
+            h2 / h1 for h2, h1 in zip(rows["two-buses-h2"], rows["two-buses"], strict=True)
+        )
+        print(f"  ratio HTTP/2 Course / HTTP/1.1 Course (median of repeats): {ratio:.2f}")
+    for layout, what in (("two-buses", ""), ("two-buses-h2", " over HTTP/2")):
+        if not drains[layout]:
+            continue
+        rate = statistics.median(drains[layout])
+        print(f"drain of a {args.backlog}-Command backlog{what}: {rate:.0f} Commands/s (median)")
+        print(f"  goal >= 10000: {rate:.0f}, {'met' if rate >= 10_000 else 'missed'}")
     if args.outage:
         print(
             f"Course down {args.outage:g} s while alice sent {args.rate:g}/s: {sent} sent, "
@@ -413,8 +497,15 @@ def main() -> None:
     )
     parser.add_argument("--rate", type=float, default=100, help="Commands/s during --outage")
     parser.add_argument("--server", choices=("hypercorn", "uvicorn"), default="hypercorn")
+    parser.add_argument(
+        "--http2",
+        action="store_true",
+        help="TLS, and a third bus linked over HTTP/2 beside the HTTP/1.1 Course",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
     args = parser.parse_args()
+    if args.http2 and args.server != "hypercorn":
+        parser.error("--http2 needs --server hypercorn (Uvicorn has no HTTP/2)")
     if args.quick:
         args.repeats, args.requests, args.backlog = 1, 500, 1000
     asyncio.run(run(args))

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import ssl
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
@@ -31,13 +30,13 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 import asbp
 from asbp import Command, ProtocolError
 from courses.credential import SigningKey, answer_jti
 from courses.settings import CourseSettings, PeerSettings
+from courses.transport import CourseSocket, Dialler
 from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
 from gateway.engines.base import Delivery, Engine, QueueFull, new_message
@@ -124,9 +123,9 @@ class OutboundCourse:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._ssl = ssl.create_default_context(
-            cafile=str(settings.ca) if settings.ca is not None else None
-        )
+        #: Whether the link up (or last up) runs on HTTP/2 (RFC 8441); None: never up.
+        self.http2: bool | None = None
+        self._dialler = Dialler(ca=settings.ca, http2=peer.http2)
 
     async def start(self) -> None:
         """Count what the queue already holds and start dialling (if there are URLs)."""
@@ -235,18 +234,15 @@ class OutboundCourse:
         token, jti = self._signing.sign(
             self.peer.domain, lifetime=self._settings.credential_lifetime
         )
-        async with connect(
-            url,
-            additional_headers={"Authorization": f"Bearer {token}"},
-            ssl=self._ssl if parts.scheme == "wss" else None,
-            compression=None,
-            max_size=None,
-            open_timeout=10,
-        ) as ws:
+        async with self._dialler.dial(url, headers={"Authorization": f"Bearer {token}"}) as link:
+            ws = link.socket
             hello = asbp.decode(_bytes(await asyncio.wait_for(ws.recv(), 10)))
             self._check_hello(hello, jti)
+            self.http2 = link.http2
             self.connected.set()
-            self._log.info("course.up", extra={"peer": self.peer.domain, "url": url})
+            self._log.info(
+                "course.up", extra={"peer": self.peer.domain, "url": url, "http2": link.http2}
+            )
             await self._pump(ws)
             return True
 
@@ -260,7 +256,7 @@ class OutboundCourse:
         if verified.jti != answer_jti(jti):
             raise CourseRefusedError("the answer belongs to another handshake")
 
-    async def _pump(self, ws: ClientConnection) -> None:
+    async def _pump(self, ws: CourseSocket) -> None:
         in_flight: dict[str, Delivery] = {}
         room = asyncio.Event()
         room.set()
@@ -306,7 +302,7 @@ class OutboundCourse:
                 await self._engine.release(self.queue, [d.receipt for d in in_flight.values()])
 
     async def _read_acks(
-        self, ws: ClientConnection, in_flight: dict[str, Delivery], room: asyncio.Event
+        self, ws: CourseSocket, in_flight: dict[str, Delivery], room: asyncio.Event
     ) -> None:
         async for data in ws:
             ack = asbp.decode(_bytes(data))

@@ -18,6 +18,7 @@
     exchanges = ["1.3.6.1.4.1.99999.1"]     # ``x`` values that may cross; empty: any
     addresses = [".*"]                      # recipients that may cross (expressions)
     routes = ["c.test"]                     # further domains reached through this peer
+    http2 = "auto"                          # WebSocket over HTTP/2 (RFC 8441): auto, always, never
 
 Relative paths resolve against the configuration file's directory. Everything is
 checked once, at start-up, and a mistake is a :class:`CourseConfigError` naming the
@@ -34,6 +35,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from courses.credential import SigningKey
+from courses.transport import HTTP2_MODES, Http2Mode
 from gateway.auth.errors import CredentialConfigError
 from gateway.auth.keys import AgentKey, keys_from_agent_table
 from gateway.errors import LocalError
@@ -59,7 +61,7 @@ _SCALARS: Final = frozenset(
     }
 )
 _PEER_KEYS: Final = frozenset(
-    {"urls", "public_key", "jwks", "kid", "names", "exchanges", "addresses", "routes"}
+    {"urls", "public_key", "jwks", "kid", "names", "exchanges", "addresses", "routes", "http2"}
 )
 
 
@@ -90,6 +92,9 @@ class PeerSettings:
     addresses: tuple[re.Pattern[str], ...]
     #: Further domains whose Commands go through this peer.
     routes: tuple[str, ...]
+    #: Whether to dial over HTTP/2 (RFC 8441): ``auto`` (where the server offers
+    #: it), ``always`` or ``never`` (courses.transport).
+    http2: Http2Mode = "auto"
 
     def permits(self, name: str, exchange: str | None, recipients: tuple[str, ...]) -> str | None:
         """Why this Command may not cross to this peer, or None if it may."""
@@ -271,4 +276,15 @@ def _peer(domain: str, table: Mapping[str, Any], base_dir: Path, *, own: str) ->
         exchanges=frozenset(exchanges),
         addresses=_patterns(table.get("addresses"), f"{prefix}.addresses", (r".*",)),
         routes=tuple(_domain(r, f"{prefix}.routes") for r in routes),
+        http2=_http2(table.get("http2", "auto"), f"{prefix}.http2", urls),
     )
+
+
+def _http2(value: object, key: str, urls: list[str]) -> Http2Mode:
+    for mode in HTTP2_MODES:
+        if value == mode:
+            if mode == "always" and any(urlsplit(u).scheme != "wss" for u in urls):
+                # HTTP/2 is chosen by TLS's ALPN: a ws:// URL could never honour it.
+                raise CourseConfigError(key, '"always" needs wss:// URLs only')
+            return mode
+    raise CourseConfigError(key, f'"auto", "always" or "never", not {value!r}')

@@ -34,3 +34,31 @@ def test_a_quick_run_prints_the_ratio_the_drain_and_the_outage_counts() -> None:
     counts = re.search(r": (\d+) sent, (\d+) delivered once and in order", run.stdout)
     assert counts is not None, run.stdout
     assert counts[1] == counts[2] and int(counts[1]) > 0
+
+
+def test_a_quick_http2_run_prints_both_courses_beside_one_bus() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "courses.py"), "--quick", "--http2"],
+        capture_output=True,
+        text=True,
+        timeout=180 * T,
+        env=env,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "on TLS" in run.stdout
+    # From the brokers' own course.up records: b.test is told never, c.test auto.
+    assert (
+        "Courses: a.test->b.test HTTP/1.1, a.test->c.test HTTP/2, b.test->a.test HTTP/1.1, "
+        "c.test->a.test HTTP/2"
+    ) in run.stdout
+    for line in (
+        r"^two-buses-h2 +\d+ +\d+\.\d$",
+        r"^  ratio two-buses / one-bus .+: \d+\.\d\d$",
+        r"^  ratio two-buses over HTTP/2 / one-bus .+: \d+\.\d\d$",
+        r"^  ratio HTTP/2 Course / HTTP/1.1 Course .+: \d+\.\d\d$",
+        r"^drain of a 1000-Command backlog over HTTP/2: \d+ Commands/s",
+    ):
+        assert re.search(line, run.stdout, re.MULTILINE), (line, run.stdout)

@@ -180,12 +180,17 @@ async def user(server_url: str, name: str, tls: TlsFiles | None) -> AsyncIterato
 
 @contextlib.asynccontextmanager
 async def serve_bus(
-    bus: Bus, config: GatewayConfig, tls: TlsFiles | None, log: logging.Logger | None = None
+    bus: Bus,
+    config: GatewayConfig,
+    tls: TlsFiles | None,
+    log: logging.Logger | None = None,
+    **serving: Any,
 ) -> AsyncIterator[RunningServer]:
-    """The bus's broker, in this process, with its signin agent registered."""
+    """The bus's broker, in this process, with its signin agent registered;
+    ``serving`` goes to :func:`~tests.support.serve_app_async` (``server``, ``h2``)."""
     async with contextlib.AsyncExitStack() as stack:
         app = create_app(config, log=log)
-        running = await stack.enter_async_context(serve_app_async(app, tls=tls))
+        running = await stack.enter_async_context(serve_app_async(app, tls=tls, **serving))
         agent = signin_agent(bus, running.ws_url + "/tube", tls)
         await stack.enter_async_context(agent)
         await agent.wait_registered(10 * T)

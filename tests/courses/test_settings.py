@@ -52,6 +52,7 @@ def test_a_full_table(keys: Path) -> None:
                     "exchanges": ["1.2.3"],
                     "addresses": ["bob\\*.*"],
                     "names": ["chat"],
+                    "http2": "never",
                 }
             },
         ),
@@ -62,6 +63,7 @@ def test_a_full_table(keys: Path) -> None:
     b, c = settings.peers["b.test"], settings.peers["c.test"]
     assert settings.course_for("b.test") is b and settings.course_for("z.test") is c
     assert settings.course_for("y.test") is None
+    assert (b.http2, c.http2) == ("auto", "never")
     assert b.permits("chat", None, ("bob*b.test",)) is None
     assert "Command-Name" in (b.permits("pay", None, ()) or "")
     assert c.permits("chat", "1.2.3", ("bob*c.test",)) is None
@@ -71,6 +73,7 @@ def test_a_full_table(keys: Path) -> None:
         table(**{"b.test": {"public_key": "peer.pub.pem"}}), base_dir=keys
     )
     assert bare.peers["b.test"].names == ()  # nothing crosses unless listed
+    assert bare.peers["b.test"].http2 == "auto"  # HTTP/2 where the peer offers it
     assert bare.course_for("b.test") is None  # no URLs: it only dials us
 
 
@@ -95,6 +98,13 @@ def test_a_full_table(keys: Path) -> None:
         ({"b.test": {"public_key": "peer.pub.pem", "names": "x"}}, "names", "expressions"),
         ({"b.test": {"public_key": "peer.pub.pem", "exchanges": [1]}}, "exchanges", "'x'"),
         ({"b.test": {"public_key": "peer.pub.pem", "routes": "z"}}, "routes", "domains"),
+        ({"b.test": {"public_key": "peer.pub.pem", "http2": "yes"}}, "http2", '"auto", "always"'),
+        ({"b.test": {"public_key": "peer.pub.pem", "http2": True}}, '"b.test".http2', "never"),
+        (
+            {"b.test": {"public_key": "peer.pub.pem", "http2": "always", "urls": ["ws://x/c"]}},
+            '"b.test".http2',
+            "wss:// URLs only",
+        ),
     ],
 )
 def test_each_mistake_names_its_key(
