@@ -19,6 +19,8 @@
           │                                of engine calls is full
           ├── MessageTooLarge        1101  gateway.messaging.dispatch
           ├── TooManyChannels        2108  gateway.connections.addresses: .retry_after
+          ├── Refused           2110, 2113  gateway.connections.resume: a resume that
+          │                                cannot happen (sent, then the close)
           └── LocalError               never sent to a peer; str() is the message alone
                ├── ConfigError         gateway.config.errors: .source .detail .key .line
                ├── AclConfigError      gateway.acl.errors: .source .line .key .detail
@@ -28,6 +30,8 @@
                │    └── UnsafePatternError  one that could match in unbounded time
                ├── ServerError         gateway.ops.server: cannot listen or start
                │                       (also a RuntimeError)
+               ├── UnsupportedHypercorn  gateway.transports.hypercorn_ws: a Hypercorn
+               │                       other than 0.18, whose stream it replaces
                ├── ApiError            gateway.api.declare: a management API answer
                │                       other than 2xx: .status .detail
                └── ApiRefused          gateway.ops.admin: the CLI got no answer, or
@@ -39,8 +43,8 @@ the operator that caused it: start-up stops with it (exit status 2 for the
 configuration ones), or the caller wraps it in a fault of its own, as the messaging
 layer wraps a :class:`PatternError` in ``InvalidDestinationName``.
 
-Every ``LocalError`` above except ``ServerError``, ``ApiError`` and ``ApiRefused`` is a
-``ValueError``, and ``ServerError`` a ``RuntimeError``: they were those before this
+Every ``LocalError`` above except ``ServerError``, ``UnsupportedHypercorn``, ``ApiError``
+and ``ApiRefused`` is a ``ValueError``, and the first two are ``RuntimeError``\ s: they were those before this
 tree had them, and callers outside this repository (and tests) catch them that way.
 """
 

@@ -55,6 +55,7 @@ from gateway.connections.channel_secret import matches
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import StreamOutbox
 from gateway.engines.base import EngineUnavailable
+from gateway.errors import GatewayError
 from gateway.plane.base import ChannelLog, Envelope, EnvelopeKind, Plane
 
 if TYPE_CHECKING:
@@ -162,13 +163,11 @@ class HeldOutbox(StreamOutbox):
                 self._holder.release(self.channel_id)
 
 
-class Refused(Exception):
+class Refused(GatewayError):
     """A resume that cannot happen: the fault to send before closing."""
 
     def __init__(self, code: FaultCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(message, code=code)
 
     @property
     def frame(self) -> bytes:
