@@ -29,6 +29,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -185,10 +186,37 @@ class _PortTaken(RuntimeError):
 
 
 def free_port() -> int:
-    """A port nothing listens on now (for servers that cannot be given port 0)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing is bound to now, below the kernel's ephemeral range (for servers
+    that cannot be given port 0).
+
+    Below the range, because the Erlang VM binds its ports seconds after they are
+    chosen: an ephemeral port found free is soon the local port of some outgoing
+    connection on a busy machine (the test suite opens thousands a minute), and
+    RabbitMQ then stops with ``dist_port_already_used``. Ports below the range are
+    never handed out to outgoing connections.
+    """
+    low = _ephemeral_low()
+    for port in random.sample(range(_LOWEST_PORT, low), _PORT_CANDIDATES):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))  # what the VM binds its distribution port to
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between {_LOWEST_PORT} and {low}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+#: The lowest port free_port picks, and how many random ones it tries.
+_LOWEST_PORT = 20000
+_PORT_CANDIDATES = 200
 
 
 async def _stop(process: asyncio.subprocess.Process, name: str) -> None:
