@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import functools
 import os
 import random
 import resource
@@ -50,11 +52,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from websockets.asyncio.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,6 +67,7 @@ START_TIMEOUT, HANDSHAKE_TIMEOUT, ANSWER_TIMEOUT = 30.0, 10.0, 10.0
 #: Connections per client source address (127.0.0.2, 127.0.0.3, ...).
 PER_ADDRESS = 500
 TICK = 0.1
+HOST = "127.0.0.1"
 TOPIC = "/soak"
 
 
@@ -168,103 +169,339 @@ class Tally:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-class Client:
-    """One Channel: its connection, and a reader that answers what waits on it."""
+# -- the client: one asyncio.Protocol per Channel ------------------------------------
+#
+# A ``websockets`` ClientConnection costs about as much CPU as the broker spends
+# on it (its tasks, keepalive and parsing), so one load generator could not open
+# 1,000 a second on a small machine. A Channel here is one Protocol object and no
+# task: the upgrade request is written as soon as TCP connects, the 101 and the
+# greeting are parsed from data_received, and every deadline is a timer handle.
 
-    def __init__(self, ws: ClientConnection, tally: Tally, broker: bool) -> None:
-        self.ws, self.tally, self.broker = ws, tally, broker
-        self.waiting: dict[str, asyncio.Future[None]] = {}
-        self.closing = False
-        self.reader = asyncio.create_task(self._read()) if broker else None
-        self.next_u = 0
-        #: The topic messages this Channel was notified of (their numbers).
-        self.notes: set[int] = set()
-
-    async def _read(self) -> None:
-        try:
-            async for message in self.ws:
-                frame = message.encode() if isinstance(message, str) else message
-                header = frame.partition(b";")[0].decode("utf-8", "replace")
-                keys = dict(pair.partition("=")[::2] for pair in header.split(","))
-                name = keys.get("c")
-                if name == "asbp.notification":
-                    self.notes.add(int(frame.partition(b";")[2]))
-                elif name == "asbp.fault":
-                    self.tally.error(f"fault {keys.get('code')}")
-                future = self.waiting.pop(keys.get("u", ""), None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-        except Exception:
-            pass
-        if not self.closing:
-            self.tally.error("closed by the broker")
-
-    async def call(self, frame: bytes, u: str) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[u] = future
-        await self.ws.send(frame)
-        await asyncio.wait_for(future, ANSWER_TIMEOUT)
-
-    async def ping(self) -> None:
-        self.next_u = (self.next_u + 1) % 60000
-        u = str(self.next_u)
-        try:
-            await self.call(b"c=asbp.ping,u=%s;" % u.encode(), u)
-        except TimeoutError:
-            self.tally.error("ping without a pong")
-        else:
-            self.tally.pings += 1
-
-    async def close(self) -> None:
-        self.closing = True
-        for future in self.waiting.values():
-            future.cancel()  # churned away while waiting: not an error
-        await self.ws.close()
-        if self.reader is not None:
-            await self.reader
+#: Where a Channel is in its life.
+CONNECTING, UPGRADING, GREETING, OPEN, CLOSING, CLOSED = range(6)
+OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
+#: Close code 1000 (normal closure), the payload of the client's close frame.
+NORMAL_CLOSURE = (1000).to_bytes(2, "big")
+#: Longest server response head accepted before the 101 is judged missing.
+MAX_HEAD = 16 * 1024
 
 
-async def open_client(
-    url: str, source: str, tally: Tally, *, broker: bool, record: bool = True
-) -> Client | None:
-    began = time.perf_counter()
-    try:
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-            ws = await connect(
-                url, compression=None, local_addr=(source, 0), open_timeout=None, max_size=None
+def frame(opcode: int, payload: bytes, key: bytes) -> bytes:
+    """A final client frame: RFC 6455 requires every client frame masked with ``key``."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 1 << 16:
+        head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    # XOR as one big integer: a Python loop over the bytes would cost more than the send.
+    mask = int.from_bytes((key * (n // 4 + 1))[:n], "big")
+    return head + key + (int.from_bytes(payload, "big") ^ mask).to_bytes(n, "big")
+
+
+class Load:
+    """What the Channels of one phase share: the server, the tally, the source addresses."""
+
+    def __init__(self, port: int, tally: Tally, sources: Iterator[str], *, greeting: bool) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.port, self.tally, self.sources, self.greeting = port, tally, sources, greeting
+        #: Connections whose transport is up (connection_made, not yet connection_lost).
+        self.live = 0
+        #: Channels opened and not yet open or failed.
+        self.handshaking = 0
+        self._drained: asyncio.Future[None] | None = None
+
+    def open(self, *, record: bool = True) -> Channel:
+        channel = Channel(self, record)
+        self.handshaking += 1
+        # The only task of a Channel's life, done once TCP connects.
+        channel.connecting = self.loop.create_task(
+            self.loop.create_connection(
+                lambda: channel, HOST, self.port, local_addr=(next(self.sources), 0)
             )
-            if broker:
-                greeting = await ws.recv()
-                data = greeting if isinstance(greeting, bytes) else greeting.encode()
-                if not data.startswith(b"c=asbp.channel"):
-                    tally.error("no greeting")
-                    await ws.close()
-                    return None
-    except Exception as exc:
-        tally.error(f"handshake failed: {type(exc).__name__}")
-        return None
-    if record:
-        tally.handshakes.append(time.perf_counter() - began)
-    return Client(ws, tally, broker)
+        )
+        channel.connecting.add_done_callback(channel.connected)
+        return channel
+
+    def lost(self) -> None:
+        self.live -= 1
+        if self.live == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drained(self, timeout: float) -> None:
+        """Until every connection of this phase is gone (or ``timeout``)."""
+        if self.live:
+            self._drained = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained, timeout)
 
 
-async def open_many(
-    url: str, count: int, sources: Iterator[str], tally: Tally, *, broker: bool, rate: int
-) -> list[Client]:
-    """``count`` connections, at most ``rate`` a second started, 200 at a time at most."""
-    gate = asyncio.Semaphore(200)
-    began = time.perf_counter()
+class Channel(asyncio.Protocol):
+    """One WebSocket Channel to ``/asbp``: the handshake, Commands, the close."""
 
-    async def one(n: int) -> Client | None:
-        async with gate:
-            # Paced: connection n may start n / rate seconds into the phase.
-            ahead = began + n / rate - time.perf_counter()
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-            return await open_client(url, next(sources), tally, broker=broker)
+    __slots__ = (
+        "began",
+        "buffer",
+        "connecting",
+        "fragments",
+        "key",
+        "load",
+        "next_u",
+        "notes",
+        "ready",
+        "record",
+        "state",
+        "timer",
+        "transport",
+        "waiting",
+    )
 
-    opened = await asyncio.gather(*(one(n) for n in range(count)))
-    return [client for client in opened if client is not None]
+    def __init__(self, load: Load, record: bool) -> None:
+        self.load, self.record = load, record
+        self.state = CONNECTING
+        self.transport: asyncio.Transport | None = None
+        self.connecting: asyncio.Task[tuple[asyncio.BaseTransport, Channel]] | None = None
+        self.key = os.urandom(4)
+        self.began = time.perf_counter()
+        #: True once open (the greeting read), False if it never opens.
+        self.ready: asyncio.Future[bool] = load.loop.create_future()
+        self.timer: asyncio.TimerHandle | None = load.loop.call_later(
+            HANDSHAKE_TIMEOUT, self.fail, "handshake failed: no greeting within 10 s"
+        )
+        self.buffer = b""
+        self.fragments: list[bytes] = []
+        #: The Commands awaiting their answer, by ``u``: its timer and what to do then.
+        self.waiting: dict[bytes, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}
+        #: The topic messages this Channel was notified of (their numbers); subscribers only.
+        self.notes: set[int] | None = None
+        self.next_u = 0
+
+    # -- opening ---------------------------------------------------------------------
+
+    def connected(self, task: asyncio.Task[tuple[asyncio.BaseTransport, Channel]]) -> None:
+        self.connecting = None
+        if task.cancelled():
+            self.fail("handshake failed: cancelled")
+        elif (exc := task.exception()) is not None:
+            self.fail(f"handshake failed: {type(exc).__name__}")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.load.live += 1
+        if self.state != CONNECTING:  # timed out while TCP connected
+            transport.abort()
+            return
+        self.state = UPGRADING
+        key = base64.b64encode(os.urandom(16))
+        transport.write(
+            b"GET /asbp HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            % (HOST.encode(), self.load.port, key)
+        )
+
+    def opened(self) -> None:
+        self.state = OPEN
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.record:
+            self.load.tally.handshakes.append(time.perf_counter() - self.began)
+        self.load.handshaking -= 1
+        self.ready.set_result(True)
+
+    def fail(self, kind: str | None) -> None:
+        """The handshake failed (counted as ``kind``) or was given up: the connection dropped."""
+        if self.state >= OPEN:
+            return
+        if kind is not None:
+            self.load.tally.error(kind)
+        self.state = CLOSED
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+        if not self.ready.done():
+            self.load.handshaking -= 1
+            self.ready.set_result(False)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        if self.state == UPGRADING:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                self.buffer = buffer
+                if len(buffer) > MAX_HEAD:
+                    self.fail("handshake failed: no 101")
+                return
+            if not buffer.startswith(b"HTTP/1.1 101 "):
+                status = buffer.partition(b"\r\n")[0].decode("latin-1")
+                self.fail(f"handshake failed: {status}")
+                return
+            buffer = buffer[end + 4 :]
+            if self.load.greeting:
+                self.state = GREETING
+            else:
+                self.opened()
+        pos, size = 0, len(buffer)
+        while size - pos >= 2 and self.state != CLOSED:
+            first, second = buffer[pos], buffer[pos + 1]
+            length, head = second & 0x7F, 2
+            if length == 126:
+                if size - pos < 4:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 4], "big"), 4
+            elif length == 127:
+                if size - pos < 10:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 10], "big"), 10
+            if second & 0x80:  # a server never masks (RFC 6455 5.1)
+                self.broken("a masked server frame")
+                return
+            end = pos + head + length
+            if end > size:
+                break
+            self.frame_received(first, buffer[pos + head : end])
+            pos = end
+        self.buffer = buffer[pos:]
+
+    def frame_received(self, first: int, payload: bytes) -> None:
+        opcode = first & 0x0F
+        if opcode in (OP_TEXT, OP_BINARY, OP_CONTINUATION):
+            if not first & 0x80:  # a fragment: kept until the final one
+                self.fragments.append(payload)
+                return
+            if self.fragments:
+                payload = b"".join([*self.fragments, payload])
+                self.fragments.clear()
+            self.message_received(payload)
+        elif opcode == OP_PING:
+            self.send(OP_PONG, payload)
+        elif opcode == OP_CLOSE:
+            if self.state == CLOSING:  # the answer to ours: done
+                assert self.transport is not None
+                self.transport.close()
+            else:
+                code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                self.broken(f"closed by the broker ({code})")
+
+    def message_received(self, payload: bytes) -> None:
+        if self.state == GREETING:
+            if payload.startswith(b"c=asbp.channel"):
+                self.opened()
+            else:
+                self.fail("no greeting")
+            return
+        head, _, body = payload.partition(b";")
+        name = u = code = None
+        for pair in head.lstrip(b"+").split(b","):
+            key, _, value = pair.partition(b"=")
+            if key == b"c":
+                name = value
+            elif key == b"u":
+                u = value
+            elif key == b"code":
+                code = value
+        if name == b"asbp.notification":
+            if self.notes is not None:
+                self.notes.add(int(body))
+        elif name == b"asbp.fault":
+            self.load.tally.error(f"fault {(code or b'?').decode()}")
+        if u is not None and (waiting := self.waiting.pop(u, None)) is not None:
+            waiting[0].cancel()
+            waiting[1]()
+
+    def broken(self, kind: str) -> None:
+        """The broker closed a Channel this client had not asked to close."""
+        if self.state == OPEN:
+            self.load.tally.error(kind)
+        elif self.state < OPEN:
+            self.fail(f"handshake failed: {kind}")
+            return
+        self.state = CLOSED
+        self.forget()
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.lost()
+        if self.state < OPEN:
+            self.fail("handshake failed: connection lost")
+        elif self.state == OPEN:
+            self.load.tally.error("closed by the broker (connection lost)")
+        self.state = CLOSED
+        self.forget()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def send(self, opcode: int, payload: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame(opcode, payload, self.key))
+
+    def request(self, command: bytes, u: bytes, answered: Callable[[], None], late: str) -> None:
+        """Send a Command; ``answered()`` once its answer comes, error ``late`` if none in 10 s."""
+        if self.state != OPEN:
+            return
+        timer = self.load.loop.call_later(ANSWER_TIMEOUT, self.unanswered, u, late)
+        self.waiting[u] = (timer, answered)
+        self.send(OP_BINARY, command)
+
+    def unanswered(self, u: bytes, late: str) -> None:
+        if self.waiting.pop(u, None) is not None:
+            self.load.tally.error(late)
+
+    def ping(self) -> None:
+        self.next_u = (self.next_u + 1) % 50000
+        u = b"%d" % self.next_u
+        self.request(b"c=asbp.ping,u=%s;" % u, u, self.ponged, "ping without a pong")
+
+    def ponged(self) -> None:
+        self.load.tally.pings += 1
+
+    def close(self) -> None:
+        """Start the closing handshake; the broker's close frame ends it."""
+        if self.state == OPEN:
+            self.state = CLOSING
+            self.forget()  # churned away while waiting: not an error
+            self.send(OP_CLOSE, NORMAL_CLOSURE)
+            # A broker that never answers the close: dropped after the same 10 s.
+            self.timer = self.load.loop.call_later(ANSWER_TIMEOUT, self.abort)
+        elif self.state < OPEN:
+            self.fail(None)
+            if self.connecting is not None:
+                self.connecting.cancel()
+
+    def abort(self) -> None:
+        self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    def forget(self) -> None:
+        for timer, _ in self.waiting.values():
+            timer.cancel()
+        self.waiting.clear()
+
+
+async def open_many(load: Load, count: int, rate: int, *, record: bool = True) -> list[Channel]:
+    """``count`` Channels, started ``rate`` a second, at most 500 handshakes at a time."""
+    loop = load.loop
+    began = loop.time()
+    channels: list[Channel] = []
+    while len(channels) < count:
+        due = min(count, 1 + int((loop.time() - began) * rate))
+        while len(channels) < due and load.handshaking < 500:
+            channels.append(load.open(record=record))
+        # Pacing, not synchronisation: the clock says when the next ones are due.
+        await asyncio.sleep(0.005)
+    opened = await asyncio.gather(*(channel.ready for channel in channels))
+    return [channel for channel, ok in zip(channels, opened, strict=True) if ok]
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -279,17 +516,20 @@ def percentile(samples: list[float], q: float) -> float:
 
 async def idle_memory(server: Server, channels: int, rate: int) -> float:
     """KiB of server memory per idle connection."""
-    sources = source_addresses()
     tally = Tally()
-    broker = server.kind == "broker"
-    warm = await open_many(server.url, 300, sources, tally, broker=broker, rate=10 * rate)
-    await asyncio.gather(*(client.close() for client in warm))
+    load = Load(server.port, tally, source_addresses(), greeting=server.kind == "broker")
+    warm = await open_many(load, 300, 10 * rate)
+    for channel in warm:
+        channel.close()
+    await load.drained(ANSWER_TIMEOUT)
     before = rss_kib(server.pid)
-    held = await open_many(server.url, channels, sources, tally, broker=broker, rate=10 * rate)
+    held = await open_many(load, channels, 10 * rate)
     after = rss_kib(server.pid)
     if tally.errors or len(held) != channels:
         raise RuntimeError(f"{server.label}: {len(held)} of {channels} opened: {tally.errors}")
-    await asyncio.gather(*(client.close() for client in held))
+    for channel in held:
+        channel.close()
+    await load.drained(ANSWER_TIMEOUT)
     return (after - before) / channels
 
 
@@ -311,81 +551,82 @@ class SoakResult:
 
 
 async def soak(server: Server, channels: int, rate: int, seconds: float, subs: int) -> SoakResult:
-    sources = source_addresses()
     tally = Tally()
-    held = await open_many(server.url, channels, sources, tally, broker=True, rate=rate)
-    tally.handshakes.clear()  # the soak's handshakes are those made under churn
+    load = Load(server.port, tally, source_addresses(), greeting=True)
+    loop = load.loop
+    held = await open_many(load, channels, rate, record=False)
     subscribers, churned = held[:subs], held[subs:]
-    for n, client in enumerate(subscribers):
-        u = str(60001 + n % 5000)
-        frame = b"c=asbp.subscribe,destination=%s,type=TOPIC,u=%s;" % (TOPIC.encode(), u.encode())
-        await client.call(frame, u)
+    subscribed: list[asyncio.Future[None]] = []
+    for n, channel in enumerate(subscribers):
+        channel.notes = set()
+        future: asyncio.Future[None] = loop.create_future()
+        u = b"%d" % (60001 + n)
+        channel.request(
+            b"c=asbp.subscribe,destination=%s,type=TOPIC,u=%s;" % (TOPIC.encode(), u),
+            u,
+            functools.partial(future.set_result, None),
+            "subscription not answered",
+        )
+        subscribed.append(future)
+    await asyncio.wait_for(asyncio.gather(*subscribed), ANSWER_TIMEOUT)
     rss_start = rss_kib(server.pid)
     cpu_start = cpu_seconds(server.pid), time.process_time()
     per_tick = max(1, round(rate * TICK))
-    loop = asyncio.get_running_loop()
     began = loop.time()
     connects = 0
-    work: set[asyncio.Task[None]] = set()
 
-    async def replace(old: Client) -> None:
+    def joined(channel: Channel, ready: asyncio.Future[bool]) -> None:
         nonlocal connects
-        await old.close()
-        new = await open_client(server.url, next(sources), tally, broker=True)
-        if new is not None:
+        if ready.result():
             connects += 1
-            churned.append(new)
+            churned.append(channel)
 
-    async def publish(client: Client, n: int) -> None:
-        u = str(50000 + n % 10000)
-        frame = b"c=asbp.publish,destination=%s,type=TOPIC,u=%s;%d" % (
-            TOPIC.encode(),
-            u.encode(),
-            n,
+    def publish(channel: Channel, n: int) -> None:
+        u = b"%d" % (50000 + n % 10000)
+        channel.request(
+            b"c=asbp.publish,destination=%s,type=TOPIC,u=%s;%d" % (TOPIC.encode(), u, n),
+            u,
+            functools.partial(tally.published.add, n),
+            "publication not accepted",
         )
-        try:
-            await client.call(frame, u)
-        except TimeoutError:
-            tally.error("publication not accepted")
-        else:
-            tally.published.add(n)
 
     tick = 0
     while loop.time() - began < seconds:
         tick += 1
         random.shuffle(churned)
         leaving, churned[:] = churned[:per_tick], churned[per_tick:]
-        for client in leaving:
-            task = asyncio.create_task(replace(client))
-            work.add(task)
-            task.add_done_callback(work.discard)
-        for client in random.sample(churned, min(per_tick, len(churned))):
-            task = asyncio.create_task(client.ping())
-            work.add(task)
-            task.add_done_callback(work.discard)
-        task = asyncio.create_task(publish(random.choice(churned), tick))
-        work.add(task)
-        task.add_done_callback(work.discard)
+        for channel in leaving:
+            channel.close()
+            new = load.open()
+            new.ready.add_done_callback(functools.partial(joined, new))
+        for channel in random.sample(churned, min(per_tick, len(churned))):
+            channel.ping()
+        publish(random.choice(churned), tick)
         # Paced: the next tick starts TICK after this one was due, not after it ended.
         await asyncio.sleep(max(0.0, began + tick * TICK - loop.time()))
     elapsed = loop.time() - began
     cpu = cpu_seconds(server.pid) - cpu_start[0], time.process_time() - cpu_start[1]
-    if work:
-        await asyncio.wait(work, timeout=2 * ANSWER_TIMEOUT)
-    # Every subscriber must get every publication accepted: the last ones may be
-    # on their way still (a publication answered after its publisher was churned
-    # away is delivered too, but not counted).
-    deadline = loop.time() + ANSWER_TIMEOUT
-    while loop.time() < deadline and any(tally.published - s.notes for s in subscribers):
+    connects_in_time = connects
+    # What is still in flight (handshakes, pings, publications) gets its 10 s; then
+    # every subscriber must have every publication accepted (one answered after its
+    # publisher was churned away is delivered too, but not counted).
+    deadline = loop.time() + 2 * ANSWER_TIMEOUT
+    while loop.time() < deadline and (
+        load.handshaking
+        or any(c.waiting for c in churned)
+        or any(tally.published - s.notes for s in subscribers if s.notes is not None)
+    ):
         await asyncio.sleep(TICK)
-    missing = sum(len(tally.published - s.notes) for s in subscribers)
+    missing = sum(len(tally.published - s.notes) for s in subscribers if s.notes is not None)
     if missing:
         tally.errors["topic messages not received"] = missing
-    received = sum(len(tally.published & s.notes) for s in subscribers)
+    received = sum(len(tally.published & s.notes) for s in subscribers if s.notes is not None)
     rss_end = rss_kib(server.pid)
-    await asyncio.gather(*(client.close() for client in [*subscribers, *churned]))
+    for channel in [*subscribers, *churned]:
+        channel.close()
+    await load.drained(2 * ANSWER_TIMEOUT)
     return SoakResult(
-        tally, connects, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
+        tally, connects_in_time, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
     )
 
 
