@@ -553,7 +553,14 @@ class SoakResult:
 
 
 async def soak(
-    server: Server, channels: int, rate: int, seconds: float, subs: int, *, progress: bool
+    server: Server,
+    channels: int,
+    rate: int,
+    seconds: float,
+    subs: int,
+    *,
+    progress: bool,
+    max_handshakes: int = 0,
 ) -> SoakResult:
     tally = Tally()
     load = Load(server.port, tally, source_addresses(), greeting=True)
@@ -580,7 +587,7 @@ async def soak(
     cpu_start = cpu_seconds(server.pid), time.process_time()
     per_tick = max(1, round(rate * TICK))
     began = loop.time()
-    connects = 0
+    connects = owed = 0
     last = 0.0, *cpu_start
 
     def joined(channel: Channel, ready: asyncio.Future[bool]) -> None:
@@ -610,8 +617,14 @@ async def soak(
             leaving.append(churned.pop())
         for channel in leaving:
             channel.close()
+        owed += len(leaving)
+        # Open loop by default: users arrive whether or not the broker keeps up. With
+        # --max-handshakes, a closed loop: what the broker can take with 0 errors.
+        room = owed if not max_handshakes else max(0, max_handshakes - load.handshaking)
+        for _ in range(min(owed, room)):
             new = load.open()
             new.ready.add_done_callback(functools.partial(joined, new))
+        owed -= min(owed, room)
         for channel in random.sample(churned, min(per_tick, len(churned))):
             channel.ping()
         if churned:  # none open: every replacement still in its handshake
@@ -717,6 +730,7 @@ async def run(args: argparse.Namespace) -> int:
                     args.seconds,
                     args.subscribers,
                     progress=args.seconds >= 20,
+                    max_handshakes=args.max_handshakes,
                 )
             finally:
                 await server.stop()
@@ -724,8 +738,14 @@ async def run(args: argparse.Namespace) -> int:
             errors = sum(tally.errors.values())
             failed = failed or errors > 0
             shakes = tally.handshakes
+            loop_kind = (
+                f", at most {args.max_handshakes:,} handshakes in flight"
+                if args.max_handshakes
+                else ""
+            )
             print(
-                f"\nsoak broker/{name}: {args.channels:,} Channels held for {result.seconds:.1f} s"
+                f"\nsoak broker/{name}: {args.channels:,} Channels held for"
+                f" {result.seconds:.1f} s{loop_kind}"
             )
             print(
                 f"  connects {result.connects:,} ({result.connects / result.seconds:,.0f}/s of"
@@ -764,6 +784,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--max-handshakes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="churn as a closed loop: at most N handshakes in flight (default: open loop)",
+    )
     parser.add_argument(
         "--server", nargs="+", choices=["hypercorn", "uvicorn"], default=["hypercorn"]
     )
