@@ -31,10 +31,28 @@ Connections come from 127.0.0.2 and on, one source address per 500 of them:
 the broker limits open Channels per client address (``max_per_address``,
 1,000 by default), and one address would run out of ports under churn (each
 closed connection waits in TIME_WAIT). The open-file limit is raised to its
-hard limit in this process and the servers it starts. The load generator is
-one asyncio process; on a small machine it costs about as much CPU as the
-broker, so the connect rate reached says as much about the machine as about
-the broker (``connect rate`` is printed beside the target).
+hard limit in this process and the servers it starts.
+
+The churn is an open loop: ``--rate`` connects a second are started whether
+or not the broker keeps up (as users arrive), and a failed one is not
+retried. ``--max-handshakes N`` makes it a closed loop instead (no more than
+N handshakes in flight; the rest wait for the next tick), which measures the
+rate the broker takes with 0 errors. The progress lines (every 10 s of a run
+of 20 s or more) show the handshakes in flight and each process's share of a
+core, which tell a broker falling behind from a load generator that is.
+
+**The client** is written for this benchmark (``Channel``): one
+``asyncio.Protocol`` object per Channel and no task for its life, the upgrade
+request written as soon as TCP connects, the 101 and the greeting parsed from
+``data_received``, client frames masked (RFC 6455; a random key per
+connection), pings answered, deadlines kept by timer handles. A ``websockets``
+ClientConnection per Channel (its tasks, keepalive and parsing) cost the load
+generator as much CPU as the broker spent, and starved the handshakes it was
+timing; this one costs about a third of the broker's CPU per connect. The
+idle-memory phase uses it for both servers, so the ratio stays like for like.
+The load generator runs in one process: at 1,000 connects/s it needs about
+30% of a core, and a second process would not help a broker that is the
+bottleneck (bench/README.md).
 """
 
 from __future__ import annotations
@@ -617,9 +635,10 @@ async def soak(
             leaving.append(churned.pop())
         for channel in leaving:
             channel.close()
-        owed += len(leaving)
-        # Open loop by default: users arrive whether or not the broker keeps up. With
-        # --max-handshakes, a closed loop: what the broker can take with 0 errors.
+        # Open loop by default: users arrive at the rate asked whether or not the broker
+        # keeps up, and a failed handshake is not retried (the next arrival comes anyway).
+        # With --max-handshakes, a closed loop: what the broker can take with 0 errors.
+        owed += per_tick
         room = owed if not max_handshakes else max(0, max_handshakes - load.handshaking)
         for _ in range(min(owed, room)):
             new = load.open()
