@@ -129,6 +129,7 @@ class Server:
         self.kind, self.server, self.agent_key = kind, server, agent_key
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
+        self.log: Path | None = None
 
     @property
     def label(self) -> str:
@@ -142,9 +143,17 @@ class Server:
             args += ["--broker-id", "soak-" + uuid.uuid4().hex[:8]]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
         env["PYTHONPATH"] = str(ROOT)
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
-        )
+        # Its log goes to a file: under overload a server may log a traceback per
+        # abandoned connection, which would bury the report.
+        self.log = self.agent_key.parent / f"{self.label.replace('/', '-')}-{uuid.uuid4().hex}.log"
+        with open(self.log, "wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT)
         if not line.startswith(b"READY "):
@@ -172,6 +181,15 @@ class Server:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+    def log_summary(self) -> str:
+        """How much the server logged, and its first error, for the report."""
+        if self.log is None or not self.log.exists():
+            return "none"
+        lines = self.log.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith(("ERROR", "Traceback", "CRITICAL"))]
+        first = f"; first: {errors[0][:160]}" if errors else ""
+        return f"{len(lines):,} lines, {len(errors):,} errors or tracebacks{first}"
 
 
 @dataclass
@@ -229,11 +247,19 @@ class Load:
         self.live = 0
         #: Channels opened and not yet open or failed.
         self.handshaking = 0
+        #: Sockets this phase holds (connecting, open or closing), and how many it may:
+        #: an open loop against a broker that has stopped answering would run out.
+        self.sockets = 0
+        self.budget = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 500
         self._drained: asyncio.Future[None] | None = None
 
     def open(self, *, record: bool = True) -> Channel:
         channel = Channel(self, record)
         self.handshaking += 1
+        if self.sockets >= self.budget:
+            channel.fail("not started: the load generator is out of file descriptors")
+            return channel
+        self.sockets += 1
         # The only task of a Channel's life, done once TCP connects.
         channel.connecting = self.loop.create_task(
             self.loop.create_connection(
@@ -245,6 +271,7 @@ class Load:
 
     def lost(self) -> None:
         self.live -= 1
+        self.sockets -= 1
         if self.live == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
@@ -301,8 +328,10 @@ class Channel(asyncio.Protocol):
     def connected(self, task: asyncio.Task[tuple[asyncio.BaseTransport, Channel]]) -> None:
         self.connecting = None
         if task.cancelled():
+            self.load.sockets -= 1
             self.fail("handshake failed: cancelled")
         elif (exc := task.exception()) is not None:
+            self.load.sockets -= 1
             self.fail(f"handshake failed: {type(exc).__name__}")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -793,6 +822,7 @@ async def run(args: argparse.Namespace) -> int:
                 f" a ping and its share of the topic traffic)"
             )
             print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
+            print(f"  server log: {server.log_summary()}")
     return 1 if failed else 0
 
 
