@@ -655,8 +655,17 @@ async def soak(
     tick = 0
     while loop.time() - began < seconds:
         tick += 1
+        # Open loop by default: users arrive at the rate asked whether or not the broker
+        # keeps up, and a failed handshake is not retried (the next arrival comes anyway).
+        # With --max-handshakes, a closed loop: what the broker can take with 0 errors;
+        # then only as many close as open, or the closes alone (not paced by the broker)
+        # would hold up the first handshakes.
+        owed += per_tick
+        room = owed if not max_handshakes else max(0, max_handshakes - load.handshaking)
+        opening = min(owed, room)
+        owed -= opening
         leaving = []
-        for _ in range(min(per_tick, len(churned))):
+        for _ in range(min(opening if max_handshakes else per_tick, len(churned))):
             # A random Channel swapped to the end and popped: a shuffle of 10,000 a tick
             # cost the load generator more than the connects.
             n = random.randrange(len(churned))
@@ -664,15 +673,9 @@ async def soak(
             leaving.append(churned.pop())
         for channel in leaving:
             channel.close()
-        # Open loop by default: users arrive at the rate asked whether or not the broker
-        # keeps up, and a failed handshake is not retried (the next arrival comes anyway).
-        # With --max-handshakes, a closed loop: what the broker can take with 0 errors.
-        owed += per_tick
-        room = owed if not max_handshakes else max(0, max_handshakes - load.handshaking)
-        for _ in range(min(owed, room)):
+        for _ in range(opening):
             new = load.open()
             new.ready.add_done_callback(functools.partial(joined, new))
-        owed -= min(owed, room)
         for channel in random.sample(churned, min(per_tick, len(churned))):
             channel.ping()
         if churned:  # none open: every replacement still in its handshake
