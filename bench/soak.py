@@ -821,8 +821,9 @@ async def run(args: argparse.Namespace) -> int:
             per_connect = 1e6 / max(1, result.connects)
             print(
                 f"  CPU per connect: broker {per_connect * result.broker_cpu:,.0f} us,"
-                f" load generator {per_connect * result.client_cpu:,.0f} us (each with a close,"
-                f" a ping and its share of the topic traffic)"
+                f" load generator {per_connect * result.client_cpu:,.0f} us (each with a close"
+                f" and {tally.pings / max(1, result.connects):.1f} pings, and its share of the"
+                f" topic traffic)"
             )
             print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
             print(f"  server log: {server.log_summary()}")
