@@ -31,17 +31,38 @@ Connections come from 127.0.0.2 and on, one source address per 500 of them:
 the broker limits open Channels per client address (``max_per_address``,
 1,000 by default), and one address would run out of ports under churn (each
 closed connection waits in TIME_WAIT). The open-file limit is raised to its
-hard limit in this process and the servers it starts. The load generator is
-one asyncio process; on a small machine it costs about as much CPU as the
-broker, so the connect rate reached says as much about the machine as about
-the broker (``connect rate`` is printed beside the target).
+hard limit in this process and the servers it starts.
+
+The churn is an open loop: ``--rate`` connects a second are started whether
+or not the broker keeps up (as users arrive), and a failed one is not
+retried. ``--max-handshakes N`` makes it a closed loop instead (no more than
+N handshakes in flight; the rest wait for the next tick), which measures the
+rate the broker takes with 0 errors. The progress lines (every 10 s of a run
+of 20 s or more) show the handshakes in flight and each process's share of a
+core, which tell a broker falling behind from a load generator that is.
+
+**The client** is written for this benchmark (``Channel``): one
+``asyncio.Protocol`` object per Channel and no task for its life, the upgrade
+request written as soon as TCP connects, the 101 and the greeting parsed from
+``data_received``, client frames masked (RFC 6455; a random key per
+connection), pings answered, deadlines kept by timer handles. A ``websockets``
+ClientConnection per Channel (its tasks, keepalive and parsing) cost the load
+generator as much CPU as the broker spent, and starved the handshakes it was
+timing; this one costs about a third of the broker's CPU per connect. The
+idle-memory phase uses it for both servers, so the ratio stays like for like.
+The load generator runs in one process: at 1,000 connects/s it needs about
+30% of a core, and a second process would not help a broker that is the
+bottleneck (bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import functools
+import gc
 import os
 import random
 import resource
@@ -50,11 +71,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from websockets.asyncio.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,6 +86,7 @@ START_TIMEOUT, HANDSHAKE_TIMEOUT, ANSWER_TIMEOUT = 30.0, 10.0, 10.0
 #: Connections per client source address (127.0.0.2, 127.0.0.3, ...).
 PER_ADDRESS = 500
 TICK = 0.1
+HOST = "127.0.0.1"
 TOPIC = "/soak"
 
 
@@ -109,6 +129,7 @@ class Server:
         self.kind, self.server, self.agent_key = kind, server, agent_key
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
+        self.log: Path | None = None
 
     @property
     def label(self) -> str:
@@ -122,9 +143,17 @@ class Server:
             args += ["--broker-id", "soak-" + uuid.uuid4().hex[:8]]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
         env["PYTHONPATH"] = str(ROOT)
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
-        )
+        # Its log goes to a file: under overload a server may log a traceback per
+        # abandoned connection, which would bury the report.
+        self.log = self.agent_key.parent / f"{self.label.replace('/', '-')}-{uuid.uuid4().hex}.log"
+        with open(self.log, "wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT)
         if not line.startswith(b"READY "):
@@ -153,6 +182,15 @@ class Server:
             proc.kill()
             await proc.wait()
 
+    def log_summary(self) -> str:
+        """How much the server logged, and its first error, for the report."""
+        if self.log is None or not self.log.exists():
+            return "none"
+        lines = self.log.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith(("ERROR", "Traceback", "CRITICAL"))]
+        first = f"; first: {errors[0][:160]}" if errors else ""
+        return f"{len(lines):,} lines, {len(errors):,} errors or tracebacks{first}"
+
 
 @dataclass
 class Tally:
@@ -168,103 +206,350 @@ class Tally:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-class Client:
-    """One Channel: its connection, and a reader that answers what waits on it."""
+# -- the client: one asyncio.Protocol per Channel ------------------------------------
+#
+# A ``websockets`` ClientConnection costs about as much CPU as the broker spends
+# on it (its tasks, keepalive and parsing), so one load generator could not open
+# 1,000 a second on a small machine. A Channel here is one Protocol object and no
+# task: the upgrade request is written as soon as TCP connects, the 101 and the
+# greeting are parsed from data_received, and every deadline is a timer handle.
 
-    def __init__(self, ws: ClientConnection, tally: Tally, broker: bool) -> None:
-        self.ws, self.tally, self.broker = ws, tally, broker
-        self.waiting: dict[str, asyncio.Future[None]] = {}
-        self.closing = False
-        self.reader = asyncio.create_task(self._read()) if broker else None
-        self.next_u = 0
-        #: The topic messages this Channel was notified of (their numbers).
-        self.notes: set[int] = set()
-
-    async def _read(self) -> None:
-        try:
-            async for message in self.ws:
-                frame = message.encode() if isinstance(message, str) else message
-                header = frame.partition(b";")[0].decode("utf-8", "replace")
-                keys = dict(pair.partition("=")[::2] for pair in header.split(","))
-                name = keys.get("c")
-                if name == "asbp.notification":
-                    self.notes.add(int(frame.partition(b";")[2]))
-                elif name == "asbp.fault":
-                    self.tally.error(f"fault {keys.get('code')}")
-                future = self.waiting.pop(keys.get("u", ""), None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-        except Exception:
-            pass
-        if not self.closing:
-            self.tally.error("closed by the broker")
-
-    async def call(self, frame: bytes, u: str) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[u] = future
-        await self.ws.send(frame)
-        await asyncio.wait_for(future, ANSWER_TIMEOUT)
-
-    async def ping(self) -> None:
-        self.next_u = (self.next_u + 1) % 60000
-        u = str(self.next_u)
-        try:
-            await self.call(b"c=asbp.ping,u=%s;" % u.encode(), u)
-        except TimeoutError:
-            self.tally.error("ping without a pong")
-        else:
-            self.tally.pings += 1
-
-    async def close(self) -> None:
-        self.closing = True
-        for future in self.waiting.values():
-            future.cancel()  # churned away while waiting: not an error
-        await self.ws.close()
-        if self.reader is not None:
-            await self.reader
+#: Where a Channel is in its life.
+CONNECTING, UPGRADING, GREETING, OPEN, CLOSING, CLOSED = range(6)
+OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
+#: Close code 1000 (normal closure), the payload of the client's close frame.
+NORMAL_CLOSURE = (1000).to_bytes(2, "big")
+#: Longest server response head accepted before the 101 is judged missing.
+MAX_HEAD = 16 * 1024
 
 
-async def open_client(
-    url: str, source: str, tally: Tally, *, broker: bool, record: bool = True
-) -> Client | None:
-    began = time.perf_counter()
-    try:
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-            ws = await connect(
-                url, compression=None, local_addr=(source, 0), open_timeout=None, max_size=None
+def frame(opcode: int, payload: bytes, key: bytes) -> bytes:
+    """A final client frame: RFC 6455 requires every client frame masked with ``key``."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x80 | opcode, 0x80 | n))
+    elif n < 1 << 16:
+        head = bytes((0x80 | opcode, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x80 | opcode, 0x80 | 127)) + n.to_bytes(8, "big")
+    # XOR as one big integer: a Python loop over the bytes would cost more than the send.
+    mask = int.from_bytes((key * (n // 4 + 1))[:n], "big")
+    return head + key + (int.from_bytes(payload, "big") ^ mask).to_bytes(n, "big")
+
+
+class Load:
+    """What the Channels of one phase share: the server, the tally, the source addresses."""
+
+    def __init__(self, port: int, tally: Tally, sources: Iterator[str], *, greeting: bool) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.port, self.tally, self.sources, self.greeting = port, tally, sources, greeting
+        #: Connections whose transport is up (connection_made, not yet connection_lost).
+        self.live = 0
+        #: Channels opened and not yet open or failed.
+        self.handshaking = 0
+        #: Sockets this phase holds (connecting, open or closing), and how many it may:
+        #: an open loop against a broker that has stopped answering would run out.
+        self.sockets = 0
+        self.budget = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 500
+        self._drained: asyncio.Future[None] | None = None
+
+    def open(self, *, record: bool = True) -> Channel:
+        channel = Channel(self, record)
+        self.handshaking += 1
+        if self.sockets >= self.budget:
+            channel.fail("not started: the load generator is out of file descriptors")
+            return channel
+        self.sockets += 1
+        # The only task of a Channel's life, done once TCP connects.
+        channel.connecting = self.loop.create_task(
+            self.loop.create_connection(
+                lambda: channel, HOST, self.port, local_addr=(next(self.sources), 0)
             )
-            if broker:
-                greeting = await ws.recv()
-                data = greeting if isinstance(greeting, bytes) else greeting.encode()
-                if not data.startswith(b"c=asbp.channel"):
-                    tally.error("no greeting")
-                    await ws.close()
-                    return None
-    except Exception as exc:
-        tally.error(f"handshake failed: {type(exc).__name__}")
-        return None
-    if record:
-        tally.handshakes.append(time.perf_counter() - began)
-    return Client(ws, tally, broker)
+        )
+        channel.connecting.add_done_callback(channel.connected)
+        return channel
+
+    def lost(self) -> None:
+        self.live -= 1
+        self.sockets -= 1
+        if self.live == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drained(self, timeout: float) -> None:
+        """Until every connection of this phase is gone (or ``timeout``)."""
+        if self.live:
+            self._drained = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained, timeout)
 
 
-async def open_many(
-    url: str, count: int, sources: Iterator[str], tally: Tally, *, broker: bool, rate: int
-) -> list[Client]:
-    """``count`` connections, at most ``rate`` a second started, 200 at a time at most."""
-    gate = asyncio.Semaphore(200)
-    began = time.perf_counter()
+class Channel(asyncio.Protocol):
+    """One WebSocket Channel to ``/asbp``: the handshake, Commands, the close."""
 
-    async def one(n: int) -> Client | None:
-        async with gate:
-            # Paced: connection n may start n / rate seconds into the phase.
-            ahead = began + n / rate - time.perf_counter()
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-            return await open_client(url, next(sources), tally, broker=broker)
+    __slots__ = (
+        "began",
+        "buffer",
+        "connecting",
+        "fragments",
+        "key",
+        "load",
+        "next_u",
+        "notes",
+        "ready",
+        "record",
+        "state",
+        "timer",
+        "transport",
+        "waiting",
+    )
 
-    opened = await asyncio.gather(*(one(n) for n in range(count)))
-    return [client for client in opened if client is not None]
+    def __init__(self, load: Load, record: bool) -> None:
+        self.load, self.record = load, record
+        self.state = CONNECTING
+        self.transport: asyncio.Transport | None = None
+        self.connecting: asyncio.Task[tuple[asyncio.BaseTransport, Channel]] | None = None
+        self.key = os.urandom(4)
+        self.began = time.perf_counter()
+        #: True once open (the greeting read), False if it never opens.
+        self.ready: asyncio.Future[bool] = load.loop.create_future()
+        self.timer: asyncio.TimerHandle | None = load.loop.call_later(
+            HANDSHAKE_TIMEOUT, self.fail, "handshake failed: no greeting within 10 s"
+        )
+        self.buffer = b""
+        self.fragments: list[bytes] = []
+        #: The Commands awaiting their answer, by ``u``: its timer and what to do then.
+        self.waiting: dict[bytes, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}
+        #: The topic messages this Channel was notified of (their numbers); subscribers only.
+        self.notes: set[int] | None = None
+        self.next_u = 0
+
+    # -- opening ---------------------------------------------------------------------
+
+    def connected(self, task: asyncio.Task[tuple[asyncio.BaseTransport, Channel]]) -> None:
+        self.connecting = None
+        if task.cancelled():
+            self.load.sockets -= 1
+            self.fail("handshake failed: cancelled")
+        elif (exc := task.exception()) is not None:
+            self.load.sockets -= 1
+            self.fail(f"handshake failed: {type(exc).__name__}")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.load.live += 1
+        if self.state != CONNECTING:  # timed out while TCP connected
+            transport.abort()
+            return
+        self.state = UPGRADING
+        key = base64.b64encode(os.urandom(16))
+        transport.write(
+            b"GET /asbp HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            % (HOST.encode(), self.load.port, key)
+        )
+
+    def opened(self) -> None:
+        self.state = OPEN
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.record:
+            self.load.tally.handshakes.append(time.perf_counter() - self.began)
+        self.load.handshaking -= 1
+        self.ready.set_result(True)
+
+    def fail(self, kind: str | None) -> None:
+        """The handshake failed (counted as ``kind``) or was given up: the connection dropped."""
+        if self.state >= OPEN:
+            return
+        if kind is not None:
+            self.load.tally.error(kind)
+        self.state = CLOSED
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+        if not self.ready.done():
+            self.load.handshaking -= 1
+            self.ready.set_result(False)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        if self.state == UPGRADING:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                self.buffer = buffer
+                if len(buffer) > MAX_HEAD:
+                    self.fail("handshake failed: no 101")
+                return
+            if not buffer.startswith(b"HTTP/1.1 101 "):
+                status = buffer.partition(b"\r\n")[0].decode("latin-1")
+                self.fail(f"handshake failed: {status}")
+                return
+            buffer = buffer[end + 4 :]
+            if self.load.greeting:
+                self.state = GREETING
+            else:
+                self.opened()
+        pos, size = 0, len(buffer)
+        while size - pos >= 2 and self.state != CLOSED:
+            first, second = buffer[pos], buffer[pos + 1]
+            length, head = second & 0x7F, 2
+            if length == 126:
+                if size - pos < 4:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 4], "big"), 4
+            elif length == 127:
+                if size - pos < 10:
+                    break
+                length, head = int.from_bytes(buffer[pos + 2 : pos + 10], "big"), 10
+            if second & 0x80:  # a server never masks (RFC 6455 5.1)
+                self.broken("a masked server frame")
+                return
+            end = pos + head + length
+            if end > size:
+                break
+            self.frame_received(first, buffer[pos + head : end])
+            pos = end
+        self.buffer = buffer[pos:]
+
+    def frame_received(self, first: int, payload: bytes) -> None:
+        opcode = first & 0x0F
+        if opcode in (OP_TEXT, OP_BINARY, OP_CONTINUATION):
+            if not first & 0x80:  # a fragment: kept until the final one
+                self.fragments.append(payload)
+                return
+            if self.fragments:
+                payload = b"".join([*self.fragments, payload])
+                self.fragments.clear()
+            self.message_received(payload)
+        elif opcode == OP_PING:
+            self.send(OP_PONG, payload)
+        elif opcode == OP_CLOSE:
+            if self.state == CLOSING:  # the answer to ours: done
+                assert self.transport is not None
+                self.transport.close()
+            else:
+                code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                self.broken(f"closed by the broker ({code})")
+
+    def message_received(self, payload: bytes) -> None:
+        if self.state == GREETING:
+            if payload.startswith(b"c=asbp.channel"):
+                self.opened()
+            else:
+                self.fail("no greeting")
+            return
+        head, _, body = payload.partition(b";")
+        name = u = code = None
+        for pair in head.lstrip(b"+").split(b","):
+            key, _, value = pair.partition(b"=")
+            if key == b"c":
+                name = value
+            elif key == b"u":
+                u = value
+            elif key == b"code":
+                code = value
+        if name == b"asbp.notification":
+            if self.notes is not None:
+                self.notes.add(int(body))
+        elif name == b"asbp.fault":
+            self.load.tally.error(f"fault {(code or b'?').decode()}")
+        if u is not None and (waiting := self.waiting.pop(u, None)) is not None:
+            waiting[0].cancel()
+            waiting[1]()
+
+    def broken(self, kind: str) -> None:
+        """The broker closed a Channel this client had not asked to close."""
+        if self.state == OPEN:
+            self.load.tally.error(kind)
+        elif self.state < OPEN:
+            self.fail(f"handshake failed: {kind}")
+            return
+        self.state = CLOSED
+        self.forget()
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.lost()
+        if self.state < OPEN:
+            self.fail("handshake failed: connection lost")
+        elif self.state == OPEN:
+            self.load.tally.error("closed by the broker (connection lost)")
+        self.state = CLOSED
+        self.forget()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def send(self, opcode: int, payload: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame(opcode, payload, self.key))
+
+    def request(self, command: bytes, u: bytes, answered: Callable[[], None], late: str) -> None:
+        """Send a Command; ``answered()`` once its answer comes, error ``late`` if none in 10 s."""
+        if self.state != OPEN:
+            return
+        timer = self.load.loop.call_later(ANSWER_TIMEOUT, self.unanswered, u, late)
+        self.waiting[u] = (timer, answered)
+        self.send(OP_BINARY, command)
+
+    def unanswered(self, u: bytes, late: str) -> None:
+        if self.waiting.pop(u, None) is not None:
+            self.load.tally.error(late)
+
+    def ping(self) -> None:
+        self.next_u = (self.next_u + 1) % 50000
+        u = b"%d" % self.next_u
+        self.request(b"c=asbp.ping,u=%s;" % u, u, self.ponged, "ping without a pong")
+
+    def ponged(self) -> None:
+        self.load.tally.pings += 1
+
+    def close(self) -> None:
+        """Start the closing handshake; the broker's close frame ends it."""
+        if self.state == OPEN:
+            self.state = CLOSING
+            self.forget()  # churned away while waiting: not an error
+            self.send(OP_CLOSE, NORMAL_CLOSURE)
+            # A broker that never answers the close: dropped after the same 10 s.
+            self.timer = self.load.loop.call_later(ANSWER_TIMEOUT, self.abort)
+        elif self.state < OPEN:
+            self.fail(None)
+            if self.connecting is not None:
+                self.connecting.cancel()
+
+    def abort(self) -> None:
+        self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    def forget(self) -> None:
+        for timer, _ in self.waiting.values():
+            timer.cancel()
+        self.waiting.clear()
+
+
+async def open_many(load: Load, count: int, rate: int, *, record: bool = True) -> list[Channel]:
+    """``count`` Channels, started ``rate`` a second, at most 500 handshakes at a time."""
+    loop = load.loop
+    began = loop.time()
+    channels: list[Channel] = []
+    while len(channels) < count:
+        due = min(count, 1 + int((loop.time() - began) * rate))
+        while len(channels) < due and load.handshaking < 500:
+            channels.append(load.open(record=record))
+        # Pacing, not synchronisation: the clock says when the next ones are due.
+        await asyncio.sleep(0.005)
+    opened = await asyncio.gather(*(channel.ready for channel in channels))
+    return [channel for channel, ok in zip(channels, opened, strict=True) if ok]
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -279,17 +564,21 @@ def percentile(samples: list[float], q: float) -> float:
 
 async def idle_memory(server: Server, channels: int, rate: int) -> float:
     """KiB of server memory per idle connection."""
-    sources = source_addresses()
     tally = Tally()
-    broker = server.kind == "broker"
-    warm = await open_many(server.url, 300, sources, tally, broker=broker, rate=10 * rate)
-    await asyncio.gather(*(client.close() for client in warm))
+    load = Load(server.port, tally, source_addresses(), greeting=server.kind == "broker")
+    warm = await open_many(load, 300, 10 * rate)
+    for channel in warm:
+        channel.close()
+    await load.drained(ANSWER_TIMEOUT)
+    gc.collect()
     before = rss_kib(server.pid)
-    held = await open_many(server.url, channels, sources, tally, broker=broker, rate=10 * rate)
+    held = await open_many(load, channels, 10 * rate)
     after = rss_kib(server.pid)
     if tally.errors or len(held) != channels:
         raise RuntimeError(f"{server.label}: {len(held)} of {channels} opened: {tally.errors}")
-    await asyncio.gather(*(client.close() for client in held))
+    for channel in held:
+        channel.close()
+    await load.drained(ANSWER_TIMEOUT)
     return (after - before) / channels
 
 
@@ -310,82 +599,125 @@ class SoakResult:
     client_cpu: float
 
 
-async def soak(server: Server, channels: int, rate: int, seconds: float, subs: int) -> SoakResult:
-    sources = source_addresses()
+async def soak(
+    server: Server,
+    channels: int,
+    rate: int,
+    seconds: float,
+    subs: int,
+    *,
+    progress: bool,
+    max_handshakes: int = 0,
+) -> SoakResult:
     tally = Tally()
-    held = await open_many(server.url, channels, sources, tally, broker=True, rate=rate)
-    tally.handshakes.clear()  # the soak's handshakes are those made under churn
+    load = Load(server.port, tally, source_addresses(), greeting=True)
+    loop = load.loop
+    held = await open_many(load, channels, rate, record=False)
+    if progress or len(held) < channels:
+        print(f"  {len(held):,} of {channels:,} Channels open; errors {tally.errors}", flush=True)
     subscribers, churned = held[:subs], held[subs:]
-    for n, client in enumerate(subscribers):
-        u = str(60001 + n % 5000)
-        frame = b"c=asbp.subscribe,destination=%s,type=TOPIC,u=%s;" % (TOPIC.encode(), u.encode())
-        await client.call(frame, u)
+    subscribed: list[asyncio.Future[None]] = []
+    for n, channel in enumerate(subscribers):
+        channel.notes = set()
+        future: asyncio.Future[None] = loop.create_future()
+        u = b"%d" % (60001 + n)
+        channel.request(
+            b"c=asbp.subscribe,destination=%s,type=TOPIC,u=%s;" % (TOPIC.encode(), u),
+            u,
+            functools.partial(future.set_result, None),
+            "subscription not answered",
+        )
+        subscribed.append(future)
+    await asyncio.wait_for(asyncio.gather(*subscribed), ANSWER_TIMEOUT)
+    gc.collect()
     rss_start = rss_kib(server.pid)
     cpu_start = cpu_seconds(server.pid), time.process_time()
     per_tick = max(1, round(rate * TICK))
-    loop = asyncio.get_running_loop()
     began = loop.time()
-    connects = 0
-    work: set[asyncio.Task[None]] = set()
+    connects = owed = 0
+    last = 0.0, *cpu_start
 
-    async def replace(old: Client) -> None:
+    def joined(channel: Channel, ready: asyncio.Future[bool]) -> None:
         nonlocal connects
-        await old.close()
-        new = await open_client(server.url, next(sources), tally, broker=True)
-        if new is not None:
+        if ready.result():
             connects += 1
-            churned.append(new)
+            churned.append(channel)
 
-    async def publish(client: Client, n: int) -> None:
-        u = str(50000 + n % 10000)
-        frame = b"c=asbp.publish,destination=%s,type=TOPIC,u=%s;%d" % (
-            TOPIC.encode(),
-            u.encode(),
-            n,
+    def publish(channel: Channel, n: int) -> None:
+        u = b"%d" % (50000 + n % 10000)
+        channel.request(
+            b"c=asbp.publish,destination=%s,type=TOPIC,u=%s;%d" % (TOPIC.encode(), u, n),
+            u,
+            functools.partial(tally.published.add, n),
+            "publication not accepted",
         )
-        try:
-            await client.call(frame, u)
-        except TimeoutError:
-            tally.error("publication not accepted")
-        else:
-            tally.published.add(n)
 
     tick = 0
     while loop.time() - began < seconds:
         tick += 1
-        random.shuffle(churned)
-        leaving, churned[:] = churned[:per_tick], churned[per_tick:]
-        for client in leaving:
-            task = asyncio.create_task(replace(client))
-            work.add(task)
-            task.add_done_callback(work.discard)
-        for client in random.sample(churned, min(per_tick, len(churned))):
-            task = asyncio.create_task(client.ping())
-            work.add(task)
-            task.add_done_callback(work.discard)
-        task = asyncio.create_task(publish(random.choice(churned), tick))
-        work.add(task)
-        task.add_done_callback(work.discard)
+        # Open loop by default: users arrive at the rate asked whether or not the broker
+        # keeps up, and a failed handshake is not retried (the next arrival comes anyway).
+        # With --max-handshakes, a closed loop: what the broker can take with 0 errors;
+        # then only as many close as open, or the closes alone (not paced by the broker)
+        # would hold up the first handshakes.
+        owed += per_tick
+        room = owed if not max_handshakes else max(0, max_handshakes - load.handshaking)
+        opening = min(owed, room)
+        owed -= opening
+        leaving = []
+        for _ in range(min(opening if max_handshakes else per_tick, len(churned))):
+            # A random Channel swapped to the end and popped: a shuffle of 10,000 a tick
+            # cost the load generator more than the connects.
+            n = random.randrange(len(churned))
+            churned[n], churned[-1] = churned[-1], churned[n]
+            leaving.append(churned.pop())
+        for channel in leaving:
+            channel.close()
+        for _ in range(opening):
+            new = load.open()
+            new.ready.add_done_callback(functools.partial(joined, new))
+        for channel in random.sample(churned, min(per_tick, len(churned))):
+            channel.ping()
+        if churned:  # none open: every replacement still in its handshake
+            publish(random.choice(churned), tick)
+        if progress and tick % round(10 / TICK) == 0:
+            # Every 10 s: enough to tell a broker falling behind from a client that is.
+            now = loop.time() - began, cpu_seconds(server.pid), time.process_time()
+            span = now[0] - last[0]
+            print(
+                f"  {now[0]:4.0f} s: {connects:,} connects, {load.handshaking:,} handshakes"
+                f" in flight, {len(churned) + subs:,} open; CPU broker"
+                f" {100 * (now[1] - last[1]) / span:.0f}%, load generator"
+                f" {100 * (now[2] - last[2]) / span:.0f}%; load {os.getloadavg()[0]:.1f};"
+                f" errors {sum(tally.errors.values()):,}",
+                flush=True,
+            )
+            last = now
         # Paced: the next tick starts TICK after this one was due, not after it ended.
         await asyncio.sleep(max(0.0, began + tick * TICK - loop.time()))
     elapsed = loop.time() - began
     cpu = cpu_seconds(server.pid) - cpu_start[0], time.process_time() - cpu_start[1]
-    if work:
-        await asyncio.wait(work, timeout=2 * ANSWER_TIMEOUT)
-    # Every subscriber must get every publication accepted: the last ones may be
-    # on their way still (a publication answered after its publisher was churned
-    # away is delivered too, but not counted).
-    deadline = loop.time() + ANSWER_TIMEOUT
-    while loop.time() < deadline and any(tally.published - s.notes for s in subscribers):
+    connects_in_time = connects
+    # What is still in flight (handshakes, pings, publications) gets its 10 s; then
+    # every subscriber must have every publication accepted (one answered after its
+    # publisher was churned away is delivered too, but not counted).
+    deadline = loop.time() + 2 * ANSWER_TIMEOUT
+    while loop.time() < deadline and (
+        load.handshaking
+        or any(c.waiting for c in churned)
+        or any(tally.published - s.notes for s in subscribers if s.notes is not None)
+    ):
         await asyncio.sleep(TICK)
-    missing = sum(len(tally.published - s.notes) for s in subscribers)
+    missing = sum(len(tally.published - s.notes) for s in subscribers if s.notes is not None)
     if missing:
         tally.errors["topic messages not received"] = missing
-    received = sum(len(tally.published & s.notes) for s in subscribers)
+    received = sum(len(tally.published & s.notes) for s in subscribers if s.notes is not None)
     rss_end = rss_kib(server.pid)
-    await asyncio.gather(*(client.close() for client in [*subscribers, *churned]))
+    for channel in [*subscribers, *churned]:
+        channel.close()
+    await load.drained(2 * ANSWER_TIMEOUT)
     return SoakResult(
-        tally, connects, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
+        tally, connects_in_time, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
     )
 
 
@@ -421,6 +753,11 @@ async def memory_table(args: argparse.Namespace, key: Path) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     limit = raise_open_files()
+    # The load generator makes no reference cycles that matter (a closed transport
+    # lets go of its Channel), and a full collection over 10,000 Channels stops it
+    # for a large fraction of a second, which would be counted as the broker's
+    # handshake time: collected between phases only (gc.collect in the phases).
+    gc.disable()
     print(
         f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}, open files: {limit};"
         f" {args.channels:,} Channels, {args.rate:,} connects/s for {args.seconds:g} s,"
@@ -438,7 +775,13 @@ async def run(args: argparse.Namespace) -> int:
             await server.start()
             try:
                 result = await soak(
-                    server, args.channels, args.rate, args.seconds, args.subscribers
+                    server,
+                    args.channels,
+                    args.rate,
+                    args.seconds,
+                    args.subscribers,
+                    progress=args.seconds >= 20,
+                    max_handshakes=args.max_handshakes,
                 )
             finally:
                 await server.stop()
@@ -446,8 +789,14 @@ async def run(args: argparse.Namespace) -> int:
             errors = sum(tally.errors.values())
             failed = failed or errors > 0
             shakes = tally.handshakes
+            loop_kind = (
+                f", at most {args.max_handshakes:,} handshakes in flight"
+                if args.max_handshakes
+                else ""
+            )
             print(
-                f"\nsoak broker/{name}: {args.channels:,} Channels held for {result.seconds:.1f} s"
+                f"\nsoak broker/{name}: {args.channels:,} Channels held for"
+                f" {result.seconds:.1f} s{loop_kind}"
             )
             print(
                 f"  connects {result.connects:,} ({result.connects / result.seconds:,.0f}/s of"
@@ -469,7 +818,15 @@ async def run(args: argparse.Namespace) -> int:
                 f" load generator {result.client_cpu:.1f} s"
                 f" ({100 * result.client_cpu / result.seconds:.0f}%)"
             )
+            per_connect = 1e6 / max(1, result.connects)
+            print(
+                f"  CPU per connect: broker {per_connect * result.broker_cpu:,.0f} us,"
+                f" load generator {per_connect * result.client_cpu:,.0f} us (each with a close"
+                f" and {tally.pings / max(1, result.connects):.1f} pings, and its share of the"
+                f" topic traffic)"
+            )
             print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
+            print(f"  server log: {server.log_summary()}")
     return 1 if failed else 0
 
 
@@ -480,6 +837,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--max-handshakes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="churn as a closed loop: at most N handshakes in flight (default: open loop)",
+    )
     parser.add_argument(
         "--server", nargs="+", choices=["hypercorn", "uvicorn"], default=["hypercorn"]
     )

@@ -45,3 +45,5 @@ def test_a_small_soak_has_no_errors_and_idle_channels_cost_at_most_2_5_raw() -> 
         int, re.findall(r"topic messages (\d+) x (\d+) subscribers \((\d+) received\)", out)[0]
     )
     assert published > 0 and received == published * subscribers, out
+    # The server's log is kept apart from the report: nothing in it may be an error.
+    assert re.search(r"^  server log: \d+ lines, 0 errors or tracebacks$", out, re.MULTILINE), out
