@@ -43,9 +43,10 @@ the operator that caused it: start-up stops with it (exit status 2 for the
 configuration ones), or the caller wraps it in a fault of its own, as the messaging
 layer wraps a :class:`PatternError` in ``InvalidDestinationName``.
 
-Every ``LocalError`` above except ``ServerError``, ``UnsupportedHypercorn``, ``ApiError``
-and ``ApiRefused`` is a ``ValueError``, and the first two are ``RuntimeError``\ s: they were those before this
-tree had them, and callers outside this repository (and tests) catch them that way.
+Every ``LocalError`` above except ``ServerError``, ``UnsupportedHypercorn``,
+``ApiError`` and ``ApiRefused`` is a ``ValueError``, and the first two are
+``RuntimeError`` too: they were those before this tree had them, and callers
+outside this repository (and tests) catch them that way.
 """
 
 from __future__ import annotations
