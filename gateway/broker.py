@@ -13,6 +13,7 @@ sockets; transports hold those and call the router.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import Awaitable
@@ -40,7 +41,7 @@ from gateway.eventlog.schema import FILES_DIRECTORY
 from gateway.messaging import Messaging
 from gateway.metrics.counts import RouterCounts
 from gateway.plane.base import LogRetention, Plane
-from gateway.plane.census import BrokerCard, Census, Describe, LocalCensus
+from gateway.plane.census import CARD_TOPICS, BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
 from gateway.routing.router import Router
 from gateway.tasks import cancel_and_wait
@@ -271,6 +272,7 @@ class Broker:
     def card(self) -> BrokerCard:
         """This broker as the bus sees it (gateway.plane.census)."""
         auth = self.router.auth
+        topics = self.messaging.topic_subscriptions()
         return BrokerCard(
             broker=self.broker_id,
             version=self.version,
@@ -282,6 +284,8 @@ class Broker:
             subjects=len(auth.subjects) if auth is not None else 0,
             in_flight=self.router.in_flight,
             agents={agent: len(tubes) for agent, tubes in self.respondents.agents().items()},
+            topics=heapq.nlargest(CARD_TOPICS, topics, key=lambda topic: (topic[2], topic[0])),
+            topic_count=len(topics),
         )
 
     # -- life cycle ----------------------------------------------------------

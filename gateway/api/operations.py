@@ -340,13 +340,28 @@ async def _end_elsewhere(call: Call, broker: Broker) -> SubjectEnded:
 
 
 async def list_topics(call: Call) -> TopicList:
-    subscriptions = sorted(_broker(call).messaging.topic_subscriptions())
-    return TopicList(
-        items=[
-            TopicSubscription(name=name, pattern=pattern, subscribers=members)
-            for name, pattern, members in subscriptions
-        ]
-    )
+    broker = _broker(call)
+    here = broker.messaging.topic_subscriptions()
+    items = [
+        TopicSubscription(name=name, pattern=pattern, subscribers=members, broker=broker.broker_id)
+        for name, pattern, members in here
+    ]
+    total = len(here)
+    if broker.census.spans_brokers:
+        # Other brokers' from their cards (at most lease / 6 seconds old, the most
+        # subscribed CARD_TOPICS of each).
+        for card in (await _cards(broker))[1:]:
+            items.extend(
+                TopicSubscription(
+                    name=name, pattern=pattern, subscribers=members, broker=card.broker
+                )
+                for name, pattern, members in card.topics
+            )
+            total += card.topic_count
+    items.sort(key=lambda item: (item.name, item.pattern, item.broker))
+    if broker.census.spans_brokers:
+        return TopicList(items=items, scope="bus", total=total)
+    return TopicList(items=items, total=total)
 
 
 async def _queue_info(broker: Broker, name: str) -> QueueInfo:
@@ -530,8 +545,8 @@ OPERATIONS: Final = (
               "End a Subject (its agents are told)", "subjects", "write", SubjectEnded,
               end_subject, params=(_SUBJECT_ID,), errors=(400, 404, 503), successes=(202,),
               description=_END_SUBJECT),
-    Operation("GET", "/topics", "listTopics", "Topic subscriptions at this broker", "topics",
-              "read", TopicList, list_topics, errors=()),
+    Operation("GET", "/topics", "listTopics", "Topic subscriptions (the bus's on Redis)",
+              "topics", "read", TopicList, list_topics, errors=(503,)),
     Operation("GET", "/queues", "listQueues", "Queues, the deepest first", "queues", "read",
               QueuePage, list_queues, params=(_OFFSET, _LIMIT)),
     # Before getQueue: a queue name may hold "/", so its route would take these

@@ -175,19 +175,26 @@ class SubjectEnded(Struct, kw_only=True):
 
 
 class TopicSubscription(Struct, kw_only=True):
-    """A topic (or topic pattern) with subscribers at this broker."""
+    """A topic (or topic pattern) with subscribers at one broker."""
 
     name: str
     #: Whether ``name`` is a pattern (a subscription with ``pattern``).
     pattern: bool
-    #: Channels and Tubes subscribed here.
+    #: Channels and Tubes subscribed at that broker.
     subscribers: int
+    #: The broker they are at.
+    broker: str
 
 
 class TopicList(Struct, kw_only=True):
-    """The topic subscriptions at this broker, by name."""
+    """Topic subscriptions by name then broker: this broker's all, and (with ``scope:
+    bus``) each other broker's most subscribed, from its card."""
 
     items: list[TopicSubscription]
+    scope: Literal["bus", "broker"] = "broker"
+    #: Subscriptions on the bus (or at this broker) in all; ``items`` holds fewer when
+    #: another broker has more than its card lists (gateway.plane.census.CARD_TOPICS).
+    total: int = 0
 
 
 class QueueInfo(Struct, kw_only=True):

@@ -69,7 +69,16 @@ class BrokerCard(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     #: Open Tubes per Application-Agent identity, for the bus-wide agents list.
     agents: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Topic subscriptions (name, whether a pattern, subscribers), the most
+    #: subscribed first, at most CARD_TOPICS: for the bus-wide topics list.
+    topics: list[tuple[str, bool, int]] = msgspec.field(default_factory=list)
+    #: How many topic subscriptions this broker has in all (``topics`` may hold fewer).
+    topic_count: int = 0
 
+
+#: Topic subscriptions a card lists at most: a card is rewritten every sixth of the
+#: lease, so its size stays bounded whatever the subscriptions.
+CARD_TOPICS: Final = 100
 
 #: Describes the broker this census runs in, now.
 Describe = Callable[[], BrokerCard]

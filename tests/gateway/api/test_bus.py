@@ -22,6 +22,7 @@ from tests.support import RedisServer, T, serve_app_async
 from tests.support.admin import asbp_cli
 from tests.support.bus import until
 from tests.support.gateway import Gateway, GatewayFactory
+from tests.support.messaging import user
 
 #: Where the plane's directory (and the census's cards) are, hash tag included.
 PREFIX = directory_prefix(PLANE_PREFIX)
@@ -387,6 +388,30 @@ async def test_the_bus_lists_out_of_reach_are_503(
             assert "unreachable" in response.json()["detail"]
     finally:
         redis_server.start()
+
+
+async def test_topics_are_listed_across_the_bus_with_their_brokers(
+    bus: tuple[Gateway, Gateway], redis_server: RedisServer
+) -> None:
+    a, b = bus
+    for gateway, topics in ((a, ("news", "news")), (b, ("news", "sports/.*"))):
+        for topic in topics:
+            await (await user(gateway)).subscribe(topic)
+
+    async def card_topics(client: redis.asyncio.Redis) -> bool:
+        card = await client.get(f"{PREFIX}card:broker-b")
+        return card is not None and json.loads(card)["topic_count"] == 2
+
+    await until(redis_server.url, "card:broker-b", card_topics)
+    response = await api(a, "GET", "/topics")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["scope"], body["total"]) == ("bus", 3)
+    assert [(t["name"], t["pattern"], t["subscribers"], t["broker"]) for t in body["items"]] == [
+        ("news", False, 2, "broker-a"),
+        ("news", False, 1, "broker-b"),
+        ("sports/.*", True, 1, "broker-b"),
+    ]
 
 
 async def test_the_cli_shows_each_channel_and_agent_with_its_broker(

@@ -98,11 +98,16 @@ async def test_topic_subscriptions_are_listed(make_gateway: GatewayFactory) -> N
     for client in (first, second):
         await client.ok("asbp.subscribe", destination="news")
     await first.ok("asbp.subscribe", destination="sports/.*")
-    topics = (await api(gateway, "GET", "/topics")).json()["items"]
-    assert topics == [
-        {"name": "news", "pattern": False, "subscribers": 2},
-        {"name": "sports/.*", "pattern": True, "subscribers": 1},
-    ]
+    body = (await api(gateway, "GET", "/topics")).json()
+    here = gateway.broker_id
+    assert body == {
+        "items": [
+            {"name": "news", "pattern": False, "subscribers": 2, "broker": here},
+            {"name": "sports/.*", "pattern": True, "subscribers": 1, "broker": here},
+        ],
+        "scope": "broker",
+        "total": 2,
+    }
 
 
 async def test_queues_deepest_first_and_a_purge_empties_one(make_gateway: GatewayFactory) -> None:
