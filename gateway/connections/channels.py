@@ -91,6 +91,7 @@ class ChannelRegistry:
         "closed",
         "on_group_first",
         "on_group_last",
+        "on_membership",
         "opened",
     )
 
@@ -110,6 +111,10 @@ class ChannelRegistry:
         #: bus-wide directory learns which brokers hold members (gateway.plane).
         self.on_group_first: Callable[[str], object] | None = None
         self.on_group_last: Callable[[str], object] | None = None
+        #: Called with each open Channel whose groups ``join`` or ``leave`` changed
+        #: (a resumable Channel keeps them with its log: gateway.connections.resume).
+        #: Not called when a Channel closes: a resumed Channel gets them back.
+        self.on_membership: Callable[[Channel], object] | None = None
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -213,24 +218,38 @@ class ChannelRegistry:
         new = members is None
         if members is None:
             members = self._groups[group] = set()
+        changed: list[Channel] = []
         for channel in channels:
             if not channel.closed:
                 members.add(channel.id)
-                channel.groups.add(group)
+                if group not in channel.groups:
+                    channel.groups.add(group)
+                    changed.append(channel)
         if not members:
             del self._groups[group]
         elif new and self.on_group_first is not None:
             self.on_group_first(group)
+        self._changed(changed)
+
+    def _changed(self, channels: list[Channel]) -> None:
+        hook = self.on_membership
+        if hook is not None:
+            for channel in channels:
+                hook(channel)
 
     def leave(self, group: str, channels: Iterable[Channel]) -> None:
         """Remove ``channels`` from ``group``."""
         members = self._groups.get(group)
+        changed: list[Channel] = []
         for channel in channels:
-            channel.groups.discard(group)
+            if group in channel.groups:
+                channel.groups.discard(group)
+                changed.append(channel)
             if members is not None:
                 members.discard(channel.id)
         if members is not None and not members:
             self._emptied(group)
+        self._changed(changed)
 
     def _emptied(self, group: str) -> None:
         del self._groups[group]

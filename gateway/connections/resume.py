@@ -32,8 +32,10 @@ after ``K`` up to the newest at the moment it took hold, then lets the outbox
 (frames routed since, already logged after them) drain. Frames that retention
 dropped are reported first as fault 2111 with their count.
 
-What follows the Channel: its ``i``, its secret and everything routed to it.
-What does not (yet): Subjects signed in, group memberships and subscriptions
+What follows the Channel: its ``i``, its secret, everything routed to it and
+its groups (a record kept beside its log, gateway.connections.resume_state,
+rewritten on every ``asbp.join`` / ``asbp.leave`` and read back here before
+``asbp.resumed``). What does not (yet): Subjects signed in and subscriptions
 live at the broker the connection was on and end with it; the client signs in
 and subscribes again (the SDK says so in docs/bus.md).
 """
@@ -54,6 +56,7 @@ from gateway.acl import AccessContext, channel_properties
 from gateway.connections.channel_secret import matches
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import StreamOutbox
+from gateway.connections.resume_state import ResumeRecord
 from gateway.engines.base import EngineUnavailable
 from gateway.errors import GatewayError
 from gateway.plane.base import ChannelLog, Envelope, EnvelopeKind, Plane
@@ -92,6 +95,11 @@ class HeldOutbox(StreamOutbox):
         self._holder: ChannelLog | None = None
         #: Frames offered this turn, not yet submitted to the log.
         self._pending: list[bytes] = []
+
+    @property
+    def logging(self) -> bool:
+        """Whether frames offered now go to the Channel's log (it can resume)."""
+        return self._logging
 
     def start_logging(self, channel_id: str) -> None:
         """Append every frame offered from now on to ``channel_id``'s log (held here)."""
@@ -196,6 +204,8 @@ class ChannelResume:
         mode = broker.config.channels.resume
         self.enabled = mode == "on" or (mode == "auto" and broker.plane.spans_brokers)
         self._toucher: asyncio.Task[None] | None = None
+        if self.enabled:
+            broker.channels.on_membership = self._membership
         remote = broker.router.remote
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
@@ -208,6 +218,15 @@ class ChannelResume:
         log is in memory: the future is settled already)."""
         logged = self._broker.plane.channel_log.append(channel_id, frame)
         return logged.done() and logged.exception() is None and logged.result() > 0
+
+    def _membership(self, channel: Channel) -> None:
+        """A resumable Channel's groups changed: its record beside the log follows."""
+        outbox = channel.outbox
+        if not isinstance(outbox, HeldOutbox) or not outbox.logging or channel.closed:
+            return
+        record = ResumeRecord.of(channel.groups).encode()
+        with contextlib.suppress(EngineUnavailable):
+            self._broker.plane.channel_log.keep(channel.id, record)
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -306,6 +325,10 @@ class ChannelResume:
             raise Refused(FaultCode.RESUME_UNAVAILABLE, f"the bus is unreachable: {exc}") from exc
         if expected is None or not matches(secret, expected):
             raise refused
+        try:
+            record = ResumeRecord.decode(await log.kept(channel_id))
+        except EngineUnavailable as exc:
+            raise Refused(FaultCode.RESUME_UNAVAILABLE, f"the bus is unreachable: {exc}") from exc
         lingering = broker.channels.get(channel_id)
         if lingering is not None:
             # The old connection here has not noticed it is gone yet.
@@ -331,6 +354,10 @@ class ChannelResume:
             broker.close_channel(channel)
             raise refused
         previous, newest = found
+        for group in record.groups:
+            # Back in its groups before asbp.resumed: a group Command routed after
+            # the client hears it reaches the Channel here.
+            broker.channels.join(group, [channel])
         if previous and previous != broker.broker_id:
             envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
             with contextlib.suppress(EngineUnavailable):

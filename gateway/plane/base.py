@@ -256,6 +256,18 @@ class ChannelLog(Protocol):
         """Stop holding the log, if this broker holds it; it expires when idle from now."""
         ...
 
+    # What a resumable Channel takes with it (gateway.connections.resume_state): a
+    # small record kept beside its log, read by the broker it resumes on, gone
+    # with the log.
+
+    def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
+        """Replace the record kept with the log of ``channel_id`` (nothing if no log)."""
+        ...
+
+    async def kept(self, channel_id: str) -> bytes:
+        """The record kept with the log of ``channel_id``; empty when none or no log."""
+        ...
+
 
 #: Called with each envelope that arrives for this broker, on the event loop.
 Inbound = Callable[[Envelope], None]

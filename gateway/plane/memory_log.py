@@ -37,6 +37,7 @@ class _Log:
         "frames",
         "holder",
         "idle",
+        "kept",
         "last",
         "lost",
         "seen",
@@ -58,6 +59,8 @@ class _Log:
         self.waiters: set[asyncio.Future[None]] = set()
         #: The broker holding a resumable WebSocket Channel's log ('' none).
         self.holder = ""
+        #: The record a resumable Channel takes with it (ChannelLog.keep).
+        self.kept = b""
 
     def wake(self) -> None:
         for waiter in self.waiters:
@@ -184,6 +187,16 @@ class MemoryChannelLog:
         if log is not None and log.holder == self._broker_id:
             log.holder = ""
         return _done(None)
+
+    def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
+        log = self._store.live(channel_id)
+        if log is not None:
+            log.kept = record
+        return _done(None)
+
+    async def kept(self, channel_id: str) -> bytes:
+        log = self._store.live(channel_id)
+        return b"" if log is None else log.kept
 
     def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

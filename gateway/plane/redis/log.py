@@ -33,6 +33,8 @@ from gateway.plane.redis.log_scripts import (
     LOG_DROP,
     LOG_HELD_APPEND,
     LOG_HOLD,
+    LOG_KEEP,
+    LOG_KEPT,
     LOG_OPEN,
     LOG_OR_FORWARD,
     LOG_READ,
@@ -198,6 +200,15 @@ class RedisChannelLog:
         command = script_command(LOG_DIGEST, self._keys(channel_id), (self._now(),))
         reply = await self._submit(command, lambda reply: reply)
         return bytes(reply) if reply is not None else None
+
+    def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
+        command = script_command(LOG_KEEP, self._keys(channel_id), (self._now(), record))
+        return self._submit(command, _none)
+
+    async def kept(self, channel_id: str) -> bytes:
+        command = script_command(LOG_KEPT, self._keys(channel_id), (self._now(),))
+        reply = await self._submit(command, lambda reply: reply)
+        return bytes(reply) if reply else b""
 
     async def read(self, channel_id: str, after: int, limit: int, wait: float) -> LogRead | None:
         loop = asyncio.get_running_loop()

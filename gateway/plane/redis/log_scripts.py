@@ -41,6 +41,8 @@ __all__ = [
     "LOG_DROP",
     "LOG_HELD_APPEND",
     "LOG_HOLD",
+    "LOG_KEEP",
+    "LOG_KEPT",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
     "LOG_READ",
@@ -261,6 +263,27 @@ return redis.call('HGET', meta, 'h')
 """,
 )
 
+#: ARGV: now ms, the record: kept beside the log (its meta hash), gone with it.
+LOG_KEEP: Final = Script(
+    "log_keep",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return 0 end
+redis.call('HSET', meta, 'k', ARGV[2])
+return 1
+""",
+)
+
+#: ARGV: now ms. Returns the record LOG_KEEP kept, false when none or no log.
+LOG_KEPT: Final = Script(
+    "log_kept",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return false end
+return redis.call('HGET', meta, 'k')
+""",
+)
+
 #: ARGV: plane prefix, channel, inbound stream cap: the log forgotten, its readers woken
 #: (with an empty prefix, on a cluster: returns the brokers to wake).
 LOG_DROP: Final = Script(
@@ -380,4 +403,6 @@ LOG_SCRIPTS: Final = (
     LOG_DIGEST,
     LOG_DROP,
     LOG_OR_FORWARD,
+    LOG_KEEP,
+    LOG_KEPT,
 )

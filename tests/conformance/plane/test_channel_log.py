@@ -258,3 +258,27 @@ async def test_a_held_log_takes_frames_only_from_its_holder_and_the_rest_goes_th
     assert await log_a.hold(other) is None
     assert await log_a.held_append(other, [b"c=x;"]) == 0
     await log_a.release(other)
+
+
+async def test_a_record_kept_with_a_log_is_read_at_another_broker_and_goes_with_it(
+    bus: Bus,
+) -> None:
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    log_a, log_b = a.plane.channel_log, b.plane.channel_log
+    await log_a.keep(CHANNEL, b"before any log")  # no log: nothing kept
+    assert await log_b.kept(CHANNEL) == b""
+    await log_a.open(CHANNEL, digest=DIGEST, idle=100.0)
+    assert await log_b.kept(CHANNEL) == b""
+    await log_a.keep(CHANNEL, b'{"groups":["room"]}\x00\xff')
+    await log_a.keep(CHANNEL, b'{"groups":["hall"]}')  # replaced whole
+    assert await log_b.kept(CHANNEL) == b'{"groups":["hall"]}'
+    log_a.open(CHANNEL, digest=DIGEST, idle=100.0)  # opened again: afresh
+    assert await log_b.kept(CHANNEL) == b""
+    await log_a.keep(CHANNEL, b"kept")
+    bus.skew += 101
+    assert await log_b.kept(CHANNEL) == b""  # expired with its log
+    await log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    await log_a.keep(CHANNEL, b"kept")
+    await log_b.drop(CHANNEL)
+    assert await log_a.kept(CHANNEL) == b""

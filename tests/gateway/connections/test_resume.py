@@ -153,3 +153,23 @@ async def test_resume_off_is_refused_with_2113(tmp_path: Path) -> None:
         )
         assert (fault.name, fault.get("code")) == ("asbp.fault", "2113")
         assert await closed_with(refused) == (1008, "2113 Resume unavailable")
+
+
+async def test_a_resumed_channel_is_back_in_its_groups(tmp_path: Path) -> None:
+    async with lone_broker(tmp_path) as (broker, agent):
+        connection, channel_id, secret = await open_channel(broker.ws_url + "/asbp")
+        assert await agent.join(["room", "hall"], [channel_id])
+        assert await agent.leave(["hall"], [channel_id])
+        await connection.close()
+        resumed, answer = await resume_with(
+            broker.ws_url, f"c=asbp.resume,i={channel_id},secret={secret},received=0;"
+        )
+        assert answer.name == "asbp.resumed", answer
+        await agent.send(Command({"c": "news", "g": "room", "u": 1}, b"to the room"))
+        got = await frame(resumed)
+        assert (got.command_id, got.body) == (1, b"to the room")
+        # It left "hall" before it dropped: it is not back in that one.
+        await agent.send(Command({"c": "news", "g": "hall", "u": 2}, b"to the hall"))
+        await agent.send(Command({"c": "news", "d": channel_id, "u": 3}, b"direct"))
+        assert (await frame(resumed)).command_id == 3
+        await resumed.close()

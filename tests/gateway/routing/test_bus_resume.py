@@ -281,3 +281,40 @@ async def test_a_quiet_connected_channel_outlives_the_log_age(
         resumed, answer = await resume(a.ws_url + "/asbp", channel_id, secret, received=0)
         assert answer.name == "asbp.resumed", answer
         await resumed.close()
+
+
+async def kept_holds(redis_url: str, channel_id: str, needle: bytes) -> None:
+    """Wait until the record kept beside the Channel's log (its field ``k``) holds
+    ``needle``: the broker writes it through its batcher, never awaited."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    key = f"{PREFIX}log:{{{channel_id}}}"
+    pubsub = client.pubsub()
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        await pubsub.subscribe(f"__keyspace@0__:{key}")
+        with anyio.fail_after(5 * T):
+            while needle not in (await client.hget(key, "k") or b""):
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+        await client.aclose()
+
+
+async def test_a_channel_resumed_at_another_broker_is_back_in_its_groups(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+) -> None:
+    a, b, agent = bus
+    connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+    await until_in_directory(redis_server.url, "ch", channel_id)
+    # The agent is on B: the join goes to A over the bus, and A keeps the record.
+    assert await agent.join(["room"], [channel_id]) == {"broker-b"}
+    await kept_holds(redis_server.url, channel_id, b'"room"')
+    await connection.close()
+    await until_in_directory(redis_server.url, "grp:room", "broker-a", present=False)
+    resumed, answer = await resume(b.ws_url + "/asbp", channel_id, secret, received=0)
+    assert (answer.name, answer.get("b")) == ("asbp.resumed", "broker-b")
+    await until_in_directory(redis_server.url, "grp:room", "broker-b")
+    await agent.send(Command({"c": "news", "g": "room", "u": 1}, b"to the room"))
+    got = await frame(resumed)
+    assert (got.command_id, got.body) == (1, b"to the room")
+    await resumed.close()
