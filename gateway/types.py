@@ -42,6 +42,7 @@ __all__ = [
     "RemembersOrigins",
     "Replies",
     "SubjectReplies",
+    "SubjectResume",
     "TakesOrigins",
 ]
 
@@ -190,4 +191,21 @@ class TakesOrigins(Protocol):
 
     def take(self, message_id: str) -> FlowGate | None:
         """The gate of ``message_id``'s local publisher, if any, forgotten once asked."""
+        ...
+
+
+class SubjectResume(Protocol):
+    """How Subjects follow a Channel that resumes (gateway.routing.resume_subjects,
+    as the Authenticator sees it)."""
+
+    def parks(self, channel: Channel) -> bool:
+        """Whether ``channel``, closing now, can resume: its Subjects then wait for it."""
+        ...
+
+    def changed(self, channel: Channel) -> None:
+        """A Subject of ``channel`` was signed in, given roles, or ended."""
+        ...
+
+    def expired(self, now: float) -> list[Subject]:
+        """The Subjects that waited for their Channel past its log's lifetime (to end)."""
         ...

@@ -32,12 +32,13 @@ after ``K`` up to the newest at the moment it took hold, then lets the outbox
 (frames routed since, already logged after them) drain. Frames that retention
 dropped are reported first as fault 2111 with their count.
 
-What follows the Channel: its ``i``, its secret, everything routed to it and
-its groups (a record kept beside its log, gateway.connections.resume_state,
-rewritten on every ``asbp.join`` / ``asbp.leave`` and read back here before
-``asbp.resumed``). What does not (yet): Subjects signed in and subscriptions
-live at the broker the connection was on and end with it; the client signs in
-and subscribes again (the SDK says so in docs/bus.md).
+What follows the Channel: its ``i``, its secret, everything routed to it, its
+groups and its signed-in Subjects (a record kept beside its log,
+gateway.connections.resume_state, rewritten on every change to either and read
+back here before ``asbp.resumed``, which says so with ``kept=groups,subjects``;
+gateway.routing.resume_subjects for the Subjects). What does not (yet):
+subscriptions live at the broker the connection was on and end with it; the
+client subscribes again.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -56,13 +58,14 @@ from gateway.acl import AccessContext, channel_properties
 from gateway.connections.channel_secret import matches
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import StreamOutbox
-from gateway.connections.resume_state import ResumeRecord
+from gateway.connections.resume_state import KeptSubject, ResumeRecord
 from gateway.engines.base import EngineUnavailable
 from gateway.errors import GatewayError
 from gateway.plane.base import ChannelLog, Envelope, EnvelopeKind, Plane
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.routing.resume_subjects import ResumeSubjects
 
 __all__ = ["ChannelResume", "HeldOutbox", "Refused", "Resumed"]
 
@@ -72,6 +75,8 @@ _log = logging.getLogger("asbp.plane")
 REPLAY_PAGE: Final = 1000
 #: The query parameter of ``/asbp`` that asks to resume instead of opening a Channel.
 QUERY: Final = "resume"
+#: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
+KEPT: Final = ("groups", "subjects")
 
 
 class HeldOutbox(StreamOutbox):
@@ -85,7 +90,7 @@ class HeldOutbox(StreamOutbox):
     lingered) are forwarded to that broker instead.
     """
 
-    __slots__ = ("_holder", "_logging", "_pending", "_plane", "channel_id")
+    __slots__ = ("_holder", "_logging", "_pending", "_plane", "channel_id", "released")
 
     def __init__(self, max_frames: int, max_bytes: int, plane: Plane) -> None:
         super().__init__(max_frames, max_bytes)
@@ -93,6 +98,8 @@ class HeldOutbox(StreamOutbox):
         self.channel_id = ""
         self._logging = False
         self._holder: ChannelLog | None = None
+        #: Whether closing left the log for a resume (the Channel's Subjects wait).
+        self.released = False
         #: Frames offered this turn, not yet submitted to the log.
         self._pending: list[bytes] = []
 
@@ -166,6 +173,7 @@ class HeldOutbox(StreamOutbox):
         if self._logging and self._holder is not None:
             self._submit()  # what this turn offered goes first, then the release
             self._logging = False
+            self.released = True
             # The log outlives the connection: frames go into it until a resume.
             with contextlib.suppress(EngineUnavailable):
                 self._holder.release(self.channel_id)
@@ -204,8 +212,25 @@ class ChannelResume:
         mode = broker.config.channels.resume
         self.enabled = mode == "on" or (mode == "auto" and broker.plane.spans_brokers)
         self._toucher: asyncio.Task[None] | None = None
+        #: Records being rewritten (kept until done, so none is collected midway).
+        self._rewrites: set[asyncio.Future[None]] = set()
+        self._subjects: ResumeSubjects | None = None
         if self.enabled:
-            broker.channels.on_membership = self._membership
+            broker.channels.on_membership = self._record
+            auth = broker.router.auth
+            if auth is not None:
+                from gateway.routing.resume_subjects import ResumeSubjects
+
+                self._subjects = ResumeSubjects(
+                    auth,
+                    broker_id=broker.broker_id,
+                    wait=broker.config.channels.log_max_age,
+                    clock=time.monotonic,
+                    changed=self._record,
+                    forgotten=self._forget_subjects,
+                    log=broker.log,
+                )
+                auth.resumes = self._subjects
         remote = broker.router.remote
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
@@ -219,14 +244,32 @@ class ChannelResume:
         logged = self._broker.plane.channel_log.append(channel_id, frame)
         return logged.done() and logged.exception() is None and logged.result() > 0
 
-    def _membership(self, channel: Channel) -> None:
-        """A resumable Channel's groups changed: its record beside the log follows."""
+    def _record(self, channel: Channel) -> None:
+        """A resumable Channel's groups or Subjects changed: its record beside the log
+        follows."""
         outbox = channel.outbox
         if not isinstance(outbox, HeldOutbox) or not outbox.logging or channel.closed:
             return
-        record = ResumeRecord.of(channel.groups).encode()
+        kept: list[KeptSubject] = []
+        if self._subjects is not None:
+            kept = self._subjects.kept(channel)
+        home = self._broker.broker_id if kept else ""
+        record = ResumeRecord.of(channel.groups, home, kept).encode()
         with contextlib.suppress(EngineUnavailable):
             self._broker.plane.channel_log.keep(channel.id, record)
+
+    def _forget_subjects(self, channel_id: str) -> None:
+        """The Subjects that waited for ``channel_id`` ended: out of its record."""
+        task = asyncio.ensure_future(self._rewrite_without_subjects(channel_id))
+        self._rewrites.add(task)
+        task.add_done_callback(self._rewrites.discard)
+
+    async def _rewrite_without_subjects(self, channel_id: str) -> None:
+        log = self._broker.plane.channel_log
+        with contextlib.suppress(EngineUnavailable):
+            record = ResumeRecord.decode(await log.kept(channel_id))
+            if record.subjects and record.home == self._broker.broker_id:
+                await log.keep(channel_id, ResumeRecord(record.groups).encode())
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -358,6 +401,16 @@ class ChannelResume:
             # Back in its groups before asbp.resumed: a group Command routed after
             # the client hears it reaches the Channel here.
             broker.channels.join(group, [channel])
+        subjects = self._subjects
+        if subjects is not None and not subjects.resumed_here(channel):
+            subjects.restore(channel, record.subjects)
+        home = record.home
+        if home and home not in (broker.broker_id, previous):
+            # Its Subjects waited there: that broker lets them go without a word.
+            envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
+            with contextlib.suppress(EngineUnavailable):
+                broker.plane.send_to(home, envelope)
+        self._record(channel)
         if previous and previous != broker.broker_id:
             envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
             with contextlib.suppress(EngineUnavailable):
@@ -392,7 +445,12 @@ class ChannelResume:
             await write(asbp.encode(fault_command(FaultCode.RESUME_GAP, message)))
         start = after + lost
         greeting = Command(
-            c=RESUMED, i=channel.id, b=self._broker.broker_id, received=str(start), lost=str(lost)
+            c=RESUMED,
+            i=channel.id,
+            b=self._broker.broker_id,
+            received=str(start),
+            lost=str(lost),
+            kept=KEPT if self._subjects is not None else KEPT[:1],
         )
         await write(asbp.encode(greeting))
         page = first
@@ -412,10 +470,12 @@ class ChannelResume:
                 return
             page = read
 
-    def _resumed_elsewhere(self, channel_id: str) -> None:
+    def _resumed_elsewhere(self, channel_id: str, broker_id: str) -> None:
         channel = self._broker.channels.get(channel_id)
         if channel is not None and channel.kind is ChannelKind.WEBSOCKET:
             self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
+        if self._subjects is not None:
+            self._subjects.handed_over(channel_id, broker_id)
 
 
 def _parse(data: bytes, limits: asbp.Limits) -> tuple[str, str | None, int]:

@@ -1,20 +1,23 @@
 """What a resumable WebSocket Channel takes with it to the broker it resumes on.
 
-A Channel's groups are broker state (``ChannelRegistry``); a Channel that
-resumes on another broker, or on this one after its connection dropped, would
-lose them. So every change to a resumable Channel's groups rewrites a small
-record kept beside its Channel log in the routing plane (``ChannelLog.keep``:
-on Redis a field of the log's meta hash, so it expires and is dropped with the
-log, never outliving it). The broker the Channel resumes on reads it
-(``ChannelLog.kept``) and joins the Channel to those groups again before
-``asbp.resumed`` is written, so a group Command routed after the client
-hears ``asbp.resumed`` reaches it.
+A Channel's groups and Subjects are broker state (``ChannelRegistry``,
+``SubjectRegistry``); a Channel that resumes on another broker, or on this one
+after its connection dropped, would lose them. So every change to a resumable
+Channel's groups or to its signed-in Subjects rewrites a small record kept
+beside its Channel log in the routing plane (``ChannelLog.keep``: on Redis a
+field of the log's meta hash, so it expires and is dropped with the log, never
+outliving it). The broker the Channel resumes on reads it (``ChannelLog.kept``)
+and joins the Channel to those groups and takes its Subjects over before
+``asbp.resumed`` is written (gateway.connections.resume,
+gateway.routing.resume_subjects).
 
-The record is JSON (``{"groups": [...]}``), written whole each time: a
-Channel's groups are few and change rarely, and a whole record needs no
-ordering between brokers beyond the plane's own (one holder writes at a time).
-An unreadable record counts as empty: the Channel resumes without groups
-rather than not at all.
+The record is JSON, written whole each time: a Channel's groups and Subjects
+are few and change rarely, and a whole record needs no ordering between
+brokers beyond the plane's own (one holder writes at a time). It holds no
+secret: a Subject's ``s`` is not one (knowing it never lets anyone act as its
+owner), and the record is read only after the resuming client's Channel secret
+matched. An unreadable record counts as empty: the Channel resumes without
+groups or Subjects rather than not at all.
 """
 
 from __future__ import annotations
@@ -22,8 +25,50 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ResumeRecord"]
+__all__ = ["KeptSubject", "ResumeRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeptSubject:
+    """A Subject signed in on the Channel, as the broker it resumes on needs it."""
+
+    #: Its Subject-Identifier ``s`` (unchanged across the resume).
+    id: str
+    #: The Application-Agents that authenticated it.
+    agents: tuple[str, ...]
+    #: The roles they gave it.
+    roles: tuple[str, ...]
+    #: Its Conversation-Address ``p``, if it has one.
+    address: str | None
+    #: The brokers whose agents authenticated it (where its Commands go).
+    at: tuple[str, ...]
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "s": self.id,
+            "agents": list(self.agents),
+            "roles": list(self.roles),
+            "p": self.address,
+            "at": list(self.at),
+        }
+
+    @classmethod
+    def decode(cls, found: object) -> KeptSubject | None:
+        if not isinstance(found, dict):
+            return None
+        subject_id, address = found.get("s"), found.get("p")
+        lists = [found.get(key) for key in ("agents", "roles", "at")]
+        if not isinstance(subject_id, str) or not (address is None or isinstance(address, str)):
+            return None
+        if not all(isinstance(items, list) for items in lists):
+            return None
+        agents, roles, at = (
+            tuple(item for item in items if isinstance(item, str))  # type: ignore[union-attr]  # checked
+            for items in lists
+        )
+        return cls(subject_id, agents, roles, address, at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +77,24 @@ class ResumeRecord:
 
     #: The groups (``asbp.join``) it belonged to.
     groups: tuple[str, ...] = ()
+    #: The broker where its Subjects live now ('' none): told when it resumes elsewhere.
+    home: str = ""
+    #: Its signed-in Subjects.
+    subjects: tuple[KeptSubject, ...] = ()
 
     @classmethod
-    def of(cls, groups: Iterable[str]) -> ResumeRecord:
-        return cls(tuple(sorted(groups)))
+    def of(
+        cls, groups: Iterable[str], home: str = "", subjects: Iterable[KeptSubject] = ()
+    ) -> ResumeRecord:
+        return cls(tuple(sorted(groups)), home, tuple(sorted(subjects, key=lambda s: s.id)))
 
     def encode(self) -> bytes:
-        return json.dumps({"groups": list(self.groups)}, separators=(",", ":")).encode()
+        found: dict[str, Any] = {"groups": list(self.groups)}
+        if self.home:
+            found["home"] = self.home
+        if self.subjects:
+            found["subjects"] = [subject.encode() for subject in self.subjects]
+        return json.dumps(found, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> ResumeRecord:
@@ -49,7 +105,18 @@ class ResumeRecord:
             found = json.loads(data)
         except ValueError:
             return cls()
-        groups = found.get("groups") if isinstance(found, dict) else None
-        if not isinstance(groups, list):
+        if not isinstance(found, dict):
             return cls()
-        return cls(tuple(g for g in groups if isinstance(g, str)))
+        groups, home, subjects = found.get("groups"), found.get("home", ""), found.get("subjects")
+        if not isinstance(groups, list) or not isinstance(home, str):
+            return cls()
+        kept = (
+            [KeptSubject.decode(item) for item in subjects or ()]
+            if isinstance(subjects, list)
+            else []
+        )
+        return cls(
+            tuple(g for g in groups if isinstance(g, str)),
+            home,
+            tuple(subject for subject in kept if subject is not None),
+        )

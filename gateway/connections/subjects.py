@@ -81,6 +81,9 @@ class Subject:
     reported: set[str] = field(default_factory=set)
     #: Of those, the ones whose agents authenticated it: where its Commands go.
     serving_brokers: set[str] = field(default_factory=set)
+    #: The agents on this broker that authenticated it (when its Channel resumes at
+    #: another broker, this one keeps telling them: gateway.routing.resume_subjects).
+    local_agents: set[ApplicationAgentId] = field(default_factory=set)
 
 
 class AddressDirectory(Protocol):
@@ -129,6 +132,17 @@ class SubjectRegistry:
         self._subjects[subject_id] = subject
         self._by_channel.setdefault(channel.id, set()).add(subject_id)
         return subject
+
+    def restore(self, subject: Subject) -> None:
+        """Hold here a Subject signed in before its Channel resumed at this broker
+        (its ``s`` kept; gateway.routing.resume_subjects)."""
+        self._subjects[subject.id] = subject
+        self._by_channel.setdefault(subject.channel.id, set()).add(subject.id)
+
+    def on_channel_id(self, channel_id: str) -> list[Subject]:
+        """The live Subjects of the Channel ``channel_id`` (open or not)."""
+        ids = self._by_channel.get(channel_id, ())
+        return [self._subjects[i] for i in ids if i in self._subjects]
 
     def get(self, subject_id: str) -> Subject | None:
         """The live Subject with this identifier, or None."""

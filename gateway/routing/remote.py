@@ -246,7 +246,8 @@ class Remote:
         self._forwarded: set[str] = set()
         #: Called with ``i`` when a WebSocket Channel of this broker was resumed at
         #: another (gateway.connections.resume closes its connection here).
-        self.on_resumed: Callable[[str], object] | None = None
+        #: Also called with the broker it resumed at.
+        self.on_resumed: Callable[[str, str], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -593,7 +594,7 @@ class Remote:
             self._for_close(envelope)
         elif kind is EnvelopeKind.RESUMED:
             if self.on_resumed is not None:
-                self.on_resumed(envelope.channel)
+                self.on_resumed(envelope.channel, envelope.origin)
         else:
             self._for_membership(envelope)
 

@@ -116,6 +116,21 @@ class RemoteSubjects:
                 broker_id, Envelope(EnvelopeKind.SUBJECT_END, origin, subject.id, frame)
             )
 
+    # -- a Channel that resumed at another broker (gateway.routing.resume_subjects) --
+
+    def adopt_guest(self, subject_id: str, origin: str, agents: set[ApplicationAgentId]) -> None:
+        """``subject_id`` now lives at ``origin`` (its Channel resumed there): the
+        agents here that authenticated it hear of its end from there."""
+        self._guests[subject_id] = _Guest(origin, authenticated=set(agents))
+        while len(self._guests) > MAX_GUESTS:
+            self._guests.popitem(last=False)
+
+    def take_guest(self, subject_id: str) -> set[ApplicationAgentId]:
+        """``subject_id``'s Channel resumed here: the agents here that authenticated
+        it, no longer a guest's."""
+        guest = self._guests.pop(subject_id, None)
+        return set() if guest is None else guest.authenticated
+
     # -- envelopes ---------------------------------------------------------------
 
     def inbound(self, envelope: Envelope) -> None:

@@ -40,7 +40,7 @@ from asbp.names import ACCEPTED, AUTHENTICATED, LOGOUT, REFUSED, SUBJECT_ENDED
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject, SubjectRegistry, SubjectState
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.types import SubjectReplies
+from gateway.types import SubjectReplies, SubjectResume
 
 if TYPE_CHECKING:
     from gateway.routing.remote_subjects import RemoteSubjects
@@ -91,6 +91,9 @@ class Authenticator:
         #: The plane's barrier (``Plane.written``) on a bus: a Subject's first answer
         #: waits for its address to be in the directory. None when alone.
         self.directory_written: Callable[[], asyncio.Future[None]] | None = None
+        #: Subjects whose Channel can resume wait for it instead of ending, and
+        #: follow it (gateway.routing.resume_subjects); None: they end with it.
+        self.resumes: SubjectResume | None = None
 
     # -- from User-Agents ---------------------------------------------------
 
@@ -207,6 +210,8 @@ class Authenticator:
             )
             return
         subject.asked.pop(tube.id, None)
+        if name != REFUSED:
+            subject.local_agents.add(tube.agent_id)
         if name == REFUSED:
             reason = command.body.decode("utf-8", "replace") or "refused"
             subject.refusals.append(f"{tube.agent_id}: {reason}")
@@ -273,8 +278,10 @@ class Authenticator:
             extra={"subject": subject.id, "agent": agent_id, "channel": subject.channel.id},
         )
         if not first:
+            self._changed(subject)
             return
         subject.state = SubjectState.AUTHENTICATED
+        self._changed(subject)
         reply: dict[str, asbp.HeaderInput] = {
             "c": AUTHENTICATED,
             "s": subject.id,
@@ -311,10 +318,17 @@ class Authenticator:
             cause=self.command_name,
         )
 
+    def _changed(self, subject: Subject) -> None:
+        if self.resumes is not None:
+            self.resumes.changed(subject.channel)
+
     def end(self, subject: Subject, why: str) -> None:
         """End ``subject`` and tell the agents that authenticated it."""
         agents: set[ApplicationAgentId] = set(subject.authenticated_by)
+        was = subject.state
         self.subjects.end(subject)
+        if was is SubjectState.AUTHENTICATED:
+            self._changed(subject)
         self._log.info("subject.end", extra={"subject": subject.id, "reason": why})
         if agents:
             notice = Command(c=SUBJECT_ENDED, s=subject.id, cause=why)
@@ -327,9 +341,13 @@ class Authenticator:
             self.bus.ended(subject, Command(c=SUBJECT_ENDED, s=subject.id, cause=why))
 
     def channel_closed(self, channel: Channel) -> None:
-        """Every Subject of a closed Channel ends."""
-        for subject in self.subjects.on_channel(channel):
-            self.end(subject, "channel closed")
+        """Every Subject of a closed Channel ends, but those of a Channel that can
+        resume: they wait for it (gateway.routing.resume_subjects)."""
+        subjects = self.subjects.on_channel(channel)
+        waiting = self.resumes is not None and self.resumes.parks(channel)
+        for subject in subjects:
+            if not waiting or subject.state is not SubjectState.AUTHENTICATED:
+                self.end(subject, "channel closed")
 
     def tube_closed(self, tube: Tube) -> None:
         """A Tube that was asked and left counts as a refusal."""
@@ -346,6 +364,9 @@ class Authenticator:
     def expire(self, *, now: float | None = None) -> int:
         """Fail pending Subjects past their deadline; returns how many."""
         now = self._clock() if now is None else now
+        if self.resumes is not None:
+            for subject in self.resumes.expired(now):
+                self.end(subject, "channel closed")
         late = [s for s in self.subjects if s.state is SubjectState.PENDING and s.deadline <= now]
         for subject in late:
             self._fail(

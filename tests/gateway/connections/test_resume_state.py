@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from gateway.connections.resume_state import ResumeRecord
+from gateway.connections.resume_state import KeptSubject, ResumeRecord
 
 
 def test_a_record_reads_back_what_was_written() -> None:
@@ -23,3 +25,29 @@ def test_anything_unreadable_counts_as_no_record(data: bytes) -> None:
 
 def test_names_that_are_not_text_are_left_out() -> None:
     assert ResumeRecord.decode(b'{"groups": ["room", 3, null]}').groups == ("room",)
+
+
+def test_subjects_and_their_home_read_back() -> None:
+    alice = KeptSubject("a" * 32, ("news",), ("clerk",), "alice*bus", ("broker-a", "broker-b"))
+    bob = KeptSubject("b" * 32, ("news", "mail"), (), None, ())
+    record = ResumeRecord.of({"room"}, "broker-a", [bob, alice])
+    assert record.subjects == (alice, bob)
+    assert ResumeRecord.decode(record.encode()) == record
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "not a table",
+        {"s": 3, "agents": [], "roles": [], "at": []},
+        {"s": "x", "agents": "news", "roles": [], "at": []},
+        {"s": "x", "agents": [], "roles": [], "at": [], "p": 7},
+    ],
+)
+def test_unreadable_subjects_are_left_out(subject: object) -> None:
+    data = json.dumps({"groups": ["room"], "home": "b", "subjects": [subject]}).encode()
+    assert ResumeRecord.decode(data) == ResumeRecord(("room",), "b")
+
+
+def test_a_home_that_is_not_text_makes_the_record_unreadable() -> None:
+    assert ResumeRecord.decode(b'{"groups": [], "home": 3}') == ResumeRecord()
