@@ -69,6 +69,10 @@ _TAKEN: Final = str(int(FaultCode.CHANNEL_RESUMED))
 class ChannelTransport(Protocol):
     """What ``UserAgent`` needs from a transport."""
 
+    #: What followed the Channel on its last resume, as the broker said (``kept``
+    #: of ``asbp.resumed``: ``groups``, ``subjects``); empty when it was not resumed.
+    kept: frozenset[str]
+
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
         """Open a Channel; return its ``i`` and the broker's ``b``."""
 
@@ -122,6 +126,7 @@ class WebSocketChannel:
         self._timeout = timeout
         self._log = logger or logging.getLogger("asbp.user_agent")
         self._websocket: ClientConnection | None = None
+        self.kept: frozenset[str] = frozenset()
         self._reader: asyncio.Task[None] | None = None
         #: The Channel and its secret (from the greeting), to resume it; never logged.
         self._channel_id: ChannelId | None = None
@@ -152,6 +157,7 @@ class WebSocketChannel:
         self._channel_id = identity[0]
         self._secret = secret if isinstance(secret, str) else None
         self.received = 0
+        self.kept = frozenset()
         self._websocket = websocket
         self._reader = asyncio.create_task(self._read(websocket, deliver, closed))
         return identity
@@ -177,6 +183,9 @@ class WebSocketChannel:
             if answer.name == control.FAULT and answer.get("code") in _NOT_RESUMABLE:
                 raise ResumeRefused(answer.body.decode("utf-8", "replace"))
             identity = _greeting(answer, RESUMED)
+            kept = answer.get("kept") or ()
+            # A broker that keeps nothing says nothing: sign in and subscribe again.
+            self.kept = frozenset((kept,) if isinstance(kept, str) else kept)
             received = answer.get("received")
             self.received = int(received) if isinstance(received, str) else self.received
         except BaseException:
@@ -262,6 +271,8 @@ class HttpChannel:
         self._backoff = backoff or Backoff()
         self._max_poll_bytes = max_poll_bytes
         self._log = logger or logging.getLogger("asbp.user_agent")
+        #: Never resumed: any broker serves an HTTP Channel, which keeps everything.
+        self.kept: frozenset[str] = frozenset()
         self._client: httpx.AsyncClient | None = None
         self._channel_id: ChannelId | None = None
         self._poller: asyncio.Task[None] | None = None

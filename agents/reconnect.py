@@ -18,8 +18,11 @@ does not come back at the same instant. The caller sees each step as a
     a Channel is open again. A WebSocket Channel is *resumed* when a broker of
     the bus can (``channel_id`` equals ``previous``; docs/protocol.md,
     "Resuming a Channel"): every Command routed to it while away arrives
-    next, in order and once, through ``receive``. Subjects, group memberships
-    and subscriptions are not resumed: sign in and subscribe again. When no
+    next, in order and once, through ``receive``; ``kept`` says what else
+    followed it, as the broker said: ``groups`` (its group memberships) and
+    ``subjects`` (its signed-in Subjects, same ``s``, still authenticated):
+    sign in again only when ``subjects`` is not in it. Topic and queue
+    subscriptions never follow: subscribe again. When no
     broker can resume it (its log expired, resume is off) it is a new Channel
     (``channel_id`` differs from ``previous``) and whatever the old one held is
     gone. ``UserAgent._reopen`` is where the choice is made.
@@ -70,6 +73,9 @@ class ChannelEvent:
     delay: float = 0.0
     #: Why the Channel ended (LOST) or the last attempt failed.
     error: BaseException | None = None
+    #: RECONNECTED: what followed a resumed Channel (``groups``, ``subjects``);
+    #: empty for a new Channel, or a broker that keeps neither.
+    kept: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

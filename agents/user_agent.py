@@ -505,7 +505,12 @@ class UserAgent:
             self._connected.set()
             self._arrived.set()
             self._log.info("user agent: Channel %s replaces %s", identity[0], previous)
-            self._emit(ChannelEvent(ChannelEventKind.RECONNECTED, identity[0], previous=previous))
+            kept = self._transport.kept if identity[0] == previous else frozenset()
+            self._emit(
+                ChannelEvent(
+                    ChannelEventKind.RECONNECTED, identity[0], previous=previous, kept=kept
+                )
+            )
             return
 
     async def _reopen(self, previous: ChannelId | None) -> tuple[ChannelId, str | None]:

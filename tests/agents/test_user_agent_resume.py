@@ -56,6 +56,7 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
     await flush(redis_url)
     credentials = make_credentials(tmp_path, "news")
     events: list[ChannelEventKind] = []
+    kept: list[frozenset[str]] = []
     reconnected = asyncio.Event()
 
     def on_event(event: object) -> None:
@@ -63,6 +64,7 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
         assert isinstance(kind, ChannelEventKind)
         events.append(kind)
         if kind is ChannelEventKind.RECONNECTED:
+            kept.append(getattr(event, "kept", frozenset()))
             reconnected.set()
 
     async with (
@@ -92,6 +94,9 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
                     await reconnected.wait()
                 assert ua.channel_id == channel_id
                 assert ua.broker_id == "broker-b"
+                # Its groups followed it; Subjects are off on these brokers (no
+                # Authenticate-Command), so the broker does not say it kept them.
+                assert kept == [frozenset({"groups"})]
                 got = [await ua.receive(timeout=5 * T) for _ in range(100)]
                 assert [c.body for c in got] == [b"m%d" % u for u in range(1, 101)]
                 # Live again, held at B; and nothing came twice.
