@@ -112,3 +112,38 @@ async def until(
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
         await client.aclose()
+
+
+async def open_resumable(url: str) -> tuple[ClientConnection, str, str]:
+    """A WebSocket Channel at ``url``: the connection, its ``i`` and its secret."""
+    connection = await connect(url, compression=None, max_size=None)
+    greeting = await frame(connection)
+    assert greeting.name == "asbp.channel", greeting
+    return connection, str(greeting.get("i")), str(greeting.get("secret"))
+
+
+async def resume_at(
+    url: str, channel_id: str, secret: str, received: int
+) -> tuple[ClientConnection, Command]:
+    """``asbp.resume`` at ``url`` (``/asbp``): the connection and the broker's first answer."""
+    connection = await connect(url + "?resume=" + channel_id, compression=None, max_size=None)
+    await connection.send(f"c=asbp.resume,i={channel_id},secret={secret},received={received};")
+    return connection, await frame(connection)
+
+
+async def kept_holds(redis_url: str, channel_id: str, needle: bytes) -> None:
+    """Wait until the record kept beside the Channel's log (its field ``k``) holds
+    ``needle`` (keyspace notifications): a broker writes it through its batcher,
+    never awaited."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    key = f"{PREFIX}log:{{{channel_id}}}"
+    pubsub = client.pubsub()
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        await pubsub.subscribe(f"__keyspace@0__:{key}")
+        with anyio.fail_after(5 * T):
+            while needle not in (await client.hget(key, "k") or b""):
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+        await client.aclose()

@@ -27,7 +27,7 @@ from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import DIRECTORY, flush, frame, until, until_in_directory
+from tests.support.bus import DIRECTORY, flush, frame, kept_holds, until, until_in_directory
 
 pytestmark = pytest.mark.anyio
 
@@ -281,23 +281,6 @@ async def test_a_quiet_connected_channel_outlives_the_log_age(
         resumed, answer = await resume(a.ws_url + "/asbp", channel_id, secret, received=0)
         assert answer.name == "asbp.resumed", answer
         await resumed.close()
-
-
-async def kept_holds(redis_url: str, channel_id: str, needle: bytes) -> None:
-    """Wait until the record kept beside the Channel's log (its field ``k``) holds
-    ``needle``: the broker writes it through its batcher, never awaited."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    key = f"{PREFIX}log:{{{channel_id}}}"
-    pubsub = client.pubsub()
-    try:
-        await client.config_set("notify-keyspace-events", "KA")
-        await pubsub.subscribe(f"__keyspace@0__:{key}")
-        with anyio.fail_after(5 * T):
-            while needle not in (await client.hget(key, "k") or b""):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
-        await client.aclose()
 
 
 async def test_a_channel_resumed_at_another_broker_is_back_in_its_groups(

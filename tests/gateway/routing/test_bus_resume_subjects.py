@@ -22,10 +22,16 @@ from asbp import Command, FaultCode, encode
 from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
-from tests.gateway.routing.test_bus_resume import kept_holds, open_channel, resume
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_credentials
-from tests.support.bus import flush, frame, until_in_directory
+from tests.support.bus import (
+    flush,
+    frame,
+    kept_holds,
+    open_resumable,
+    resume_at,
+    until_in_directory,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -155,20 +161,20 @@ async def test_a_channel_resumed_at_another_broker_keeps_its_subjects_and_groups
     await flush(redis_url)
     async with brokers(tmp_path, redis_url, "broker-a", "broker-b") as (credentials, (a, b)):
         tube = await tube_at(credentials, (a, b)[agent_at])
-        connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+        connection, channel_id, secret = await open_resumable(a.ws_url + "/asbp")
         await until_in_directory(redis_url, "ch", channel_id)
         subject = await sign_in(connection, tube, channel_id)
         await kept_holds(redis_url, channel_id, subject.encode())
         await connection.close()
         await until_in_directory(redis_url, "ch", channel_id, present=False)
-        resumed, answer = await resume(b.ws_url + "/asbp", channel_id, secret, received=2)
+        resumed, answer = await resume_at(b.ws_url + "/asbp", channel_id, secret, received=2)
         assert (answer.name, answer.get("b"), answer.get("kept")) == (
             "asbp.resumed",
             "broker-b",
             ("groups", "subjects"),
         )
         await until_in_directory(redis_url, "grp:room", "broker-b")
-        stranger, _, _ = await open_channel(a.ws_url + "/asbp")
+        stranger, _, _ = await open_resumable(a.ws_url + "/asbp")
         await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
         for connection in (resumed, stranger, tube):
             await connection.close()
@@ -179,12 +185,12 @@ async def test_a_channel_resumed_at_its_lone_broker_keeps_its_subjects_and_group
 ) -> None:
     async with brokers(tmp_path, None, "lone") as (credentials, (lone,)):
         tube = await tube_at(credentials, lone)
-        connection, channel_id, secret = await open_channel(lone.ws_url + "/asbp")
+        connection, channel_id, secret = await open_resumable(lone.ws_url + "/asbp")
         subject = await sign_in(connection, tube, channel_id)
         await connection.close()
-        resumed, answer = await resume(lone.ws_url + "/asbp", channel_id, secret, received=2)
+        resumed, answer = await resume_at(lone.ws_url + "/asbp", channel_id, secret, received=2)
         assert (answer.name, answer.get("kept")) == ("asbp.resumed", ("groups", "subjects"))
-        stranger, _, _ = await open_channel(lone.ws_url + "/asbp")
+        stranger, _, _ = await open_resumable(lone.ws_url + "/asbp")
         await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
         for connection in (resumed, stranger, tube):
             await connection.close()
@@ -199,7 +205,7 @@ async def test_subjects_of_a_channel_that_never_resumes_end_when_its_log_would(
     )
     async with serve_app_async(create_app(short)) as lone:
         tube = await tube_at(credentials, lone)
-        connection, channel_id, _ = await open_channel(lone.ws_url + "/asbp")
+        connection, channel_id, _ = await open_resumable(lone.ws_url + "/asbp")
         subject = await sign_in(connection, tube, channel_id)
         await connection.close()
         # The agent hears it ended once the wait is over (the housekeeping tick ends it).
