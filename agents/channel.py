@@ -72,6 +72,9 @@ class ChannelTransport(Protocol):
     #: What followed the Channel on its last resume, as the broker said (``kept``
     #: of ``asbp.resumed``: ``groups``, ``subjects``); empty when it was not resumed.
     kept: frozenset[str]
+    #: The ``s`` of the Subjects that followed it on its last resume (``subjects``
+    #: of ``asbp.resumed``).
+    subjects: frozenset[str]
 
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
         """Open a Channel; return its ``i`` and the broker's ``b``."""
@@ -127,6 +130,7 @@ class WebSocketChannel:
         self._log = logger or logging.getLogger("asbp.user_agent")
         self._websocket: ClientConnection | None = None
         self.kept: frozenset[str] = frozenset()
+        self.subjects: frozenset[str] = frozenset()
         self._reader: asyncio.Task[None] | None = None
         #: The Channel and its secret (from the greeting), to resume it; never logged.
         self._channel_id: ChannelId | None = None
@@ -158,6 +162,7 @@ class WebSocketChannel:
         self._secret = secret if isinstance(secret, str) else None
         self.received = 0
         self.kept = frozenset()
+        self.subjects = frozenset()
         self._websocket = websocket
         self._reader = asyncio.create_task(self._read(websocket, deliver, closed))
         return identity
@@ -186,6 +191,8 @@ class WebSocketChannel:
             kept = answer.get("kept") or ()
             # A broker that keeps nothing says nothing: sign in and subscribe again.
             self.kept = frozenset((kept,) if isinstance(kept, str) else kept)
+            subjects = answer.get("subjects") or ()
+            self.subjects = frozenset((subjects,) if isinstance(subjects, str) else subjects)
             received = answer.get("received")
             self.received = int(received) if isinstance(received, str) else self.received
         except BaseException:
@@ -273,6 +280,7 @@ class HttpChannel:
         self._log = logger or logging.getLogger("asbp.user_agent")
         #: Never resumed: any broker serves an HTTP Channel, which keeps everything.
         self.kept: frozenset[str] = frozenset()
+        self.subjects: frozenset[str] = frozenset()
         self._client: httpx.AsyncClient | None = None
         self._channel_id: ChannelId | None = None
         self._poller: asyncio.Task[None] | None = None

@@ -19,13 +19,14 @@ does not come back at the same instant. The caller sees each step as a
     the bus can (``channel_id`` equals ``previous``; docs/protocol.md,
     "Resuming a Channel"): every Command routed to it while away arrives
     next, in order and once, through ``receive``; ``kept`` says what else
-    followed it, as the broker said: ``groups`` (its group memberships) and
-    ``subjects`` (its signed-in Subjects, same ``s``, still authenticated):
-    sign in again only when ``subjects`` is not in it. Topic and queue
-    subscriptions never follow: subscribe again. When no
-    broker can resume it (its log expired, resume is off) it is a new Channel
-    (``channel_id`` differs from ``previous``) and whatever the old one held is
-    gone. ``UserAgent._reopen`` is where the choice is made.
+    follows a Channel at that broker, as it said: ``groups`` (its group
+    memberships) and ``subjects`` (its signed-in Subjects, same ``s``, still
+    authenticated), and ``subjects`` the ``s`` of each that followed it: sign
+    in again only the Subjects not in it. Topic and queue subscriptions never
+    follow: subscribe again. When no broker can resume it (its log expired,
+    resume is off) it is a new Channel (``channel_id`` differs from
+    ``previous``) and whatever the old one held is gone. ``UserAgent._reopen``
+    is where the choice is made.
 ``GAVE_UP``
     ``max_attempts`` attempts failed in a row: the UserAgent is closed.
 """
@@ -76,6 +77,9 @@ class ChannelEvent:
     #: RECONNECTED: what followed a resumed Channel (``groups``, ``subjects``);
     #: empty for a new Channel, or a broker that keeps neither.
     kept: frozenset[str] = frozenset()
+    #: RECONNECTED: the ``s`` of the Subjects that followed it, still signed in
+    #: (any other it had ended while it was away: sign that one in again).
+    subjects: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

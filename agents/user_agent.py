@@ -505,10 +505,16 @@ class UserAgent:
             self._connected.set()
             self._arrived.set()
             self._log.info("user agent: Channel %s replaces %s", identity[0], previous)
-            kept = self._transport.kept if identity[0] == previous else frozenset()
+            resumed = identity[0] == previous
+            kept = self._transport.kept if resumed else frozenset()
+            subjects = self._transport.subjects if resumed else frozenset()
             self._emit(
                 ChannelEvent(
-                    ChannelEventKind.RECONNECTED, identity[0], previous=previous, kept=kept
+                    ChannelEventKind.RECONNECTED,
+                    identity[0],
+                    previous=previous,
+                    kept=kept,
+                    subjects=subjects,
                 )
             )
             return

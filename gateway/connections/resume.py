@@ -452,6 +452,11 @@ class ChannelResume:
             lost=str(lost),
             kept=KEPT if self._subjects is not None else KEPT[:1],
         )
+        auth = self._broker.router.auth
+        kept = sorted(s.id for s in auth.subjects.on_channel(channel)) if auth is not None else []
+        if kept:
+            # Which Subjects followed it: any other it had ended while it was away.
+            greeting = greeting.with_keys(subjects=tuple(kept))
         await write(asbp.encode(greeting))
         page = first
         while True:

@@ -172,8 +172,7 @@ class ResumeSubjects:
         self._waiting.pop(channel_id, None)
         bus = self._auth.bus
         for subject in self._auth.subjects.on_channel_id(channel_id):
-            if subject.channel.closed or subject.channel.id != channel_id:
-                if bus is not None and subject.local_agents:
-                    bus.adopt_guest(subject.id, to, subject.local_agents)
-                self._auth.subjects.end(subject)
-                self._log.info("subject.moved", extra={"subject": subject.id, "broker": to})
+            if bus is not None and subject.local_agents:
+                bus.adopt_guest(subject.id, to, subject.local_agents)
+            self._auth.subjects.end(subject)
+            self._log.info("subject.moved", extra={"subject": subject.id, "broker": to})

@@ -10,18 +10,19 @@ the same ``i``, and every Command once, in order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agents import Backoff, ChannelEventKind, Reconnect, UserAgent
+from agents import Backoff, ChannelEvent, ChannelEventKind, Reconnect, Request, UserAgent
 from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from tests.support import RedisServer, T, serve_app_async
 from tests.support.agents import TcpProxy, make_agent, make_credentials
-from tests.support.bus import flush, until_in_directory
+from tests.support.bus import flush, kept_holds, until_in_directory
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +109,55 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
                     await ua.receive(timeout=0)
     assert events[0] is ChannelEventKind.LOST
     assert events[-1] is ChannelEventKind.RECONNECTED
+
+
+async def test_a_resumed_user_agent_hears_which_subjects_followed_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    reconnected: asyncio.Queue[ChannelEvent] = asyncio.Queue()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            reconnected.put_nowait(event)
+
+    def signing_in(broker_id: str) -> GatewayConfig:
+        return dataclasses.replace(
+            config(tmp_path, broker_id, redis_url),
+            agents={"news": {"public_key": "news.pem", "serves": [".*", "auth.login"]}},
+            authenticate_command="auth.login",
+        )
+
+    async with (
+        serve_app_async(create_app(signing_in("broker-a"))) as a,
+        serve_app_async(create_app(signing_in("broker-b"))) as b,
+        TcpProxy() as proxy,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+
+        @agent.respondent("auth.login")
+        async def login(request: Request) -> None:
+            await request.authenticate("clerk")
+
+        async with agent:
+            await agent.wait_registered(5 * T)
+            proxy.target = a.port
+            ua = UserAgent.websocket(
+                f"ws://127.0.0.1:{proxy.port}/asbp", reconnect=FAST, on_event=on_event
+            )
+            async with ua:
+                channel_id = ua.channel_id
+                signed_in = await ua.request("auth.login", b"alice", timeout=5 * T)
+                subject = signed_in.get("s")
+                assert signed_in.name == "asbp.authenticated" and isinstance(subject, str)
+                await kept_holds(redis_url, channel_id, subject.encode())
+                proxy.cut()
+                await until_in_directory(redis_url, "ch", channel_id, present=False)
+                proxy.target = b.port
+                async with asyncio.timeout(10 * T):
+                    event = await reconnected.get()
+                assert (event.channel_id, event.previous) == (channel_id, channel_id)
+                assert event.kept == {"groups", "subjects"}
+                assert event.subjects == {subject}
