@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from agents import AgentCredentialSource
@@ -22,14 +23,18 @@ from asbp import Command, FaultCode, encode
 from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
+from gateway.plane.redis.plane import PREFIX
+from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_credentials
 from tests.support.bus import (
+    DIRECTORY,
     flush,
     frame,
     kept_holds,
     open_resumable,
     resume_at,
+    until,
     until_in_directory,
 )
 
@@ -77,10 +82,13 @@ async def brokers(
         )
 
 
-async def tube_at(credentials: AgentCredentialSource, broker: RunningServer) -> ClientConnection:
-    """The agent ``news`` as a bare Tube serving the Authenticate-Command and ``whoami``."""
+async def tube_at(
+    credentials: AgentCredentialSource, broker: RunningServer | str
+) -> ClientConnection:
+    """The agent ``news`` as a bare Tube serving the Authenticate-Command and ``whoami``
+    (at a broker in this process, or the ``/tube`` URL of one in another)."""
     tube = await connect(
-        broker.ws_url + "/tube",
+        broker if isinstance(broker, str) else broker.ws_url + "/tube",
         additional_headers={"Authorization": f"Bearer {credentials.token()}"},
     )
     assert (await frame(tube)).name == "asbp.tube"
@@ -218,3 +226,56 @@ async def test_subjects_of_a_channel_that_never_resumes_end_when_its_log_would(
             "channel closed",
         )
         await tube.close()
+
+
+async def test_subjects_follow_a_channel_whose_broker_was_killed(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    settings = (
+        f'bus_lease = {LEASE}\ninsecure_dev_tubes = true\nauthenticate_command = "auth.login"\n'
+        f'[channels]\nresume = "on"\n'
+        f"[agents.news]\npublic_key = {str(tmp_path / 'news.pem')!r}\n"
+        'serves = [".*", "auth.login"]\n'
+    )
+
+    def start(name: str) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
+        return broker_process(
+            redis_url, tmp_path / name, ack_timeout=30, prefetch=8, settings=settings
+        )
+
+    async with start("a") as a, start("b") as b:
+        tube = await tube_at(credentials, b.url.replace("/asbp", "/tube"))
+        connection, channel_id, secret = await open_resumable(a.url)
+        await until_in_directory(redis_url, "ch", channel_id)
+        subject = await sign_in(connection, tube, channel_id)
+        await kept_holds(redis_url, channel_id, subject.encode())
+        holder = await holder_of(redis_url, channel_id)
+        await a.kill()
+        abandon(connection)
+        await until(redis_url, f"alive:{holder}", lambda client: _gone(client, holder))
+        # A is gone: B takes the Subject over from the record alone.
+        resumed, answer = await resume_at(b.url, channel_id, secret, received=2)
+        assert (answer.name, answer.get("subjects")) == ("asbp.resumed", (subject,))
+        await until_in_directory(redis_url, "grp:room", str(answer.get("b")))
+        stranger, _, _ = await open_resumable(b.url)
+        await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
+        for each in (resumed, stranger, tube):
+            await each.close()
+
+
+async def holder_of(redis_url: str, channel_id: str) -> str:
+    """The broker holding the Channel's log (its field ``w``)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        holder = await client.hget(f"{PREFIX}log:{{{channel_id}}}", "w")
+    finally:
+        await client.aclose()
+    assert isinstance(holder, bytes)
+    return holder.decode()
+
+
+async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
+    return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
