@@ -41,6 +41,8 @@ from tests.support.bus import (
 pytestmark = pytest.mark.anyio
 
 LEASE = 1.5
+#: The Subject's Conversation-Address (``p``): it follows the Subject too.
+ADDRESS = "alice*example.org"
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str | None) -> GatewayConfig:
@@ -112,11 +114,16 @@ async def sign_in(connection: ClientConnection, tube: ClientConnection, channel_
     subject = login.get("s")
     assert isinstance(subject, str) and login.name == "auth.login"
     await tube.send(
-        encode(Command({"c": "asbp.authenticated", "s": subject, "roles": "clerk", "u": 3}))
+        encode(
+            Command(
+                {"c": "asbp.authenticated", "s": subject, "roles": "clerk", "p": ADDRESS, "u": 3}
+            )
+        )
     )
     assert (await frame(tube)).command_id == 3
     signed_in = await frame(connection)
     assert (signed_in.name, signed_in.get("s")) == ("asbp.authenticated", subject), signed_in
+    assert signed_in.get("p") == ADDRESS
     return subject
 
 
@@ -183,6 +190,7 @@ async def test_a_channel_resumed_at_another_broker_keeps_its_subjects_and_groups
         )
         assert answer.get("subjects") == (subject,)  # the one that followed it
         await until_in_directory(redis_url, "grp:room", "broker-b")
+        await until_in_directory(redis_url, f"addr:{ADDRESS}", "broker-b")
         stranger, _, _ = await open_resumable(a.ws_url + "/asbp")
         await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
         for connection in (resumed, stranger, tube):
