@@ -14,8 +14,9 @@ may use its ``s`` (fault 3201 otherwise). The broker remembers which agents
 authenticated it; "The Broker MUST only submit Commands to
 Application-Agents that have authenticated the Subject for subsequent
 Authenticated-Commands." It ends on ``asbp.logout``, when its Channel closes
-(an HTTP Channel's idle expiry included), and the agents that authenticated
-it hear ``asbp.subject.ended``.
+(an HTTP Channel's idle expiry included; a WebSocket Channel that can resume
+takes its Subjects with it instead, gateway.routing.resume_subjects), and the
+agents that authenticated it hear ``asbp.subject.ended``.
 
 The registry also finds Subjects by Conversation-Address (``p``, courses/):
 each delivery of a Command addressed by ``r`` asks it, so it keeps an index
