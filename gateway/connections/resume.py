@@ -259,7 +259,7 @@ class ChannelResume:
             self._broker.plane.channel_log.keep(channel.id, record)
 
     def _forget_subjects(self, channel_id: str) -> None:
-        """The Subjects that waited for ``channel_id`` ended: out of its record."""
+        """Subjects that waited for ``channel_id`` ended: out of its record."""
         task = asyncio.ensure_future(self._rewrite_without_subjects(channel_id))
         self._rewrites.add(task)
         task.add_done_callback(self._rewrites.discard)
@@ -268,8 +268,16 @@ class ChannelResume:
         log = self._broker.plane.channel_log
         with contextlib.suppress(EngineUnavailable):
             record = ResumeRecord.decode(await log.kept(channel_id))
-            if record.subjects and record.home == self._broker.broker_id:
-                await log.keep(channel_id, ResumeRecord(record.groups).encode())
+            if not record.subjects or record.home != self._broker.broker_id:
+                return
+            auth = self._broker.router.auth
+            live = [
+                kept
+                for kept in record.subjects
+                if auth is not None and auth.subjects.get(kept.id) is not None
+            ]
+            home = record.home if live else ""
+            await log.keep(channel_id, ResumeRecord.of(record.groups, home, live).encode())
 
     # -- life cycle ----------------------------------------------------------------
 

@@ -58,8 +58,8 @@ class ResumeSubjects:
         wait: how long Subjects wait for their Channel (the log's ``log_max_age``).
         clock: monotonic seconds.
         changed: rewrites a Channel's record (gateway.connections.resume).
-        forgotten: called with ``i`` once its waiting Subjects ended, to drop them
-            from the record.
+        forgotten: called with ``i`` once some of its waiting Subjects ended, to
+            drop them from the record.
     """
 
     def __init__(
@@ -97,6 +97,11 @@ class ResumeSubjects:
         return True
 
     def changed(self, channel: Channel) -> None:
+        if channel.closed:
+            # A waiting Subject ended (an operator ended it): out of the record too,
+            # so a resume does not bring it back.
+            self._forgotten(channel.id)
+            return
         self._changed(channel)
 
     def expired(self, now: float) -> list[Subject]:

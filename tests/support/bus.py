@@ -131,10 +131,12 @@ async def resume_at(
     return connection, await frame(connection)
 
 
-async def kept_holds(redis_url: str, channel_id: str, needle: bytes) -> None:
+async def kept_holds(
+    redis_url: str, channel_id: str, needle: bytes, *, present: bool = True
+) -> None:
     """Wait until the record kept beside the Channel's log (its field ``k``) holds
-    ``needle`` (keyspace notifications): a broker writes it through its batcher,
-    never awaited."""
+    ``needle`` (or, ``present`` false, no longer does; keyspace notifications): a
+    broker writes it through its batcher, never awaited."""
     client = redis.asyncio.Redis.from_url(redis_url)
     key = f"{PREFIX}log:{{{channel_id}}}"
     pubsub = client.pubsub()
@@ -142,7 +144,7 @@ async def kept_holds(redis_url: str, channel_id: str, needle: bytes) -> None:
         await client.config_set("notify-keyspace-events", "KA")
         await pubsub.subscribe(f"__keyspace@0__:{key}")
         with anyio.fail_after(5 * T):
-            while needle not in (await client.hget(key, "k") or b""):
+            while (needle in (await client.hget(key, "k") or b"")) is not present:
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
@@ -287,3 +288,39 @@ async def holder_of(redis_url: str, channel_id: str) -> str:
 
 async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
     return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
+
+
+async def test_a_waiting_subject_an_operator_ends_does_not_come_back(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    async with brokers(tmp_path, redis_url, "broker-a", "broker-b") as (credentials, (a, b)):
+        tube = await tube_at(credentials, a)
+        connection, channel_id, secret = await open_resumable(a.ws_url + "/asbp")
+        await until_in_directory(redis_url, "ch", channel_id)
+        subject = await sign_in(connection, tube, channel_id)
+        await kept_holds(redis_url, channel_id, subject.encode())
+        await connection.close()
+        await until_in_directory(redis_url, "ch", channel_id, present=False)
+        async with httpx.AsyncClient(base_url=a.http_url, timeout=5 * T) as client:
+            ended_by_api = await client.delete(f"/api/v1/subjects/{subject}")
+        assert ended_by_api.status_code == 200, ended_by_api.text
+        ended = await frame(tube)
+        assert (ended.name, ended.get("s"), ended.get("cause")) == (
+            "asbp.subject.ended",
+            subject,
+            "ended by an operator",
+        )
+        # Out of the record too: the Channel resumes at B with its groups, not with
+        # the Subject its agent was told had ended.
+        await kept_holds(redis_url, channel_id, subject.encode(), present=False)
+        resumed, answer = await resume_at(b.ws_url + "/asbp", channel_id, secret, received=2)
+        assert (answer.name, answer.get("subjects")) == ("asbp.resumed", None)
+        await resumed.send(f"c=whoami,s={subject},u=7;")
+        assert read_fault(await frame(resumed)).code == FaultCode.ACCESS_DENIED
+        await until_in_directory(redis_url, "grp:room", "broker-b")
+        await tube.send(encode(Command({"c": "news", "g": "room", "u": 6}, b"to the room")))
+        assert (await frame(resumed)).command_id == 6
+        for each in (resumed, tube):
+            await each.close()
