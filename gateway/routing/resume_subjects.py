@@ -147,7 +147,7 @@ class ResumeSubjects:
         restored = 0
         for entry in kept:
             if registry.get(entry.id) is not None:
-                continue  # pragma: no cover - a uuid4 minted at another broker
+                continue  # pragma: no cover - held here already: resumed_here took those
             others = set(entry.at) - {me}
             subject = Subject(
                 SubjectId(entry.id),
