@@ -313,9 +313,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self._lingering = True
-        if self.read_paused:  # the rest must be read to find the close frame
-            self.read_paused = False
-            self.transport.resume_reading()
+        # The rest must be read to find the close frame (a no-op unless paused).
+        self.read_paused = False
+        self.transport.resume_reading()
         if self._close_frame_read(reader, b""):
             self.transport.close()
         else:

@@ -512,7 +512,7 @@ async def test_over_http2_a_failed_stream_leaves_the_others_open() -> None:
 # -- a refused message: the server waits for the client's close frame
 
 
-def refuse_one_message(port: int, *, echo: bool) -> tuple[bytes, float]:
+def refuse_one_message(port: int, *, echo: bool, close_behind: bool = False) -> tuple[bytes, float]:
     """Send a message over the limit (1024 bytes) whole, read the 1009 close frame,
     answer it (``echo``) or not, and wait for the server to end the connection.
 
@@ -532,7 +532,10 @@ def refuse_one_message(port: int, *, echo: bool) -> tuple[bytes, float]:
             data += sock.recv(65536)
         assert data.startswith(b"HTTP/1.1 101"), data
         data = data.partition(b"\r\n\r\n")[2]
-        sock.sendall(client_frame(0x2, bytes(3000)))
+        # With ``close_behind`` the client's close frame follows the message in the
+        # same write: the server finds it in what it has already read.
+        behind = client_frame(0x8, struct.pack("!H", 1000)) if close_behind else b""
+        sock.sendall(client_frame(0x2, bytes(3000)) + behind)
         while len(data) < 2 or len(data) < 2 + data[1]:
             data += sock.recv(65536)
         assert data[0] == 0x88, data[:16]
@@ -562,6 +565,20 @@ async def test_a_refused_message_ends_once_the_client_answers_the_close(
         payload, _ = await asyncio.to_thread(refuse_one_message, running.port, echo=True)
     reason = "frame with 3000 bytes exceeds limit of 1024 bytes"
     assert payload == struct.pack("!H", 1009) + reason.encode()
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_a_refused_message_with_the_close_frame_behind_it_ends_at_once(
+    server: Literal["hypercorn", "uvicorn"], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Far longer than the test waits: the end must come from the close frame read.
+    monkeypatch.setattr(hypercorn_ws, "CLOSE_TIMEOUT", 600.0)
+    monkeypatch.setattr(coalescing, "CLOSE_TIMEOUT", 600.0)
+    async with serve_app_async(echo_app, server=server, max_message_bytes=1024) as running:
+        payload, _ = await asyncio.to_thread(
+            refuse_one_message, running.port, echo=False, close_behind=True
+        )
+    assert payload[:2] == struct.pack("!H", 1009)
 
 
 @pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
