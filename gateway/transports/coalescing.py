@@ -197,11 +197,11 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         """Uvicorn's, then what would keep this connection in reference cycles.
 
         The scope's extensions hold bound methods of this protocol, which holds the
-        scope: a cycle that only a garbage collection would free (with many Channels
-        open, a full one costs more than the connect: gateway/transports/
-        connection_cycles.py). The application may still look them up or call
-        them: gone, it sends through ASGI (which reports the disconnect), and a
-        kept ``send_frame`` declines, as it would now anyway.
+        scope: a cycle (websockets' parser is another, below) that only a garbage
+        collection would free (with many Channels open, a full one costs more than
+        the connect: gateway/transports/connection_cycles.py). The application may
+        still look them up or call them: gone, it sends through ASGI (which reports
+        the disconnect), and a kept ``send_frame`` declines, as it would now anyway.
         """
         try:
             super().connection_lost(exc)
@@ -212,6 +212,12 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
                 extensions.pop(RECEIVE_FRAMES, None)
             self._on_frame = None
             self._on_frame_context = None
+            # websockets' parser is a generator of its ServerProtocol, and a suspended
+            # one holds the protocol in its frame: one more cycle, left whenever the
+            # socket closes before websockets has read the client's end of stream
+            # (Uvicorn never passes it on). Nothing is parsed after the connection
+            # is lost; closing the generator ends it where it waits.
+            self.conn.parser.close()
             release_read_callback(self._coalescing.real_transport)
 
     def data_received(self, data: bytes) -> None:
