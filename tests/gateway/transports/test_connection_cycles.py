@@ -45,6 +45,7 @@ CONNECTION_TYPES: Final = frozenset(
         "TCPServer",
         "AsbpWSStream",
         "H11Protocol",
+        "EofAnsweringH11Protocol",
         "_SelectorSocketTransport",
     }
 )
@@ -86,6 +87,17 @@ def churn(port: int, count: int) -> None:
                 pass
 
 
+def churn_http(port: int, count: int) -> None:
+    """Make ``count`` HTTP requests, one connection each, read to the server's close."""
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=5 * T) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200"), received[:80]
+
+
 def live_connection_objects() -> Counter[str]:
     return Counter(
         type(o).__qualname__ for o in gc.get_objects() if type(o).__qualname__ in CONNECTION_TYPES
@@ -102,13 +114,15 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
-async def test_closed_channels_are_freed_without_the_collector(
-    gateway: Gateway, server_name: ServerName
+@pytest.mark.parametrize("kind", ["websocket", "http"])
+async def test_closed_connections_are_freed_without_the_collector(
+    gateway: Gateway, server_name: ServerName, kind: str
 ) -> None:
     port = gateway.server.port
-    await anyio.to_thread.run_sync(churn, port, 5)  # the first connection's imports
+    client = churn if kind == "websocket" else churn_http
+    await anyio.to_thread.run_sync(client, port, 5)  # the first connection's imports
     with collector_off():
-        await anyio.to_thread.run_sync(churn, port, CHURN)
+        await anyio.to_thread.run_sync(client, port, CHURN)
         # Each client saw the TCP connection end; the server may still be tearing its
         # side down: each call into its loop lets it go on, until nothing is left.
         live = live_connection_objects()
