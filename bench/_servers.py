@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import gc
 import logging
 import os
 import signal
@@ -266,18 +265,21 @@ async def _main(args: argparse.Namespace) -> None:
             resume=args.resume,
         )
         if args.server == "uvicorn":
-            # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen.
+            # As gateway/ops/server.py serves the broker: writes coalesced, start-up frozen, full
+            # collections rare (gateway/ops/collector.py).
+            from gateway.ops.collector import tune_collector
             from gateway.transports.coalescing import CoalescingWebSocketProtocol
 
-            gc.freeze()
+            tune_collector()
             await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
         else:
             # As gateway/ops/server.py serves the broker: our WebSocket stream (the bare
             # relay runs on Hypercorn's own, as any other application would).
+            from gateway.ops.collector import tune_collector
             from gateway.transports.hypercorn_ws import install
 
             install()
-            gc.freeze()
+            tune_collector()
             await run(app, sock, _announce, stop)
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import ipaddress
 import logging
 import math
@@ -57,6 +56,7 @@ from gateway.app import create_app
 from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
+from gateway.ops.collector import tune_collector
 from gateway.transports.hypercorn_ws import configure_compression
 from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
@@ -177,8 +177,9 @@ async def serve(
             # What start-up allocated (modules, the app, the engine's scripts) lives as
             # long as the process: out of the collector's sight, a full collection no
             # longer walks it. With many connections open, those walks were the
-            # broker's longest pauses (bench/fanout.py p99, bench/queues.py CPU).
-            gc.freeze()
+            # broker's longest pauses (bench/fanout.py p99, bench/queues.py CPU), and
+            # churn made them frequent: gateway/ops/collector.py.
+            tune_collector()
             logger.info(
                 "listening",
                 extra={

@@ -67,6 +67,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Request
 from websockets.protocol import State
 
+from gateway.transports.connection_cycles import release_read_callback
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
@@ -93,6 +94,11 @@ class CoalescingTransport(asyncio.Transport):
         self._transport = transport
         self._loop = loop
         self._gathered: list[bytes] = []
+
+    @property
+    def real_transport(self) -> asyncio.Transport:
+        """The transport this one writes to."""
+        return self._transport
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         gathered = self._gathered
@@ -186,6 +192,33 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         #: Refused a message (1009): dropping what comes until the client's close frame.
         self._lingering = False
         super().connection_made(self._coalescing)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Uvicorn's, then what would keep this connection in reference cycles.
+
+        The scope's extensions hold bound methods of this protocol, which holds the
+        scope: a cycle (websockets' parser is another, below) that only a garbage
+        collection would free (with many Channels open, a full one costs more than
+        the connect: gateway/transports/connection_cycles.py). The application may
+        still look them up or call them: gone, it sends through ASGI (which reports
+        the disconnect), and a kept ``send_frame`` declines, as it would now anyway.
+        """
+        try:
+            super().connection_lost(exc)
+        finally:
+            extensions = self.scope.get("extensions") if hasattr(self, "scope") else None
+            if extensions:
+                extensions.pop(SEND_FRAME, None)
+                extensions.pop(RECEIVE_FRAMES, None)
+            self._on_frame = None
+            self._on_frame_context = None
+            # websockets' parser is a generator of its ServerProtocol, and a suspended
+            # one holds the protocol in its frame: one more cycle, left whenever the
+            # socket closes before websockets has read the client's end of stream
+            # (Uvicorn never passes it on). Nothing is parsed after the connection
+            # is lost; closing the generator ends it where it waits.
+            self.conn.parser.close()
+            release_read_callback(self._coalescing.real_transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

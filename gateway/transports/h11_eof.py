@@ -11,6 +11,8 @@ nothing else is written.
 It is used per server, ``uvicorn.Config(http=EofAnsweringH11Protocol)``; Uvicorn
 itself is not patched. Only a request whose body is still arriving is answered:
 an end-of-file between requests, or after the response began, closes as before.
+A closed connection leaves no reference cycle of its transport
+(:meth:`EofAnsweringH11Protocol.connection_lost`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 import asbp
 from asbp import FaultCode
 from asbp.fault_commands import fault_command
+from gateway.transports.connection_cycles import release_read_callback
 
 __all__ = ["EofAnsweringH11Protocol"]
 
@@ -33,6 +36,14 @@ _FAULT: Final = asbp.encode(
 
 class EofAnsweringH11Protocol(H11Protocol):
     """``H11Protocol`` that answers ``400`` and a fault to a body ended by end-of-file."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Also an HTTP connection's end: CPython 3.11's transport cycle, broken
+        # (gateway/transports/connection_cycles.py), so reference counting frees it.
+        try:
+            super().connection_lost(exc)
+        finally:
+            release_read_callback(self.transport)
 
     def eof_received(self) -> None:
         cycle = self.cycle

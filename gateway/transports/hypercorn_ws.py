@@ -64,6 +64,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
+import hypercorn.asyncio.run
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 from hypercorn.config import Config as HypercornConfig
@@ -79,6 +80,7 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from gateway.errors import LocalError
+from gateway.transports.hypercorn_tcp import AsbpTCPServer
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
@@ -143,6 +145,9 @@ def install(version: str | None = None) -> None:
     # what they call for each new stream.
     for module in (hypercorn.protocol.h11, hypercorn.protocol.h2):
         setattr(module, "WSStream", AsbpWSStream)  # noqa: B010  # not a name it exports
+    # Likewise the worker's connection (gateway/transports/hypercorn_tcp.py): so that a
+    # closed connection leaves no reference cycle.
+    setattr(hypercorn.asyncio.run, "TCPServer", AsbpTCPServer)  # noqa: B010  # as above
 
 
 #: wsproto's reasons for failing a connection, in websockets' words (what Uvicorn's
@@ -193,11 +198,10 @@ class AsbpWSStream(WSStream):
     """Hypercorn's ``WSStream``, failing connections with a close frame, and faster."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Hypercorn's own ``send`` for this stream (what ``WSStream.__init__`` assigns
+        #: to ``self.send``: see :attr:`send`).
+        self._stream_send: Callable[[Event], Awaitable[None]]
         super().__init__(*args, **kwargs)
-        #: Hypercorn's own ``send`` for this stream; ``self.send`` writes what was
-        #: gathered first, so every frame leaves in order.
-        self._stream_send: Callable[[Event], Awaitable[None]] = self.send
-        self.send = self._send_in_order
         #: Our reader, once open without extensions; None: wsproto reads everything.
         self._reader: PlainFrameReader | None = None
         #: Bytes of the fragmented message handed on so far (websockets' ``current_size``).
@@ -234,6 +238,25 @@ class AsbpWSStream(WSStream):
             await self._read_frames(reader)
         else:
             await super().handle(event)
+            if self.closed:
+                self._release_extensions()
+
+    def _release_extensions(self) -> None:
+        """Take this stream's bound methods out of the scope, once the stream is closed.
+
+        The scope's extensions hold them and this stream holds the scope: a reference
+        cycle that only a garbage collection would free (gateway/transports/
+        connection_cycles.py). The application may still look them up or call them:
+        gone, it sends through ASGI, which Hypercorn ignores after the close, and a
+        kept ``send_frame`` declines, as it would now anyway.
+        """
+        scope = getattr(self, "scope", None)
+        extensions = None if scope is None else scope.get("extensions")
+        if extensions:
+            extensions.pop(SEND_FRAME, None)
+            extensions.pop(RECEIVE_FRAMES, None)
+        self._on_frame = None
+        self._on_frame_context = None
 
     async def _read_frames(self, reader: PlainFrameReader) -> None:
         """Hand the plain messages read to the application and the rest to wsproto."""
@@ -378,6 +401,8 @@ class AsbpWSStream(WSStream):
         if message is None and self._discarding and not self.closed:
             return  # the stream ends when the client's side does (see _fail)
         await super().app_send(message)
+        if self.closed:
+            self._release_extensions()
 
     def on_frame(self, handler: Callable[[bytes, bool], None] | None) -> bool:
         """The RECEIVE_FRAMES extension: hand plain messages to ``handler(payload, text)``
@@ -459,6 +484,20 @@ class AsbpWSStream(WSStream):
     async def _send_in_order(self, event: Event) -> None:
         self._flush()
         await self._stream_send(event)
+
+    # A property, not an instance attribute holding ``self._send_in_order``: a bound
+    # method of itself kept by the stream is a reference cycle, and every closed
+    # stream would wait for a garbage collection to be freed
+    # (gateway/transports/connection_cycles.py).
+    @property
+    def send(self) -> Callable[[Event], Awaitable[None]]:
+        """Hypercorn's ``send`` for this stream, writing what was gathered first, so
+        every frame leaves in order."""
+        return self._send_in_order
+
+    @send.setter
+    def send(self, send: Callable[[Event], Awaitable[None]]) -> None:
+        self._stream_send = send
 
 
 def _queue_of(app_put: Callable[..., Awaitable[None]]) -> asyncio.Queue[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import queue
 import signal
@@ -37,6 +38,7 @@ from gateway.config import load_config
 from gateway.config.fields import FOREIGN_ENV_VARS
 from gateway.config.model import GatewayConfig, ServerName, TlsConfig
 from gateway.ops.cli import main
+from gateway.ops.collector import FULL_COLLECTION_THRESHOLD
 from gateway.ops.server import Endpoints, ServerError, serve
 from tests.support import (
     RedisServer,
@@ -432,6 +434,9 @@ async def serving(config: GatewayConfig) -> AsyncIterator[str]:
         urls.append(url)
         ready.set()
 
+    # serve() tunes this process's collector (gateway/ops/collector.py): the test
+    # process's own is put back after.
+    threshold = gc.get_threshold()
     server = asyncio.create_task(serve(config, ready=on_ready, shutdown_trigger=stop.wait))
     readiness = asyncio.create_task(ready.wait())
     try:
@@ -443,7 +448,10 @@ async def serving(config: GatewayConfig) -> AsyncIterator[str]:
     finally:
         readiness.cancel()
         stop.set()
-        await asyncio.wait_for(server, 10 * T)
+        try:
+            await asyncio.wait_for(server, 10 * T)
+        finally:
+            gc.set_threshold(*threshold)
 
 
 @pytest.mark.anyio
@@ -459,6 +467,15 @@ async def test_hypercorn_serves_http2_over_tls_by_alpn(tmp_path: Path, tls_files
         response = await client.get(f"{url}/healthz")
     assert url.startswith("https://127.0.0.1:")
     assert (response.status_code, response.http_version) == (200, "HTTP/2")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+async def test_serve_makes_full_collections_rare_once_ready(tmp_path: Path, server: str) -> None:
+    frozen = gc.get_freeze_count()
+    async with serving(GatewayConfig(port=0, data_dir=tmp_path, server=server)):
+        assert gc.get_threshold()[2] == FULL_COLLECTION_THRESHOLD
+        assert gc.get_freeze_count() > frozen
 
 
 @pytest.mark.anyio
