@@ -462,9 +462,9 @@ class RedisPlane:
         for name in self._names:
             commands.extend(self._name_commands(name, serving=True))
         for group in self._groups:
-            commands.extend(self._group_commands(group, joined=True))
+            commands.extend(self._held_commands("grp", group, held=True))
         for address in self._addresses:
-            commands.extend(self._address_commands(address, held=True))
+            commands.extend(self._held_commands("addr", address, held=True))
         if commands:
             self._announce(commands)
 
@@ -539,35 +539,30 @@ class RedisPlane:
 
     def group_joined(self, group: str) -> None:
         self._groups.add(group)
-        self._announce(self._group_commands(group, joined=True))
+        self._announce(self._held_commands("grp", group, held=True))
 
     def group_left(self, group: str) -> None:
         self._groups.discard(group)
-        self._announce(self._group_commands(group, joined=False))
+        self._announce(self._held_commands("grp", group, held=False))
 
     def address_held(self, address: str) -> None:
         self._addresses.add(address)
-        self._announce(self._address_commands(address, held=True))
+        self._announce(self._held_commands("addr", address, held=True))
 
     def address_released(self, address: str) -> None:
         self._addresses.discard(address)
-        self._announce(self._address_commands(address, held=False))
+        self._announce(self._held_commands("addr", address, held=False))
 
-    def _address_commands(self, address: str, *, held: bool) -> list[tuple[Any, ...]]:
-        # As groups: a hash of brokers per address, and a set of addresses per
-        # broker for the sweep (scripts.py, forget), both in the directory's slot.
-        own = f"{self._prefix}addrs:{self._broker_id}"
-        key = f"{self._prefix}addr:{address}"
+    def _held_commands(self, kind: str, name: str, *, held: bool) -> list[tuple[Any, ...]]:
+        """Announce (or withdraw) that this broker holds ``name``: a group (``grp``)
+        or a Conversation-Address (``addr``). A hash of brokers per name, and a set
+        of names per broker for the sweep (scripts.py, forget), both in the
+        directory's slot."""
+        own = f"{self._prefix}{kind}s:{self._broker_id}"
+        key = f"{self._prefix}{kind}:{name}"
         if held:
-            return [("HSET", key, self._broker_id, "1"), ("SADD", own, address)]
-        return [("HDEL", key, self._broker_id), ("SREM", own, address)]
-
-    def _group_commands(self, group: str, *, joined: bool) -> list[tuple[Any, ...]]:
-        own = f"{self._prefix}grps:{self._broker_id}"
-        key = f"{self._prefix}grp:{group}"
-        if joined:
-            return [("HSET", key, self._broker_id, "1"), ("SADD", own, group)]
-        return [("HDEL", key, self._broker_id), ("SREM", own, group)]
+            return [("HSET", key, self._broker_id, "1"), ("SADD", own, name)]
+        return [("HDEL", key, self._broker_id), ("SREM", own, name)]
 
     def _channel_commands(self, channel_id: str, *, opened: bool) -> list[tuple[Any, ...]]:
         own = f"{self._prefix}chs:{self._broker_id}"
