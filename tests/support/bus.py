@@ -26,6 +26,8 @@ __all__ = [
     "client_for",
     "flush",
     "frame",
+    "holder_of",
+    "lease_gone",
     "open_with_id",
     "until",
     "until_in_directory",
@@ -149,3 +151,19 @@ async def kept_holds(
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
         await client.aclose()
+
+
+async def holder_of(redis_url: str, channel_id: str) -> str:
+    """The broker holding the Channel's log (its field ``w``)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        holder = await client.hget(f"{PREFIX}log:{{{channel_id}}}", "w")
+    finally:
+        await client.aclose()
+    assert isinstance(holder, bytes)
+    return holder.decode()
+
+
+async def lease_gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
+    """Whether ``broker_id``'s lease has run out (for :func:`until`)."""
+    return not await client.exists(f"{DIRECTORY}alive:{broker_id}")

@@ -27,7 +27,15 @@ from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import DIRECTORY, flush, frame, kept_holds, until, until_in_directory
+from tests.support.bus import (
+    flush,
+    frame,
+    holder_of,
+    kept_holds,
+    lease_gone,
+    until,
+    until_in_directory,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -226,28 +234,13 @@ async def test_a_broker_killed_mid_stream_loses_nothing_accepted(
             # which nobody reads any more; taken from there when B holds the log.
             for u in range(51, 101):
                 await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
-            await until(redis_url, f"alive:{holder}", lambda client: _gone(client, holder))
+            await until(redis_url, f"alive:{holder}", lambda client: lease_gone(client, holder))
             resumed, answer = await resume(b.url, channel_id, secret, received=len(seen))
             assert (answer.name, answer.get("received")) == ("asbp.resumed", "20")
             rest = [await frame(resumed) for _ in range(80)]
             got = [c.command_id for c in seen + rest]
             assert got == list(range(1, 101))
             await resumed.close()
-
-
-async def holder_of(redis_url: str, channel_id: str) -> str:
-    """The broker holding the Channel's log (its field ``w``)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    try:
-        holder = await client.hget(f"{PREFIX}log:{{{channel_id}}}", "w")
-    finally:
-        await client.aclose()
-    assert isinstance(holder, bytes)
-    return holder.decode()
-
-
-async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
-    return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
 
 
 async def test_a_quiet_connected_channel_outlives_the_log_age(

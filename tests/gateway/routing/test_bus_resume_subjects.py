@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from agents import AgentCredentialSource
@@ -24,15 +23,15 @@ from asbp import Command, FaultCode, encode
 from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
-from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_credentials
 from tests.support.bus import (
-    DIRECTORY,
     flush,
     frame,
+    holder_of,
     kept_holds,
+    lease_gone,
     open_resumable,
     resume_at,
     until,
@@ -264,7 +263,7 @@ async def test_subjects_follow_a_channel_whose_broker_was_killed(
         holder = await holder_of(redis_url, channel_id)
         await a.kill()
         abandon(connection)
-        await until(redis_url, f"alive:{holder}", lambda client: _gone(client, holder))
+        await until(redis_url, f"alive:{holder}", lambda client: lease_gone(client, holder))
         # A is gone: B takes the Subject over from the record alone.
         resumed, answer = await resume_at(b.url, channel_id, secret, received=2)
         assert (answer.name, answer.get("subjects")) == ("asbp.resumed", (subject,))
@@ -273,21 +272,6 @@ async def test_subjects_follow_a_channel_whose_broker_was_killed(
         await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
         for each in (resumed, stranger, tube):
             await each.close()
-
-
-async def holder_of(redis_url: str, channel_id: str) -> str:
-    """The broker holding the Channel's log (its field ``w``)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    try:
-        holder = await client.hget(f"{PREFIX}log:{{{channel_id}}}", "w")
-    finally:
-        await client.aclose()
-    assert isinstance(holder, bytes)
-    return holder.decode()
-
-
-async def _gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
-    return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
 
 
 async def test_a_waiting_subject_an_operator_ends_does_not_come_back(
