@@ -29,16 +29,16 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Final
+
+from tests.support.ports import listen_port
 
 HOST: Final = "127.0.0.1"
 APT_PACKAGES: Final = ("nats-server", "rabbitmq-server")
@@ -185,40 +185,6 @@ class _PortTaken(RuntimeError):
     """A port found free was taken before the server bound it."""
 
 
-def free_port() -> int:
-    """A port nothing is bound to now, below the kernel's ephemeral range (for servers
-    that cannot be given port 0).
-
-    Below the range, because the Erlang VM binds its ports seconds after they are
-    chosen: an ephemeral port found free is soon the local port of some outgoing
-    connection on a busy machine (the test suite opens thousands a minute), and
-    RabbitMQ then stops with ``dist_port_already_used``. Ports below the range are
-    never handed out to outgoing connections.
-    """
-    low = _ephemeral_low()
-    for port in random.sample(range(_LOWEST_PORT, low), _PORT_CANDIDATES):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))  # what the VM binds its distribution port to
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port between {_LOWEST_PORT} and {low}")
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-#: The lowest port free_port picks, and how many random ones it tries.
-_LOWEST_PORT = 20000
-_PORT_CANDIDATES = 200
-
-
 async def _stop(process: asyncio.subprocess.Process, name: str) -> None:
     if process.returncode is not None:
         return
@@ -341,7 +307,7 @@ class RabbitNode:
                     raise
 
     async def _start(self) -> None:
-        self.port = free_port()
+        self.port = listen_port()
         base = self.directory
         base.mkdir(parents=True, exist_ok=True)
         (base / "enabled_plugins").write_text("[].\n")  # stock: no plugins
@@ -352,7 +318,7 @@ class RabbitNode:
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": HOST,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(free_port()),
+            "RABBITMQ_DIST_PORT": str(listen_port()),
             "RABBITMQ_BASE": str(base),
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),

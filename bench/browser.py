@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "agents" / "js"
+sys.path.insert(0, str(ROOT))  # tests.support
+
+from tests.support.ports import listen_port  # noqa: E402  # after the path above
+
 READY = "The ASBP demo is running"
 #: (label, Command-Name, requests in flight)
 LOADS = (
@@ -54,13 +57,6 @@ PEERS = (
     ("socket.io-client", 'export { io } from "socket.io-client";'),
     ("centrifuge", 'export { Centrifuge } from "centrifuge";'),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start_demo(port: int, data_dir: Path) -> subprocess.Popen[str]:
@@ -144,7 +140,7 @@ def main() -> int:
     subprocess.run([npm, "run", "--silent", "build"], cwd=JS, check=True)
     count = 300 if args.quick else 3000
     rounds = 2 if args.quick else args.rounds
-    port = free_port()
+    port = listen_port()
     rows = []
     with tempfile.TemporaryDirectory(prefix="asbp-bench-browser-") as tmp:
         demo = start_demo(port, Path(tmp) / "demo")

@@ -39,6 +39,7 @@ from tests.support import (
     client_ssl_context,
     free_port,
     generate_tls_files,
+    listen_port,
     serve_app,
     serve_app_async,
 )
@@ -276,6 +277,16 @@ def test_free_port_is_bindable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
     assert 0 < port < 65536
+
+
+def test_listen_port_is_bindable_below_the_ephemeral_range_and_never_repeated() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [listen_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    for port in ports:
+        assert 20000 <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_certificate(tls_files: TlsFiles) -> None:

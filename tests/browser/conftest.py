@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support import listen_port
 from tests.support.demo import Demo
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
     """``asbp demo`` on a free port, stopped (by its PID) after the test."""
-    running = Demo(port=free_port(), data_dir=tmp_path / "demo")
+    running = Demo(port=listen_port(), data_dir=tmp_path / "demo")
     running.start()
     try:
         yield running

@@ -6,7 +6,7 @@ with deadlines in units of :data:`T`, never on sleeps.
 
 from __future__ import annotations
 
-from .ports import free_port
+from .ports import free_port, listen_port
 from .redis import RedisServer, RedisServerError
 from .servers import (
     RunningServer,
@@ -31,6 +31,7 @@ __all__ = [
     "client_ssl_context",
     "free_port",
     "generate_tls_files",
+    "listen_port",
     "serve_app",
     "serve_app_async",
 ]

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, Self
 
-from .ports import free_port
+from .ports import listen_port
 from .timing import T
 
 __all__ = ["LOG_LINES", "READY_MARKER", "RedisServer", "RedisServerError"]
@@ -75,7 +75,7 @@ class RedisServer:
         self.appendfsync = appendfsync
         self.executable = executable
         self.options = tuple(options)
-        self.port = free_port(_HOST)
+        self.port = listen_port()
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)

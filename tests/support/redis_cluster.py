@@ -36,7 +36,7 @@ from typing import Final, Self
 
 import redis
 
-from .ports import free_port
+from .ports import listen_port
 from .redis import RedisServer, RedisServerError
 from .timing import T
 
@@ -86,12 +86,13 @@ class RedisCluster:
             "--cluster-replica-validity-factor", "0",
         )  # fmt: skip
         # The cluster bus defaults to the port plus 10,000, which may be taken or past
-        # 65,535: each node gets a free port of its own for it instead.
+        # 65,535: each node gets a port of its own for it instead, below the ephemeral
+        # range like the node's own (see listen_port).
         self.servers = [
             RedisServer(
                 directory / f"node{index}",
                 appendonly=appendonly,
-                options=(*options, "--cluster-port", str(free_port(_HOST))),
+                options=(*options, "--cluster-port", str(listen_port())),
             )
             for index in range(nodes)
         ]
