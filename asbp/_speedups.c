@@ -33,7 +33,11 @@
  *           d        one or more Channel-Identifiers, 32 lowercase hex each;
  *           i s      one Channel/Subject-Identifier, 32 lowercase hex;
  *           u        one integer 0..65535 without leading zeros;
- *           e f m o p r t z  rare, with costlier rules: left to Python.
+ *           p        one Conversation-Address local*domain, ASCII: printable
+ *                    (0x21-0x7E) but "'", one "*" with text on both sides;
+ *           r        one or more such addresses, a single token or a list
+ *                    (every Command that crosses a Course carries both);
+ *           e f m o t z  rare, with costlier rules: left to Python.
  *   Any other key (longer keys, other letters) takes any value above.
  *
  * Every token here is non-empty, so the "non-empty" rules hold by
@@ -61,7 +65,9 @@ typedef enum {
     KEY_ID,         /* i s: one token of 32 lowercase hex digits */
     KEY_IDS,        /* d: one or more such tokens */
     KEY_COMMAND_ID, /* u: one integer 0..65535 without leading zeros */
-    KEY_RARE        /* e f m o p r t z: left to Python */
+    KEY_ADDRESS,    /* p: one Conversation-Address */
+    KEY_ADDRESSES,  /* r: one or more of them */
+    KEY_RARE        /* e f m o t z: left to Python */
 } key_kind;
 
 static key_kind
@@ -79,8 +85,11 @@ classify(const unsigned char *key, Py_ssize_t size)
         return KEY_ID;
     case 'u':
         return KEY_COMMAND_ID;
-    case 'e': case 'f': case 'm': case 'o':
-    case 'p': case 'r': case 't': case 'z':
+    case 'p':
+        return KEY_ADDRESS;
+    case 'r':
+        return KEY_ADDRESSES;
+    case 'e': case 'f': case 'm': case 'o': case 't': case 'z':
         return KEY_RARE;
     default:
         return KEY_ANY; /* g, and letters the draft does not reserve */
@@ -128,10 +137,38 @@ is_command_id(const unsigned char *text, Py_ssize_t size)
     return value <= 65535;
 }
 
+/*
+ * asbp/header.py's _ADDRESS on ASCII text: one "*" between two non-empty
+ * parts that hold no "*", no "'", no whitespace and no controls, which on
+ * ASCII leaves 0x21-0x7E but "*" and "'". Other bytes never get here (a
+ * token holds none at or above 0x80), and the same rule holds inside quotes.
+ */
+static int
+is_address(const unsigned char *text, Py_ssize_t size)
+{
+    Py_ssize_t k, star = -1;
+    for (k = 0; k < size; k++) {
+        unsigned char c = text[k];
+        if (c < 0x21 || c > 0x7E || c == '\'') {
+            return 0;
+        }
+        if (c == '*') {
+            if (star >= 0) {
+                return 0;
+            }
+            star = k;
+        }
+    }
+    return star > 0 && star < size - 1;
+}
+
 static int
 value_ok(key_kind kind, const unsigned char *text, Py_ssize_t size)
 {
     switch (kind) {
+    case KEY_ADDRESS:
+    case KEY_ADDRESSES:
+        return is_address(text, size);
     case KEY_ID:
     case KEY_IDS:
         return is_uuid_hex(text, size);
@@ -292,7 +329,7 @@ decode_fast(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 
         if (pos < end && buf[pos] == '[') {
             Py_ssize_t p, items, k;
-            if (kind != KEY_ANY && kind != KEY_IDS) {
+            if (kind != KEY_ANY && kind != KEY_IDS && kind != KEY_ADDRESSES) {
                 goto not_sure; /* a list where one value goes */
             }
             /* First pass: check the whole list and count its items. */

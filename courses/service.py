@@ -382,7 +382,15 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
-            self._send(bare, via=via, came_from=peer, refuse=refuse, waits=waits, located=located)
+            self._send(
+                bare,
+                via=via,
+                came_from=peer,
+                refuse=refuse,
+                waits=waits,
+                located=located,
+                received=(frame, command) if frame is not None else None,
+            )
         for wait in waits:
             # Stored for the next Course (or refused, and then faulted): accepted.
             await asyncio.gather(wait, return_exceptions=True)

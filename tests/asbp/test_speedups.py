@@ -114,7 +114,7 @@ def check(frame: bytes, limits: Limits = DEFAULT_LIMITS) -> bool:
 
 
 #: Reserved keys the C path leaves to Python (rare, with costlier rules).
-RARE_KEYS = frozenset("efmoprtz")
+RARE_KEYS = frozenset("efmotz")
 
 
 def c_should_read(command: Command) -> bool:
@@ -328,6 +328,26 @@ C_READS: list[tuple[bytes, dict[str, Any]]] = [
     *[(f"{k}='{ID}';".encode(), {k: ID}) for k in "is"],
     *[(f"u={n};".encode(), {"u": n}) for n in ["0", "7", "10", "42", "9999", "10000", "65535"]],
     (b"u='42';", {"u": "42"}),
+    # p r: Conversation-Addresses (every crossing of a Course carries both).
+    (b"p=bob*example.org;", {"p": "bob*example.org"}),
+    (b"p='bob;1*example.org';", {"p": "bob;1*example.org"}),
+    (b"p=!#$%&()-./:<>?@\\^_`{|}~*b;", {"p": "!#$%&()-./:<>?@\\^_`{|}~*b"}),
+    (b"r=bob*example.org;", {"r": "bob*example.org"}),
+    (b"r=[bob*example.org];", {"r": ("bob*example.org",)}),
+    (b"r=[a*b.test,'c,d*e.test'];", {"r": ("a*b.test", "c,d*e.test")}),
+    (
+        b"c=chat,r=bob*b.test,p=alice*a.test,u=1,course.id="
+        + ID.encode()
+        + b",course.via=[a.test];hi",
+        {
+            "c": "chat",
+            "r": "bob*b.test",
+            "p": "alice*a.test",
+            "u": "1",
+            "course.id": ID,
+            "course.via": ("a.test",),
+        },
+    ),
     # Unknown keys, single letters the draft does not reserve included.
     (b"k=v;", {"k": "v"}),
     (b"h=v;", {"h": "v"}),
@@ -389,8 +409,20 @@ C_GIVES_UP: list[tuple[bytes, FaultCode | None]] = [
     (b"f=1.3.6.1;", None),
     (b"m='text/plain; charset=utf-8';", None),
     (b"o=1;", None),
-    (b"p=bob*example.org;", None),
-    (b"r=[bob*example.org];", None),
+    # p: one Conversation-Address; r: one or more.
+    (b"p=[bob*example.org];", FaultCode.INVALID_HEADER_VALUE),
+    *[
+        (f"{k}={v};".encode(), FaultCode.INVALID_HEADER_VALUE)
+        for k in "pr"
+        for v in ["bob", "*b", "b*", "*", "a**b", "a*b*c", "'a *b'", "'a*b '", "'a\t*b'", "''"]
+    ],
+    (b"r=[];", FaultCode.INVALID_HEADER_VALUE),
+    (b"r=[a*b,c];", FaultCode.INVALID_HEADER_VALUE),
+    (b"r=[c,a*b];", FaultCode.INVALID_HEADER_VALUE),
+    (b"r=['a\x7f*b'];", FaultCode.INVALID_HEADER_VALUE),
+    # Valid, but not ASCII: the reference's.
+    ("p=b\u00f6b*example.org;".encode(), FaultCode.INVALID_MESSAGE_FORMAT),
+    ("+p=b\u00f6b*example.org;".encode(), None),
     (b"t=0;", None),
     (b"z=x-gzip;", None),
     (b"t=x;", FaultCode.INVALID_HEADER_VALUE),
