@@ -32,6 +32,11 @@ outstanding; the ratio two-buses / one-bus within each repeat, and its median
 (goal >= 0.5). Then the drain: ``--backlog`` Commands queued at A while the
 Course is held down, then let through; Commands/s from the Course coming back to
 bob receiving the last (goal >= 10,000/s), median of the repeats.
+
+``CPU us/trip`` is the brokers' CPU per round trip (from /proc), ``bench us/trip``
+this process's: the UAs, and the relay every Course message goes through, on the
+round trip's path. Both are steadier than the rates on a shared machine; the load
+average is printed with them.
 """
 
 from __future__ import annotations
@@ -401,6 +406,9 @@ async def run(args: argparse.Namespace) -> None:
             layouts["two-buses-h2"] = b"bob*c.test"
         rows: dict[str, list[float]] = {layout: [] for layout in layouts}
         cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
+        #: This process's CPU per round trip: the UAs, and the relay the Courses go
+        #: through (the same process, so on the round trip's critical path).
+        own: dict[str, list[float]] = {layout: [] for layout in layouts}
         drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
         sent = in_order = 0
         drained = 0.0
@@ -419,8 +427,10 @@ async def run(args: argparse.Namespace) -> None:
                 for _ in range(args.repeats):
                     for layout, to in layouts.items():
                         cpu0 = sum(bus.cpu_seconds() for bus in buses)
+                        own0 = time.process_time()
                         seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
                         used = sum(bus.cpu_seconds() for bus in buses) - cpu0
+                        own[layout].append((time.process_time() - own0) / args.requests * 1e6)
                         rows[layout].append(args.requests / seconds)
                         cpu[layout].append(used / args.requests * 1e6)
                 for task in echoes:
@@ -456,11 +466,12 @@ async def run(args: argparse.Namespace) -> None:
             for peer, on in sorted(bus.http2.items())
         )
     )
-    print(f"{'layout':<13} {'round trips/s':>14} {'CPU us/trip':>12}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"{'layout':<13} {'round trips/s':>14} {'CPU us/trip':>12} {'bench us/trip':>14}")
     for layout in rows:
         print(
             f"{layout:<13} {statistics.median(rows[layout]):>14.0f} "
-            f"{statistics.median(cpu[layout]):>12.1f}"
+            f"{statistics.median(cpu[layout]):>12.1f} {statistics.median(own[layout]):>14.1f}"
         )
     for layout, what in (("two-buses", "two-buses"), ("two-buses-h2", "two-buses over HTTP/2")):
         if layout not in rows:

@@ -194,7 +194,10 @@ class OutboundCourse:
             else:
                 self._wake.set()
 
-        stored.add_done_callback(undo)
+        if stored.done():
+            undo(stored)  # stored on the spot: no callback through the loop
+        else:
+            stored.add_done_callback(undo)
         return stored
 
     # -- the link ----------------------------------------------------------------

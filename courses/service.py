@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
@@ -414,7 +414,8 @@ class Courses:
         the other brokers holding them, if already looked up) or one copy per domain.
         ``received``: the crossing's bytes and Command, to splice from."""
         name = command.name or ""
-        for domain, addresses in split_by_domain(command.recipients).items():
+        recipients = command.recipients
+        for domain, addresses in split_by_domain(recipients).items():
             if domain == self.domain:
                 if self._plane is None or located is not None:
                     self._deliver_here(
@@ -444,10 +445,12 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            copy = command.with_keys(
-                r=list(addresses),
-                **{VIA_KEY: [*via, self.domain], ID_KEY: uuid.uuid4().hex},
-            )
+            keys: dict[str, Any] = {VIA_KEY: [*via, self.domain], ID_KEY: os.urandom(16).hex()}
+            if len(addresses) != len(recipients):
+                # Narrowed to this domain's; when they are all of it (the common
+                # case), ``r`` stays as it was and is not checked a second time.
+                keys["r"] = list(addresses)
+            copy = command.with_keys(keys)
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
             notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
@@ -462,7 +465,6 @@ class Courses:
         refuse: Callable[[FaultCode, str], None],
         domain: str,
     ) -> None:
-        self._pending.add(stored)
 
         def done(future: asyncio.Future[None]) -> None:
             self._pending.discard(future)
@@ -476,6 +478,12 @@ class Courses:
             elif exc is not None:
                 refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {exc}")
 
+        if stored.done():
+            # Stored already (the memory engine's enqueue runs eagerly): no callback
+            # to schedule and no trip through the loop for it.
+            done(stored)
+            return
+        self._pending.add(stored)
         stored.add_done_callback(done)
 
     async def _locate(self, addresses: Iterable[str]) -> dict[str, frozenset[str]]:

@@ -58,7 +58,6 @@ import enum
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from itertools import chain, islice
 from operator import attrgetter
 from typing import Final
@@ -72,6 +71,7 @@ from gateway.engines.base import (
     NoticeEvent,
     QueuedMessage,
     QueueFull,
+    new_message,
 )
 
 __all__ = ["DEQUEUED_EVENTS", "PRIORITIES", "SLACK", "MemoryQueue", "stored_form", "wants_notice"]
@@ -104,7 +104,20 @@ def stored_form(message: Message, limits: EngineLimits) -> Message:
     if not 0 <= message.priority < PRIORITIES:
         raise ValueError(f"priority must be 0 to 9, got {message.priority}")
     if message.expiration is None:
-        return replace(message, expiration=message.timestamp + limits.default_ttl)
+        # new_message, not dataclasses.replace: a tenth of the cost, on every enqueue
+        # that names no expiration (each crossing of a Course).
+        return new_message(
+            message.id,
+            message.destination,
+            message.payload,
+            message.timestamp,
+            message.timestamp + limits.default_ttl,
+            message.priority,
+            message.not_before,
+            message.notify,
+            message.notices,
+            message.headers,
+        )
     return message
 
 
