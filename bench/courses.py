@@ -53,7 +53,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -65,20 +64,27 @@ START_TIMEOUT = 30.0
 
 
 class Relay:
-    """A loopback TCP forwarder that can be held (nothing connects) or let through."""
+    """A loopback TCP forwarder that can be held (nothing connects) or let through.
+
+    Built on asyncio protocols, not streams: each chunk read is written to the other
+    side from the read callback, with no task and no trip through the loop, since
+    the relay shares this process (and its loop) with the UAs it measures.
+    """
 
     def __init__(self) -> None:
         self.target: int | None = None
         self.port = 0
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._open: set[_Half] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Half(self), "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        self.target = None
+        self.cut()
         assert self._server is not None
         self._server.close()
         for task in self._tasks:
@@ -87,36 +93,80 @@ class Relay:
     def cut(self) -> None:
         """Hold: abort what is open, refuse what comes."""
         self.target = None
-        for task in list(self._tasks):
-            task.cancel()
+        for half in list(self._open):
+            if half.transport is not None:
+                half.transport.abort()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def accepted(self, half: _Half) -> None:
+        """A connection came in: to the target, or aborted while held."""
+        assert half.transport is not None
         if self.target is None:
-            writer.transport.abort()
+            half.transport.abort()
             return
+        task = asyncio.create_task(self._connect(half, self.target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, down: _Half, target: int) -> None:
+        up = _Half(self, peer=down)
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+            await asyncio.get_running_loop().create_connection(lambda: up, "127.0.0.1", target)
         except OSError:
             # The broker behind is gone (the run is stopping): the dialler retries.
-            writer.transport.abort()
+            if down.transport is not None:
+                down.transport.abort()
             return
+        down.joined(up)
 
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            try:
-                while data := await r.read(1 << 16):
-                    w.write(data)
-                    await w.drain()
-            except OSError:
-                pass
-            finally:
-                w.transport.abort()
 
-        for task in (
-            asyncio.create_task(pipe(reader, up_writer)),
-            asyncio.create_task(pipe(up_reader, writer)),
-        ):
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+class _Half(asyncio.Protocol):
+    """One end of a relayed connection: what it reads, its peer writes."""
+
+    def __init__(self, relay: Relay, peer: _Half | None = None) -> None:
+        self.relay = relay
+        self.peer = peer
+        self.transport: asyncio.Transport | None = None
+        self._early: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.relay._open.add(self)
+        if self.peer is None:
+            self.relay.accepted(self)
+
+    def joined(self, peer: _Half) -> None:
+        """The upstream side is connected: what came before it goes now."""
+        self.peer = peer
+        if self.transport is None or self.transport.is_closing():
+            if peer.transport is not None:
+                peer.transport.abort()
+            return
+        assert peer.transport is not None
+        for data in self._early:
+            peer.transport.write(data)
+        self._early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self._early.append(data)
+        else:
+            peer.transport.write(data)
+
+    # Flow control: a side that cannot write as fast stops the other reading.
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay._open.discard(self)
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.abort()
 
 
 class Bus:
