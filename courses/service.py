@@ -160,6 +160,8 @@ class Courses:
         self._plane = plane
         #: The last delivery awaiting a lookup: the next one is made after it.
         self._tail: asyncio.Future[None] | None = None
+        #: Deliveries awaiting a lookup, bounded by ``lookup_max_commands``.
+        self.awaiting_lookup = 0
         self._may_cross = may_cross
         #: The broker's logger.
         self.log = self._log = log
@@ -506,17 +508,29 @@ class Courses:
         refuse: Callable[[FaultCode, str], None],
     ) -> None:
         """``_deliver_here`` once the plane said where ``addresses`` are, after every
-        delivery started before it (a sender's order holds)."""
+        delivery started before it (a sender's order holds); fault 2106 past
+        ``lookup_max_commands`` of them, since each holds its Command until then."""
+        limit = self.settings.lookup_max_commands
+        if self.awaiting_lookup >= limit:
+            refuse(
+                FaultCode.TOO_MANY_IN_FLIGHT,
+                f"{limit} Commands already wait here for the bus to say where their addresses are",
+            )
+            return
+        self.awaiting_lookup += 1
         previous = self._tail
 
         async def later() -> None:
             located: Located | None
             try:
-                located = await self._locate(addresses)
-            except PlaneUnavailable:
-                located = None
-            if previous is not None:
-                await asyncio.wait([previous])
+                try:
+                    located = await self._locate(addresses)
+                except PlaneUnavailable:
+                    located = None
+                if previous is not None:
+                    await asyncio.wait([previous])
+            finally:
+                self.awaiting_lookup -= 1
             if located is None:
                 # This broker's Subjects still get it; the others cannot be found.
                 self._deliver_here(

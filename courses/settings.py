@@ -58,6 +58,7 @@ _SCALARS: Final = frozenset(
         "window",
         "backoff_min",
         "backoff_max",
+        "lookup_max_commands",
     }
 )
 _PEER_KEYS: Final = frozenset(
@@ -140,6 +141,9 @@ class CourseSettings:
     backoff_min: float = 0.1
     #: Longest reconnection delay, seconds.
     backoff_max: float = 30.0
+    #: Commands for this bus's addresses waiting at one broker for the routing
+    #: plane to say which brokers hold them; one more gets fault 2106.
+    lookup_max_commands: int = 10_000
 
     def course_for(self, domain: str) -> PeerSettings | None:
         """The peer whose Course carries Commands for ``domain``: the peer itself if
@@ -182,6 +186,7 @@ class CourseSettings:
             "queue_max_commands",
             "queue_max_bytes",
             "window",
+            "lookup_max_commands",
         ):
             if name in scalars:
                 numbers[name] = _positive(scalars[name], name, integer=True)

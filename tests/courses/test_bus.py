@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,13 +39,19 @@ class Buses:
 
 
 @contextlib.asynccontextmanager
-async def buses(tmp_path: Path, tls: TlsFiles, *, signin_on_a: bool = True) -> AsyncIterator[Buses]:
+async def buses(
+    tmp_path: Path,
+    tls: TlsFiles,
+    *,
+    signin_on_a: bool = True,
+    courses_a: dict[str, Any] | None = None,
+) -> AsyncIterator[Buses]:
     """The two buses; ``signin_on_a=False``: bus A's brokers without a sign-in agent
-    (the test brings its own)."""
+    (the test brings its own); ``courses_a``: more of bus A's ``[courses]`` table."""
     bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
     with RedisServer(tmp_path / "redis-a") as redis_a:
         async with Relay() as to_a, Relay() as to_b:
-            base_a = bus_config(bus_a, {bus_b: to_b.url()}, tls=tls)
+            base_a = bus_config(bus_a, {bus_b: to_b.url()}, tls=tls, courses=courses_a)
 
             def broker_of_a(broker_id: str) -> GatewayConfig:
                 return dataclasses.replace(
@@ -114,6 +121,44 @@ async def test_an_address_is_reached_on_whichever_broker_of_the_bus_holds_it(
         assert (read_fault(fault).code, fault.command_id) == (2201, 5)
         assert "nobody*a.test" in fault.body.decode()
         assert (await bob.recv()).publisher == "alice*a.test"
+
+
+async def test_commands_waiting_for_the_address_index_are_bounded(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """Each Command for an address of the bus waits at its broker for the routing
+    plane's answer (a Redis round trip): past ``lookup_max_commands`` of them, fault
+    2106 for the next, and the broker goes on serving; nothing is lost silently."""
+    async with (
+        buses(tmp_path, tls_files, courses_a={"lookup_max_commands": 1}) as bus,
+        user(bus.a1.ws_url, "alice", tls_files) as alice,
+        user(bus.a2.ws_url, "bob", tls_files) as bob,
+    ):
+        count = 200
+        for n in range(count):
+            await alice.send(Command({"c": "chat", "r": "bob*a.test", "u": n}, b"%d" % n))
+        # Several arrive in one read, before the first lookup can be answered: every
+        # Command is either delivered, in order, or refused with 2106. The last one's
+        # fault (2201 once looked up, or 2106) comes after every fault before it.
+        await alice.send(Command({"c": "chat", "r": "nobody*a.test", "u": count}))
+        refused: list[int] = []
+        while True:
+            fault = await alice.recv()
+            code = read_fault(fault).code
+            if fault.command_id == count:
+                assert code in (2201, 2106), fault
+                break
+            assert code == 2106, fault
+            assert "wait here for the bus" in fault.body.decode()
+            refused.append(fault.command_id or 0)
+        delivered = [int((await bob.recv()).body) for _ in range(count - len(refused))]
+        assert sorted(delivered + refused) == list(range(count))
+        assert delivered == sorted(delivered)
+        assert refused, "no Command was ever refused: the bound was not reached"
+        print(f"{count} sent: {len(delivered)} delivered in order, {len(refused)} refused")
+        # Once the lookups are answered, the next one goes through.
+        await alice.send(Command({"c": "chat", "r": "bob*a.test"}, b"after"))
+        assert (await bob.recv()).body == b"after"
 
 
 async def test_an_address_held_on_two_brokers_reaches_each_subject_once(
