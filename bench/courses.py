@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -365,9 +365,12 @@ async def drain(
     subject: bytes,
     bob: ClientConnection,
     backlog: int,
+    cpu: Callable[[], float],
     to: bytes = b"bob*b.test",
-) -> float:
-    """``backlog`` Commands queued while the Course is held, then let through: Commands/s."""
+) -> tuple[float, float]:
+    """``backlog`` Commands queued while the Course is held, then let through:
+    Commands/s, and the brokers' CPU per Command (``cpu``: their seconds so far)
+    from the Course coming back to the last received."""
     relay.cut()
     head = b"c=chat,r=" + to + b",s=" + subject + b";"
     for n in range(backlog):
@@ -377,12 +380,13 @@ async def drain(
     reply = await alice.recv()
     assert isinstance(reply, bytes) and b"code=2201" in reply, reply
     began = time.perf_counter()
+    cpu0 = cpu()
     relay.target = port
     async with asyncio.timeout(300):
         for n in range(backlog):
             frame = await bob.recv()
             assert isinstance(frame, bytes) and frame.endswith(b";" + str(n).encode()), frame[:200]
-    return backlog / (time.perf_counter() - began)
+    return backlog / (time.perf_counter() - began), (cpu() - cpu0) / backlog * 1e6
 
 
 async def outage(
@@ -460,6 +464,7 @@ async def run(args: argparse.Namespace) -> None:
         #: through (the same process, so on the round trip's critical path).
         own: dict[str, list[float]] = {layout: [] for layout in layouts}
         drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
+        drain_cpu: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
         sent = in_order = 0
         drained = 0.0
         try:
@@ -488,13 +493,24 @@ async def run(args: argparse.Namespace) -> None:
                 courses = [("two-buses", to_b, b, b"bob*b.test")]
                 if c is not None:
                     courses.append(("two-buses-h2", to_c, c, b"bob*c.test"))
+
+                def brokers_cpu() -> float:
+                    return sum(bus.cpu_seconds() for bus in buses)
+
                 for _ in range(args.repeats):
                     for layout, relay, bus, to in courses:
-                        drains[layout].append(
-                            await drain(
-                                relay, bus.port, alice, alice_s, bobs[layout][0], args.backlog, to
-                            )
+                        rate, used = await drain(
+                            relay,
+                            bus.port,
+                            alice,
+                            alice_s,
+                            bobs[layout][0],
+                            args.backlog,
+                            brokers_cpu,
+                            to,
                         )
+                        drains[layout].append(rate)
+                        drain_cpu[layout].append(used)
                 if args.outage:
                     sent, in_order, drained = await outage(
                         to_b, b.port, alice, alice_s, bobs["two-buses"][0], args.outage, args.rate
@@ -538,7 +554,10 @@ async def run(args: argparse.Namespace) -> None:
         if not drains[layout]:
             continue
         rate = statistics.median(drains[layout])
-        print(f"drain of a {args.backlog}-Command backlog{what}: {rate:.0f} Commands/s (median)")
+        print(
+            f"drain of a {args.backlog}-Command backlog{what}: {rate:.0f} Commands/s (median), "
+            f"brokers' CPU {statistics.median(drain_cpu[layout]):.1f} us per Command"
+        )
         print(f"  goal >= 10000: {rate:.0f}, {'met' if rate >= 10_000 else 'missed'}")
     if args.outage:
         print(
