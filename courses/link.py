@@ -160,12 +160,20 @@ class OutboundCourse:
             future: asyncio.Future[None] = loop.create_future()
             future.set_exception(exc)
             return future
+        return self.submit_frame(crossing_id, frame, notify=notify)
+
+    def submit_frame(
+        self, crossing_id: str, frame: bytes, *, notify: dict[str, str]
+    ) -> asyncio.Future[None]:
+        """:meth:`submit` for a crossing already encoded, with ``crossing_id`` as its
+        ``course.id`` (courses.wire.crossing_from)."""
+        loop = asyncio.get_running_loop()
         settings = self._settings
         if (
             self.depth >= settings.queue_max_commands
             or self.bytes + len(frame) > settings.queue_max_bytes
         ):
-            future = loop.create_future()
+            future: asyncio.Future[None] = loop.create_future()
             future.set_exception(QueueFull(self.queue))
             return future
         self.depth += 1

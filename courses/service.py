@@ -51,6 +51,7 @@ from courses.wire import (
     DELIVERED,
     ID_KEY,
     VIA_KEY,
+    crossing_from,
     domain_of,
     split_by_domain,
     via_of,
@@ -66,8 +67,9 @@ from gateway.plane.base import Envelope, EnvelopeKind, Plane, PlaneUnavailable
 
 __all__ = ["AddressHolders", "Courses", "LocalReplies"]
 
-#: What ``asbp.encode`` allows a header by default: a splice stays within it too.
-_MAX_HEADER_BYTES: Final = asbp.Limits().max_header_bytes
+#: What ``asbp.encode`` allows by default: a splice stays within it too.
+_LIMITS: Final = asbp.Limits()
+_MAX_HEADER_BYTES: Final = _LIMITS.max_header_bytes
 #: Keys a Command loses on its way out of this bus: the sender's and this broker's.
 _LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
 
@@ -211,15 +213,23 @@ class Courses:
 
     # -- from this bus's User-Agents ------------------------------------------------
 
-    def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
-        """A Command with ``r`` from a User-Agent: to its recipients, here or across."""
+    def route(
+        self,
+        channel: Channel,
+        subject: Subject | None,
+        command: Command,
+        frame: bytes | None = None,
+    ) -> None:
+        """A Command with ``r`` from a User-Agent: to its recipients, here or across.
+        ``frame``: the bytes it arrived in, from which its crossings are spliced
+        (courses.wire.crossing_from) rather than encoded."""
         command_id = command.command_id
         name = command.name or ""
 
         def refuse(code: FaultCode, message: str) -> None:
             self._replies.fault(channel, code, message, command_id=command_id, cause=name)
 
-        self._route(subject, command, refuse)
+        self._route(subject, command, refuse, frame)
 
     def route_for_agent(self, tube: Tube, subject: Subject | None, command: Command) -> None:
         """A Command with ``r`` from an Application-Agent, sent for ``subject`` (one
@@ -248,6 +258,7 @@ class Courses:
         subject: Subject | None,
         command: Command,
         refuse: Callable[[FaultCode, str], None],
+        frame: bytes | None = None,
     ) -> None:
         if subject is None or subject.address is None:
             refuse(
@@ -265,7 +276,13 @@ class Courses:
                     # Checked before anything is sent, so a refusal sends nothing at all.
                     refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
                     return
-        self._send(outbound, via=(), came_from=None, refuse=refuse)
+        self._send(
+            outbound,
+            via=(),
+            came_from=None,
+            refuse=refuse,
+            sent=(frame, command) if frame is not None else None,
+        )
 
     # -- from other brokers of this bus ---------------------------------------------------
 
@@ -411,10 +428,13 @@ class Courses:
         waits: list[asyncio.Future[Any]] | None = None,
         located: Located | None = None,
         received: tuple[bytes, Command] | None = None,
+        sent: tuple[bytes, Command] | None = None,
     ) -> None:
         """``command`` to each of its recipients: this bus's Subjects (``located``:
         the other brokers holding them, if already looked up) or one copy per domain.
-        ``received``: the crossing's bytes and Command, to splice from."""
+        ``received``: the crossing's bytes and Command, to splice from; ``sent``:
+        the bytes and Command a User-Agent sent, which ``command`` is made from
+        (its own keys removed, ``p`` stamped), to splice crossings from."""
         name = command.name or ""
         recipients = command.recipients
         for domain, addresses in split_by_domain(recipients).items():
@@ -447,16 +467,34 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            keys: dict[str, Any] = {VIA_KEY: [*via, self.domain], ID_KEY: os.urandom(16).hex()}
-            if len(addresses) != len(recipients):
-                # Narrowed to this domain's; when they are all of it (the common
-                # case), ``r`` stays as it was and is not checked a second time.
-                keys["r"] = list(addresses)
-            copy = command.with_keys(keys)
+            crossing_id = os.urandom(16).hex()
+            crossed = [*via, self.domain]
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
             notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
-            stored = self.links[peer.domain].submit(copy, notify=notify)
+            link = self.links[peer.domain]
+            whole = len(addresses) == len(recipients)
+            frame = (
+                crossing_from(
+                    sent[0],
+                    sent[1],
+                    command.publisher or "",
+                    crossed,
+                    crossing_id,
+                    limits=_LIMITS,
+                )
+                if sent is not None and whole
+                else None
+            )
+            if frame is not None:
+                stored = link.submit_frame(crossing_id, frame, notify=notify)
+            else:
+                keys: dict[str, Any] = {VIA_KEY: crossed, ID_KEY: crossing_id}
+                if not whole:
+                    # Narrowed to this domain's; when they are all of it (the common
+                    # case), ``r`` stays as it was and is not checked a second time.
+                    keys["r"] = list(addresses)
+                stored = link.submit(command.with_keys(keys), notify=notify)
             self._watch(stored, refuse, peer.domain)
             if waits is not None:
                 waits.append(stored)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from asbp import Command
+from asbp import Command, Limits
 
 __all__ = [
     "ACK",
@@ -31,6 +31,7 @@ __all__ = [
     "ID_KEY",
     "MAX_BATCH_BYTES",
     "VIA_KEY",
+    "crossing_from",
     "domain_of",
     "pack",
     "split_by_domain",
@@ -145,6 +146,63 @@ def with_subject(
     spliced = b"".join((header, b",s=", subject_id.encode("ascii"), frame[end:]))
     # ",s=" and 32 hex digits: within the limit encoding would enforce.
     return spliced if len(header) + 35 <= max_header_bytes else None
+
+
+#: Keys a User-Agent's Command must not carry for :func:`crossing_from` to splice:
+#: those the sending bus removes (but ``s``) or stamps.
+_CROSSING_REFUSES: Final = ("i", "a", "b", "d", "g", "p", ID_KEY, VIA_KEY)
+#: Characters a bare token may not hold (asbp/grammar.py), beside non-ASCII,
+#: whitespace and controls.
+_NOT_BARE: Final = frozenset(";=,'[]+")
+
+
+def _bare(text: str) -> bool:
+    return text.isascii() and text.isprintable() and " " not in text and _NOT_BARE.isdisjoint(text)
+
+
+def crossing_from(
+    frame: bytes,
+    command: Command,
+    publisher: str,
+    via: list[str],
+    crossing_id: str,
+    *,
+    limits: Limits,
+) -> bytes | None:
+    """The crossing made from the bytes a User-Agent's Command arrived in: its ``s``
+    removed, ``p``, ``course.via`` and ``course.id`` added; or None when that is not
+    provably the same as encoding ``command`` (``frame`` decoded) without ``s``
+    and with those keys, and the caller must encode.
+
+    Splicing saves the sending bus two copies of the Command and an encode per
+    crossing, as :func:`with_subject` does at the receiving one. It is safe when
+    the header holds no quotes (so every ``,s=`` found is a real pair), no UTF-8
+    marker, none of the keys the bus removes or stamps but ``s``, and every value
+    added is a bare token; the limits the encoder would enforce are checked.
+    """
+    end = len(frame) - len(command.body) - 1
+    if (
+        end <= 0
+        or frame[0] == 0x2B  # "+": a UTF-8 header
+        or frame.find(b"'", 0, end) != -1
+        or any(key in command for key in _CROSSING_REFUSES)
+        or len(command.header) + 3 - ("s" in command) > limits.max_keys
+        or len(via) > limits.max_list_items
+        or not all(_bare(text) for text in (publisher, crossing_id, *via))
+    ):
+        return None
+    header = frame[:end]
+    if "s" in command:
+        header = _without_pair(header, b"s")
+    if not header:
+        return None
+    added = f",p={publisher},{VIA_KEY}=[{','.join(via)}],{ID_KEY}={crossing_id}"
+    header += added.encode("ascii")
+    if len(header) > limits.max_header_bytes or len(header) + len(frame) - end > (
+        limits.max_frame_bytes
+    ):
+        return None
+    return header + frame[end:]
 
 
 def _without_pair(header: bytes, key: bytes) -> bytes:

@@ -154,8 +154,15 @@ class AddressRoutes(Protocol):
     """Where a User-Agent Command addressed by ``r`` goes (courses.service.Courses):
     to the Subjects holding those Conversation-Addresses, here or on other buses."""
 
-    def route(self, channel: Channel, subject: Subject | None, command: Command) -> None:
-        """Deliver or queue ``command`` for each recipient; faults go to ``channel``."""
+    def route(
+        self,
+        channel: Channel,
+        subject: Subject | None,
+        command: Command,
+        frame: bytes | None = None,
+    ) -> None:
+        """Deliver or queue ``command`` for each recipient; faults go to ``channel``.
+        ``frame``: the bytes ``command`` arrived in, to splice crossings from."""
         ...
 
     def route_for_agent(self, tube: Tube, subject: Subject | None, command: Command) -> None:

@@ -323,7 +323,7 @@ class Router:
             intake = self._intake
             if intake.source is not None:
                 intake.routed = ("course", ",".join(command.recipients), None)
-            self.courses.route(channel, subject, command)
+            self.courses.route(channel, subject, command, frame)
             return
         tube = self.respondents.pick(name, among=among)
         if tube is None:
