@@ -1,6 +1,7 @@
 """Courses: a round trip across two buses beside the same round trip inside one, and a drain.
 
-    python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N] [--http2]
+    python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
+                            [--http2 | --h2c]
 
 Two brokers run as processes (``python -m gateway``, Hypercorn, the memory engine,
 each its own bus: ``a.test`` and ``b.test``), linked by a Course through a TCP relay
@@ -21,7 +22,9 @@ is linked to ``a.test`` by a Course over HTTP/2 (RFC 8441, ``http2 = "auto"`` ag
 Hypercorn), while the Course to ``b.test`` is told ``http2 = "never"``: one more
 layout, ``two-buses-h2`` (bob on bus C), measured in the same repeats, so the HTTP/2
 Course and the HTTP/1.1 one are compared in one run, each against one bus on TLS;
-the drain is measured on both Courses too.
+the drain is measured on both Courses too. ``--h2c`` is the same on plain text:
+the Course to ``c.test`` told ``http2 = "always"`` over ``ws://`` (HTTP/2 with prior
+knowledge, under the development flag), so the two HTTPs are compared without TLS.
 
 With ``--outage 60 --rate 100`` (issue 13's figure), the Course is also held for 60
 s while alice sends 100 Commands/s, then let through: every Command must arrive once,
@@ -216,7 +219,7 @@ class Bus:
                 f'[courses."{other.domain}"]\nurls = ["{other_url}"]\npublic_key = "{key}"\n'
                 'names = ["chat.*"]\n'
             )
-            if tls is not None:
+            if tls is not None or mode != "never":
                 text += f'http2 = "{mode}"\n'
         (self.directory / "broker.toml").write_text(text)
 
@@ -435,7 +438,9 @@ async def run(args: argparse.Namespace) -> None:
         scheme = "ws" if tls is None else "wss"
         a = Bus(Path(tmp), "a.test", args.server, tls)
         b = Bus(Path(tmp), "b.test", args.server, tls)
-        c = Bus(Path(tmp), "c.test", args.server, tls) if tls is not None else None
+        c = Bus(Path(tmp), "c.test", args.server, tls) if args.http2 or args.h2c else None
+        # HTTP/2: "auto" finds it by ALPN on TLS; on plain text only "always" asks.
+        h2_mode = "always" if args.h2c else "auto"
         to_a, to_b, to_c = Relay(), Relay(), Relay()
         for relay in (to_a, to_b, to_c):
             await relay.start()
@@ -446,9 +451,9 @@ async def run(args: argparse.Namespace) -> None:
             # b over HTTP/1.1 (http2 = "never"), c over HTTP/2 ("auto" against Hypercorn).
             a.configure(
                 b, f"{scheme}://127.0.0.1:{to_b.port}/course",
-                (c, f"{scheme}://127.0.0.1:{to_c.port}/course", "auto"),
+                (c, f"{scheme}://127.0.0.1:{to_c.port}/course", h2_mode),
             )  # fmt: skip
-            c.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course", http2="auto")
+            c.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course", http2=h2_mode)
         b.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course")
         for bus in buses:
             await bus.start()
@@ -582,10 +587,17 @@ def main() -> None:
         action="store_true",
         help="TLS, and a third bus linked over HTTP/2 beside the HTTP/1.1 Course",
     )
+    parser.add_argument(
+        "--h2c",
+        action="store_true",
+        help="as --http2 on plain text: the third bus's Course over h2c (prior knowledge)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
     args = parser.parse_args()
-    if args.http2 and args.server != "hypercorn":
-        parser.error("--http2 needs --server hypercorn (Uvicorn has no HTTP/2)")
+    if (args.http2 or args.h2c) and args.server != "hypercorn":
+        parser.error("--http2 and --h2c need --server hypercorn (Uvicorn has no HTTP/2)")
+    if args.http2 and args.h2c:
+        parser.error("--http2 (on TLS) or --h2c (plain text), not both")
     if args.quick:
         args.repeats, args.requests, args.backlog = 1, 500, 1000
     asyncio.run(run(args))

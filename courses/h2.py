@@ -455,7 +455,7 @@ async def open_h2_websocket(
     path: str,
     authority: str,
     headers: list[tuple[str, str]],
-    ssl_context: ssl.SSLContext,
+    ssl_context: ssl.SSLContext | None,
     open_timeout: float = 10.0,
     ping_interval: float | None = 20.0,
     ping_timeout: float = 20.0,
@@ -463,7 +463,10 @@ async def open_h2_websocket(
 ) -> H2WebSocket:
     """Dial ``https://<authority><path>`` and open a WebSocket on an HTTP/2 stream.
 
-    ``ssl_context`` must offer ``h2`` by ALPN (:func:`h2_ssl_context`).
+    ``ssl_context`` must offer ``h2`` by ALPN (:func:`h2_ssl_context`); None: plain
+    TCP with prior knowledge (h2c, RFC 9113 section 3.3), for the development flag
+    only: there is no ALPN to ask, so the server must speak HTTP/2 or the CONNECT
+    fails.
 
     Raises:
         Http2Unavailable: the server chose another protocol or does not enable
@@ -472,11 +475,17 @@ async def open_h2_websocket(
         OSError, TimeoutError: the connection failed or was too slow.
     """
     reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=ssl_context, server_hostname=host), open_timeout
+        asyncio.open_connection(
+            host,
+            port,
+            ssl=ssl_context,
+            server_hostname=host if ssl_context is not None else None,
+        ),
+        open_timeout,
     )
     ssl_object = writer.get_extra_info("ssl_object")
     selected = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
-    if selected != "h2":
+    if ssl_context is not None and selected != "h2":
         writer.close()
         with contextlib.suppress(OSError, ssl.SSLError):
             await writer.wait_closed()
@@ -491,7 +500,7 @@ async def open_h2_websocket(
     request = [
         (b":method", b"CONNECT"),
         (b":protocol", b"websocket"),
-        (b":scheme", b"https"),
+        (b":scheme", b"https" if ssl_context is not None else b"http"),
         (b":path", path.encode("ascii")),
         (b":authority", authority.encode("ascii")),
         (b"sec-websocket-version", b"13"),

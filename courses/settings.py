@@ -281,15 +281,14 @@ def _peer(domain: str, table: Mapping[str, Any], base_dir: Path, *, own: str) ->
         exchanges=frozenset(exchanges),
         addresses=_patterns(table.get("addresses"), f"{prefix}.addresses", (r".*",)),
         routes=tuple(_domain(r, f"{prefix}.routes") for r in routes),
-        http2=_http2(table.get("http2", "auto"), f"{prefix}.http2", urls),
+        http2=_http2(table.get("http2", "auto"), f"{prefix}.http2"),
     )
 
 
-def _http2(value: object, key: str, urls: list[str]) -> Http2Mode:
+def _http2(value: object, key: str) -> Http2Mode:
     for mode in HTTP2_MODES:
         if value == mode:
-            if mode == "always" and any(urlsplit(u).scheme != "wss" for u in urls):
-                # HTTP/2 is chosen by TLS's ALPN: a ws:// URL could never honour it.
-                raise CourseConfigError(key, '"always" needs wss:// URLs only')
+            # "always" with a ws:// URL (the development flag only) is h2c: HTTP/2
+            # with prior knowledge, since plain text has no ALPN (courses.transport).
             return mode
     raise CourseConfigError(key, f'"auto", "always" or "never", not {value!r}')

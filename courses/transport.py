@@ -15,7 +15,11 @@ A peer's ``http2`` setting (courses.settings) chooses:
 ``never``
     HTTP/1.1 only, as before HTTP/2 was offered.
 
-``ws://`` (the development flag) is always HTTP/1.1: HTTP/2 is chosen by TLS's ALPN.
+``ws://`` (the development flag) is HTTP/1.1 under ``auto`` and ``never``: HTTP/2
+is chosen by TLS's ALPN, and plain text has none. Under ``always`` it is HTTP/2
+with prior knowledge (h2c: the connection starts with HTTP/2's preface), which
+Hypercorn answers, so the HTTP/2 Course can be measured without TLS
+(``bench/courses.py --h2c``); a server without it fails the attempt.
 Either way a message from the answering side is at most ``MAX_MESSAGE`` (1 MiB);
 a larger one closes the link (1009) and it is dialled again.
 The two paths send the same request headers (the Course credential) and give the
@@ -97,17 +101,19 @@ class Dialler:
         secure = parts.scheme == "wss"
         since = self._http1_since.get(url)
         known_http1 = since is not None and time.monotonic() - since < REPROBE
-        if secure and self.http2 != "never" and not (self.http2 == "auto" and known_http1):
+        if (secure and self.http2 != "never" and not (self.http2 == "auto" and known_http1)) or (
+            not secure and self.http2 == "always"
+        ):
             host = parts.hostname or ""
             path = parts.path or "/"
             try:
                 socket = await open_h2_websocket(
                     host,
-                    parts.port or 443,
+                    parts.port or (443 if secure else 80),
                     path=f"{path}?{parts.query}" if parts.query else path,
                     authority=parts.netloc.rpartition("@")[2],
                     headers=list(headers.items()),
-                    ssl_context=self._h2_ssl,
+                    ssl_context=self._h2_ssl if secure else None,
                     open_timeout=self._open_timeout,
                 )
             except Http2Unavailable:

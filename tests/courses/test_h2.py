@@ -246,6 +246,63 @@ async def test_always_does_not_fall_back(tmp_path: Path, tls_files: TlsFiles) ->
         assert (await b_events.wait("course.up", timeout=10 * T)).http2 is True
 
 
+async def test_always_on_plain_text_is_h2c_under_the_development_flag(tmp_path: Path) -> None:
+    """``ws://`` (loopback, the Tubes' dev flag) with ``http2 = "always"``: HTTP/2
+    with prior knowledge, which Hypercorn answers, both ways."""
+    bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    with (
+        log_events(f"h2c-a-{tmp_path.name}") as (log_a, a_events),
+        log_events(f"h2c-b-{tmp_path.name}") as (log_b, b_events),
+    ):
+        async with Relay() as to_a, Relay() as to_b:
+            config_a = bus_config(bus_a, {bus_b: to_b.url("ws")}, tls=None)
+            config_b = bus_config(bus_b, {bus_a: to_a.url("ws")}, tls=None)
+            for config in (config_a, config_b):
+                for table in config.courses.values():
+                    if isinstance(table, dict):
+                        table["http2"] = "always"
+            async with (
+                serve_bus(bus_a, config_a, None, log=log_a) as a,
+                serve_bus(bus_b, config_b, None, log=log_b) as b,
+                user(a.ws_url, "alice", None) as alice,
+                user(b.ws_url, "bob", None) as bob,
+            ):
+                to_a.target, to_b.target = a.port, b.port
+                assert (await a_events.wait("course.up", timeout=10 * T)).http2 is True
+                assert (await b_events.wait("course.up", timeout=10 * T)).http2 is True
+                assert a.ws_url.startswith("ws://")
+                await alice.send(Command({"c": "chat", "r": "bob*b.test"}, b"hi"))
+                got = await bob.recv()
+                assert (got.publisher, got.body) == ("alice*a.test", b"hi")
+                await bob.send(Command({"c": "chat.reply", "r": got.publisher, "u": 3}))
+                back = await alice.recv()
+                assert (back.publisher, back.command_id) == ("bob*b.test", 3)
+                await to_a.drain()
+                await to_b.drain()
+
+
+async def test_always_on_plain_text_fails_against_a_server_without_h2c(
+    tmp_path: Path,
+) -> None:
+    """Uvicorn has no HTTP/2: the prior-knowledge attempt fails, never falls back."""
+    bus_a, bus_b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    with log_events(f"h2c-u-{tmp_path.name}") as (log_a, a_events):
+        async with Relay() as to_b:
+            config_a = bus_config(bus_a, {bus_b: to_b.url("ws")}, tls=None)
+            for table in config_a.courses.values():
+                if isinstance(table, dict):
+                    table["http2"] = "always"
+            config_b = bus_config(bus_b, {bus_a: []}, tls=None)
+            async with (
+                serve_bus(bus_b, config_b, None, server="uvicorn") as b,
+                serve_bus(bus_a, config_a, None, log=log_a),
+            ):
+                to_b.target = b.port
+                await a_events.wait("course.link_failed", timeout=10 * T)
+                assert not a_events.find("course.up")
+                await to_b.drain()
+
+
 # -- the answering side refuses the same on both HTTPs -------------------------------
 
 

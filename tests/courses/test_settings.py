@@ -100,11 +100,7 @@ def test_a_full_table(keys: Path) -> None:
         ({"b.test": {"public_key": "peer.pub.pem", "routes": "z"}}, "routes", "domains"),
         ({"b.test": {"public_key": "peer.pub.pem", "http2": "yes"}}, "http2", '"auto", "always"'),
         ({"b.test": {"public_key": "peer.pub.pem", "http2": True}}, '"b.test".http2', "never"),
-        (
-            {"b.test": {"public_key": "peer.pub.pem", "http2": "always", "urls": ["ws://x/c"]}},
-            '"b.test".http2',
-            "wss:// URLs only",
-        ),
+        ({"lookup_max_commands": 0}, "lookup_max_commands", "positive integer"),
     ],
 )
 def test_each_mistake_names_its_key(
@@ -113,6 +109,17 @@ def test_each_mistake_names_its_key(
     with pytest.raises(CourseConfigError, match=re.escape(text)) as caught:
         CourseSettings.from_table(table(**changes), base_dir=keys)
     assert key in caught.value.key
+
+
+def test_always_with_plain_urls_is_h2c(keys: Path) -> None:
+    """``ws://`` URLs dial only under the development flag (courses.link); there,
+    ``always`` is HTTP/2 with prior knowledge (courses.transport)."""
+    peer = {"public_key": "peer.pub.pem", "http2": "always", "urls": ["ws://x/c"]}
+    settings = CourseSettings.from_table(table(**{"b.test": peer}), base_dir=keys)
+    assert settings.peers["b.test"].http2 == "always"
+    assert settings.lookup_max_commands == 10_000
+    changed = CourseSettings.from_table(table(lookup_max_commands=5), base_dir=keys)
+    assert changed.lookup_max_commands == 5
 
 
 def test_the_courses_table_loads_from_the_file_and_renders_back(keys: Path) -> None:
