@@ -298,11 +298,13 @@ class OutboundCourse:
                     await self._engine.ack(self.queue, [d.receipt for d in expired])
                     for delivery in expired:
                         self._finish(delivery, delivered=False)
+                # Counted before the writes: their acknowledgement (and a notice to the
+                # sender) may come back while the last write still waits to drain.
+                self.sent += len(frames)
                 # A lone crossing as itself, a backlog in batches (courses.wire.pack);
                 # never an iterable, which websockets sends as one fragmented message.
                 for message in pack(frames):
                     await ws.send(message)
-                self.sent += len(frames)
             await reader
         finally:
             reader.cancel()

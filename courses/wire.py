@@ -17,6 +17,7 @@ travels untouched, ``r`` holds only the recipients of the receiving domain.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Final
 
@@ -111,7 +112,7 @@ def unpack(body: bytes) -> list[bytes]:
 
 
 #: Keys a crossing must not carry for :func:`with_subject` to splice: this bus's own.
-_SPLICE_REFUSES: Final = ("s", "i", "a", "b", "d", "g")
+_SPLICE_REFUSES: Final = frozenset(("s", "i", "a", "b", "d", "g"))
 
 
 def with_subject(
@@ -133,7 +134,7 @@ def with_subject(
         end <= 0
         or frame[0] == 0x2B  # "+": a UTF-8 header
         or frame.find(b"'", 0, end) != -1
-        or any(key in command for key in _SPLICE_REFUSES)
+        or not _SPLICE_REFUSES.isdisjoint(command.header)
         or not (subject_id.isascii() and subject_id.isalnum())
     ):
         return None
@@ -150,14 +151,10 @@ def with_subject(
 
 #: Keys a User-Agent's Command must not carry for :func:`crossing_from` to splice:
 #: those the sending bus removes (but ``s``) or stamps.
-_CROSSING_REFUSES: Final = ("i", "a", "b", "d", "g", "p", ID_KEY, VIA_KEY)
-#: Characters a bare token may not hold (asbp/grammar.py), beside non-ASCII,
-#: whitespace and controls.
-_NOT_BARE: Final = frozenset(";=,'[]+")
-
-
-def _bare(text: str) -> bool:
-    return text.isascii() and text.isprintable() and " " not in text and _NOT_BARE.isdisjoint(text)
+_CROSSING_REFUSES: Final = frozenset(("i", "a", "b", "d", "g", "p", ID_KEY, VIA_KEY))
+#: A character no bare token holds (asbp/grammar.py): outside printable ASCII
+#: (0x21-0x7E), or reserved.
+_NOT_BARE: Final = re.compile(r"[^!-~]|[;=,'\[\]+]")
 
 
 def crossing_from(
@@ -185,10 +182,12 @@ def crossing_from(
         end <= 0
         or frame[0] == 0x2B  # "+": a UTF-8 header
         or frame.find(b"'", 0, end) != -1
-        or any(key in command for key in _CROSSING_REFUSES)
+        or not _CROSSING_REFUSES.isdisjoint(command.header)
         or len(command.header) + 3 - ("s" in command) > limits.max_keys
         or len(via) > limits.max_list_items
-        or not all(_bare(text) for text in (publisher, crossing_id, *via))
+        or _NOT_BARE.search(publisher) is not None
+        or _NOT_BARE.search(crossing_id) is not None
+        or any(_NOT_BARE.search(domain) is not None for domain in via)
     ):
         return None
     header = frame[:end]
