@@ -4,7 +4,7 @@ A Command addressed by ``r`` crosses as itself, with two keys of ours added
 (docs/courses.md, "On the wire"):
 
 ``course.id``
-    The crossing's id, unique per sending bus (``<domain>:<random>``); the
+    The crossing's id, unique per sending bus (32 random hex digits); the
     receiving bus acknowledges it and drops a second copy within its window.
 ``course.via``
     The domains the Command has left, oldest first. Its length is the hop count;
