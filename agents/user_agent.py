@@ -27,17 +27,25 @@ Command when full (with a warning), and a request's or stream's buffer
 fails the stream when a slow reader lets it fill.
 
 Reconnecting (``agents.reconnect``): when the Channel ends without
-:meth:`UserAgent.close`, every awaited answer fails with
-:class:`~agents.errors.ChannelLost` and a task dials again with backoff and
-jitter, telling ``on_event`` each step; requests made meanwhile fail with
-``ChannelLost`` (:meth:`UserAgent.wait_connected` waits for the Channel),
-and :meth:`UserAgent.receive` keeps waiting across the gap.
+:meth:`UserAgent.close`, a task dials again with backoff and jitter, telling
+``on_event`` each step; requests made meanwhile fail with ``ChannelLost``
+(:meth:`UserAgent.wait_connected` waits for the Channel), and
+:meth:`UserAgent.receive` keeps waiting across the gap. The requests awaiting
+their answers at the drop wait too when the Channel can be resumed (a
+WebSocket Channel whose secret is known): a resumed Channel gets every
+Command routed to it while away, their answers included, so they are answered
+as though nothing happened. They fail with :class:`~agents.errors.ChannelLost`
+when it is not resumed (a new Channel was opened: fault 2110 or 2113, or
+nothing to resume), with ``ConnectionLost`` when reconnecting gives up, and
+each with ``TimeoutError`` when its own timeout passes first. A Channel that
+cannot be resumed (HTTP) fails them at the drop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl as ssl_module
 from collections import deque
@@ -227,6 +235,11 @@ class UserAgent:
             reconnector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reconnector
+        if not self._connected.is_set():
+            # Closed while reconnecting: the requests that waited for a resume end.
+            self._fail_awaited(
+                lambda: ConnectionLost("the Channel was closed before the answer came"), None
+            )
         await self._transport.close()
         self._on_closed(None)
 
@@ -446,16 +459,13 @@ class UserAgent:
             return
         self._connected.clear()
         lost = not self._closing and self._reconnect is not None
-        for answers in self._awaited.values():
-            failure = (
-                ChannelLost(
-                    "the Channel was lost before the answer came; it may have been acted on"
-                )
-                if lost
-                else ConnectionLost("the Channel ended before the answer came")
+        if not lost:
+            self._fail_awaited(
+                lambda: ConnectionLost("the Channel ended before the answer came"), error
             )
-            failure.__cause__ = error
-            answers.fail(failure)
+        elif not getattr(self._transport, "resumable", False):
+            self._fail_awaited(_channel_lost, error)
+        # else: they wait for the resume, which replays their answers (or fails them).
         self._arrived.set()
         if not lost:
             self._closed = error or ConnectionLost("the Channel was closed")
@@ -494,6 +504,7 @@ class UserAgent:
                     self._reconnector = None
                     self._closed = ConnectionLost(f"gave up reconnecting after {attempt} attempts")
                     self._closed.__cause__ = exc
+                    self._fail_awaited(functools.partial(ConnectionLost, str(self._closed)), exc)
                     self._arrived.set()
                     self._emit(
                         ChannelEvent(ChannelEventKind.GAVE_UP, previous, attempt=attempt, error=exc)
@@ -506,6 +517,9 @@ class UserAgent:
             self._arrived.set()
             self._log.info("user agent: Channel %s replaces %s", identity[0], previous)
             resumed = identity[0] == previous
+            if not resumed:
+                # A new Channel: the answers owed to the old one will never come.
+                self._fail_awaited(_channel_lost, error)
             kept = self._transport.kept if resumed else frozenset()
             subjects = self._transport.subjects if resumed else frozenset()
             self._emit(
@@ -537,6 +551,13 @@ class UserAgent:
             return resumed
         return await self._transport.open(self._deliver, self._on_closed)
 
+    def _fail_awaited(self, make: Callable[[], BaseException], cause: BaseException | None) -> None:
+        """Every awaited answer fails, each with its own error from ``make``."""
+        for answers in self._awaited.values():
+            failure = make()
+            failure.__cause__ = cause
+            answers.fail(failure)
+
     def _emit(self, event: ChannelEvent) -> None:
         if self._on_event is None:
             return
@@ -544,6 +565,10 @@ class UserAgent:
             self._on_event(event)
         except Exception:  # the caller's callback must not stop reconnecting
             self._log.exception("user agent: on_event failed for %s", event.kind.value)
+
+
+def _channel_lost() -> ChannelLost:
+    return ChannelLost("the Channel was lost before the answer came; it may have been acted on")
 
 
 def _checked(command: Command) -> Command:

@@ -102,6 +102,9 @@ class Subscribers:
         #: Consumers whose last subscriber left while their task was fetching: the
         #: task ends once the fetch returns (releasing what it got), or at stop().
         self._orphans: set[QueueConsumer] = set()
+        #: Told of an endpoint whose subscriptions changed (a resumable Channel's
+        #: record follows them: gateway.connections.resume).
+        self.changed: Callable[[Endpoint], object] | None = None
 
     # -- subscribing (in turn: gateway.messaging.sequencing) -------------------------
 
@@ -150,6 +153,8 @@ class Subscribers:
             consumer.add(endpoint, access)
             if new:
                 self._system.queue_count(name, len(consumer.members))
+        if self.changed is not None:
+            self.changed(endpoint)
         if command_id is not None:
             endpoint.reply(accepted(SUBSCRIBE, command_id))
 
@@ -174,6 +179,8 @@ class Subscribers:
                 if consumer.running:
                     self._orphans.add(consumer)
             self._system.queue_count(name, len(consumer.members))
+        if (subscription is not None or consumer is not None) and self.changed is not None:
+            self.changed(endpoint)
 
     def leave_all(self, endpoint: Endpoint) -> None:
         """``endpoint`` closed: it leaves every subscription and queue it held."""

@@ -126,6 +126,10 @@ class Endpoint:
     #: Resolved when such a fetch ends (its room is taken or given back).
     poll_ended: asyncio.Future[None] | None = None
     closed: bool = False
+    #: A resumable Channel's endpoint while its connection is away: its topic
+    #: notifications go to the Channel's log (gateway.messaging.service,
+    #: "Resumed Channels"), it consumes no queue and answers nothing.
+    parked: bool = False
 
     def reply(self, frame: bytes) -> None:
         """Send an answer, unless the client is gone (nobody is left to read it)."""

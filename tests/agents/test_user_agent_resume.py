@@ -95,9 +95,10 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
                     await reconnected.wait()
                 assert ua.channel_id == channel_id
                 assert ua.broker_id == "broker-b"
-                # Its groups followed it; Subjects are off on these brokers (no
-                # Authenticate-Command), so the broker does not say it kept them.
-                assert kept == [frozenset({"groups"})]
+                # Its groups and subscriptions followed it; Subjects are off on these
+                # brokers (no Authenticate-Command), so the broker does not say it kept
+                # them.
+                assert kept == [frozenset({"groups", "subscriptions"})]
                 got = [await ua.receive(timeout=5 * T) for _ in range(100)]
                 assert [c.body for c in got] == [b"m%d" % u for u in range(1, 101)]
                 # Live again, held at B; and nothing came twice.
@@ -159,5 +160,66 @@ async def test_a_resumed_user_agent_hears_which_subjects_followed_it(
                 async with asyncio.timeout(10 * T):
                     event = await reconnected.get()
                 assert (event.channel_id, event.previous) == (channel_id, channel_id)
-                assert event.kept == {"groups", "subjects"}
+                assert event.kept == {"groups", "subjects", "subscriptions"}
                 assert event.subjects == {subject}
+
+
+async def test_a_request_in_flight_is_answered_and_a_subscription_kept_across_a_resume(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    entered, release = asyncio.Event(), asyncio.Event()
+    reconnected: asyncio.Queue[ChannelEvent] = asyncio.Queue()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            reconnected.put_nowait(event)
+
+    async with (
+        serve_app_async(create_app(config(tmp_path, "broker-a", redis_url))) as a,
+        serve_app_async(create_app(config(tmp_path, "broker-b", redis_url))) as b,
+        TcpProxy() as proxy,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+
+        @agent.respondent("slow")
+        async def slow(request: Request) -> bytes:
+            entered.set()
+            await release.wait()
+            return b"worth the wait"
+
+        async with agent:
+            await agent.wait_registered(5 * T)
+            proxy.target = a.port
+            ua = UserAgent.websocket(
+                f"ws://127.0.0.1:{proxy.port}/asbp", reconnect=FAST, on_event=on_event
+            )
+            publisher = UserAgent.websocket(b.ws_url + "/asbp", reconnect=None)
+            async with ua, publisher:
+                channel_id = ua.channel_id
+                await until_in_directory(redis_url, "ch", channel_id)
+                accepted = await ua.request("asbp.subscribe", destination="/news/.*")
+                assert accepted.name == "asbp.accepted"
+                waiting = asyncio.create_task(ua.request("slow", timeout=10 * T))
+                async with asyncio.timeout(5 * T):
+                    await entered.wait()
+                proxy.cut()
+                await until_in_directory(redis_url, "ch", channel_id, present=False)
+                # While it is away: its answer is given, and a topic it follows gets
+                # a publication. Neither is lost, and it does not fail the request.
+                release.set()
+                await publisher.request("asbp.publish", b"n1", destination="/news/a")
+                assert not waiting.done()
+                proxy.target = b.port
+                async with asyncio.timeout(10 * T):
+                    event = await reconnected.get()
+                assert (event.channel_id, event.previous) == (channel_id, channel_id)
+                assert "subscriptions" in event.kept  # nothing to subscribe again
+                assert (await waiting).body == b"worth the wait"
+                pushed = await ua.receive(timeout=5 * T)
+                assert (pushed.name, pushed.body) == ("asbp.notification", b"n1")
+                # Still subscribed at B, without having subscribed again.
+                await publisher.request("asbp.publish", b"n2", destination="/news/b")
+                assert (await ua.receive(timeout=5 * T)).body == b"n2"

@@ -1,0 +1,181 @@
+"""A resumed WebSocket Channel keeps its topic and queue subscriptions (docs/protocol.md,
+"Resuming a Channel"; gateway.messaging.service, "Resumed Channels").
+
+Real brokers (Hypercorn in this process): two on one private redis-server, the
+Channel resuming at the other broker, and a lone broker on the ``memory``
+engine, the Channel resuming there. The User-Agents are plain ``websockets``
+clients, so the test sees every frame the resumed Channel gets (a duplicate
+included). The drop is observed, not slept on: a watcher subscribed to the
+queue's ``/system/stats/queue-consumer-count/…`` topic hears the count fall to
+0 when the Channel's connection is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import ClientConnection
+
+from asbp import Command
+from gateway.app import create_app
+from gateway.config.model import ChannelLimits, GatewayConfig
+from tests.support import RedisServer, RunningServer, T, serve_app_async
+from tests.support.bus import flush, frame, open_resumable, resume_at, until_in_directory
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 1.5
+PATTERN = "/news/.*"
+QUEUE = "jobs"
+COUNT_TOPIC = f"/system/stats/queue-consumer-count/{QUEUE}"
+
+
+def config(tmp_path: Path, broker_id: str, redis_url: str | None) -> GatewayConfig:
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    bus = {"engine": "redis", "redis_url": redis_url, "bus_lease": LEASE} if redis_url else {}
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        channels=ChannelLimits(resume="on"),
+        **bus,  # type: ignore[arg-type]  # engine, redis_url, bus_lease
+    )
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("resume-subscriptions-redis")) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def brokers(
+    tmp_path: Path, redis_url: str | None, *names: str
+) -> AsyncIterator[list[RunningServer]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                serve_app_async(create_app(config(tmp_path, name, redis_url)))
+            )
+            for name in names
+        ]
+
+
+async def call(connection: ClientConnection, text: str, command_id: int) -> None:
+    """Send ``text`` (a Command with ``u=command_id``) and wait for its acceptance;
+    unsolicited frames that come first must not (the callers read them after)."""
+    await connection.send(text)
+    answer = await frame(connection)
+    assert (answer.name, answer.command_id) == ("asbp.accepted", command_id), answer
+
+
+async def consumer_count(watcher: ClientConnection, broker_id: str, count: int) -> None:
+    """Wait until ``broker_id`` publishes ``count`` consumers of the queue."""
+    while True:
+        heard = await frame(watcher)
+        assert heard.name == "asbp.notification", heard
+        if heard.body.decode() == f"{broker_id}#{QUEUE}#{count}":
+            return
+
+
+async def notifications(connection: ClientConnection, how_many: int) -> list[Command]:
+    got = [await frame(connection) for _ in range(how_many)]
+    assert all(each.name == "asbp.notification" for each in got), got
+    return got
+
+
+def bodies(got: list[Command], kind: str) -> list[str]:
+    return [each.body.decode() for each in got if each.get("type") == kind]
+
+
+async def subscriptions_follow(
+    first: RunningServer, second: RunningServer, first_id: str, redis_url: str | None
+) -> None:
+    """A Channel at ``first`` subscribed to a topic pattern and a queue drops; what is
+    published meanwhile reaches it once, in order, when it resumes at ``second``."""
+    watcher, _, _ = await open_resumable(first.ws_url + "/asbp")
+    await call(watcher, f"c=asbp.subscribe,destination={COUNT_TOPIC},u=1;", 1)
+    publisher, _, _ = await open_resumable(second.ws_url + "/asbp")
+    connection, channel_id, secret = await open_resumable(first.ws_url + "/asbp")
+    if redis_url is not None:
+        await until_in_directory(redis_url, "ch", channel_id)
+    await call(connection, f"c=asbp.subscribe,destination={PATTERN},u=1;", 1)
+    await call(connection, f"c=asbp.subscribe,destination={QUEUE},type=QUEUE,u=2;", 2)
+    await consumer_count(watcher, first_id, 1)
+    # A queue message delivered and never acknowledged before the drop.
+    await call(publisher, f"c=asbp.publish,destination={QUEUE},type=QUEUE,u=1;job-0", 1)
+    (unacknowledged,) = await notifications(connection, 1)
+    assert (unacknowledged.body, unacknowledged.get("deliveries")) == (b"job-0", "1")
+    await connection.close()
+    await consumer_count(watcher, first_id, 0)  # the drop is seen: its queue let go
+
+    # Published while it is away: three matching topics, one that does not, a job.
+    published = [("/news/a", "n1"), ("/other", "x"), ("/news/b", "n2"), ("/news/c", "n3")]
+    for number, (topic, body) in enumerate(published, start=2):
+        await call(publisher, f"c=asbp.publish,destination={topic},u={number};{body}", number)
+    await call(publisher, f"c=asbp.publish,destination={QUEUE},type=QUEUE,u=9;job-1", 9)
+
+    # It resumes at the other broker without subscribing again (it got three frames).
+    resumed, answer = await resume_at(second.ws_url + "/asbp", channel_id, secret, received=3)
+    assert answer.name == "asbp.resumed", answer
+    assert answer.get("kept") == ("groups", "subscriptions")  # no Subjects on this bus
+    got = await notifications(resumed, 5)
+    assert bodies(got, "TOPIC") == ["n1", "n2", "n3"]  # each once, in order
+    assert {each.get("subscription") for each in got if each.get("type") == "TOPIC"} == {PATTERN}
+    jobs = {each.body.decode(): each for each in got if each.get("type") == "QUEUE"}
+    assert sorted(jobs) == ["job-0", "job-1"]
+    # The unacknowledged one came back (delivered again, each release counting one;
+    # a new receipt), and the new receipt acknowledges it.
+    assert int(str(jobs["job-0"].get("deliveries"))) >= 2
+    assert jobs["job-0"].get("receipt") != unacknowledged.get("receipt")
+    for number, job in enumerate(jobs.values(), start=3):
+        receipt = job.get("receipt")
+        await call(resumed, f"c=asbp.ack,destination={QUEUE},receipt={receipt},u={number};", number)
+
+    # From now on each publication arrives once: the parked subscription at the first
+    # broker has ended (a duplicate would come before the last one).
+    for number, body in enumerate(["n4", "n5"], start=20):
+        await call(publisher, f"c=asbp.publish,destination=/news/{body},u={number};{body}", number)
+    assert bodies(await notifications(resumed, 2), "TOPIC") == ["n4", "n5"]
+    await call(resumed, f"c=asbp.unsubscribe,destination={PATTERN},u=30;", 30)
+    await call(publisher, "c=asbp.publish,destination=/news/z,u=31;z", 31)
+    await call(publisher, f"c=asbp.publish,destination={QUEUE},type=QUEUE,u=32;job-2", 32)
+    (last,) = await notifications(resumed, 1)
+    assert (last.body, last.get("type")) == (b"job-2", "QUEUE")  # not /news/z
+    for each in (resumed, publisher, watcher):
+        await each.close()
+
+
+async def test_subscriptions_follow_a_channel_resumed_at_another_broker(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    async with brokers(tmp_path, redis_url, "broker-a", "broker-b") as (a, b):
+        await subscriptions_follow(a, b, "broker-a", redis_url)
+
+
+async def test_subscriptions_follow_a_channel_resumed_at_its_lone_broker(tmp_path: Path) -> None:
+    async with brokers(tmp_path, None, "lone") as (lone,):
+        await subscriptions_follow(lone, lone, "lone", None)
+
+
+async def test_parked_topic_subscriptions_end_when_the_log_would(tmp_path: Path) -> None:
+    short = dataclasses.replace(
+        config(tmp_path, "lone", None), channels=ChannelLimits(resume="on", log_max_age=1.0)
+    )
+    async with serve_app_async(create_app(short)) as lone:
+        watcher, _, _ = await open_resumable(lone.ws_url + "/asbp")
+        count_topic = "/system/stats/topic-consumer-count/" + PATTERN
+        await call(watcher, f"c=asbp.subscribe,destination={count_topic},u=1;", 1)
+        connection, _, _ = await open_resumable(lone.ws_url + "/asbp")
+        await call(connection, f"c=asbp.subscribe,destination={PATTERN},u=1;", 1)
+        assert (await frame(watcher)).body == f"lone#{PATTERN}#1".encode()
+        await connection.close()
+        # Parked, it still counts; once log_max_age has passed it ends.
+        assert (await frame(watcher, timeout=10 * T)).body == f"lone#{PATTERN}#0".encode()
+        await watcher.close()
