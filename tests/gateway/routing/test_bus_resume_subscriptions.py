@@ -23,8 +23,19 @@ from websockets.asyncio.client import ClientConnection
 from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
+from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
-from tests.support.bus import flush, frame, open_resumable, resume_at, until_in_directory
+from tests.support.bus import (
+    flush,
+    frame,
+    holder_of,
+    kept_holds,
+    lease_gone,
+    open_resumable,
+    resume_at,
+    until,
+    until_in_directory,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +190,50 @@ async def test_parked_topic_subscriptions_end_when_the_log_would(tmp_path: Path)
         # Parked, it still counts; once log_max_age has passed it ends.
         assert (await frame(watcher, timeout=10 * T)).body == f"lone#{PATTERN}#0".encode()
         await watcher.close()
+
+
+async def test_subscriptions_follow_a_channel_whose_broker_was_killed(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Two broker processes; the one holding the Channel is SIGKILLed. The broker it
+    resumes on subscribes it again from the record alone; the job leased to it at the
+    dead broker comes back once that lease runs out (``ack_timeout``)."""
+    redis_url = redis_server.url
+    await flush(redis_url)
+    settings = f'bus_lease = {LEASE}\n[channels]\nresume = "on"\n'
+
+    def start(name: str) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
+        return broker_process(
+            redis_url, tmp_path / name, ack_timeout=1.0, prefetch=8, settings=settings
+        )
+
+    async with start("a") as a, start("b") as b:
+        publisher, _, _ = await open_resumable(b.url)
+        connection, channel_id, secret = await open_resumable(a.url)
+        await until_in_directory(redis_url, "ch", channel_id)
+        await call(connection, f"c=asbp.subscribe,destination={PATTERN},u=1;", 1)
+        await call(connection, f"c=asbp.subscribe,destination={QUEUE},type=QUEUE,u=2;", 2)
+        await kept_holds(redis_url, channel_id, f'"n":"{QUEUE}"'.encode())
+        await call(publisher, f"c=asbp.publish,destination={QUEUE},type=QUEUE,u=1;job-0", 1)
+        (unacknowledged,) = await notifications(connection, 1)
+        holder = await holder_of(redis_url, channel_id)
+        await a.kill()
+        abandon(connection)
+        await until(redis_url, f"alive:{holder}", lambda client: lease_gone(client, holder))
+        # No broker holds its topic subscription now: this publication reaches nobody
+        # (topics are at most once); the job waits in its queue.
+        await call(publisher, "c=asbp.publish,destination=/news/unheard,u=2;unheard", 2)
+        await call(publisher, f"c=asbp.publish,destination={QUEUE},type=QUEUE,u=3;job-1", 3)
+
+        resumed, answer = await resume_at(b.url, channel_id, secret, received=3)
+        assert answer.name == "asbp.resumed", answer
+        assert answer.get("kept") == ("groups", "subscriptions")
+        jobs = {each.body.decode(): each for each in await notifications(resumed, 2)}
+        assert sorted(jobs) == ["job-0", "job-1"]
+        assert jobs["job-0"].get("receipt") != unacknowledged.get("receipt")
+        # Its topic pattern was subscribed again at B, from the record.
+        await call(publisher, "c=asbp.publish,destination=/news/heard,u=4;heard", 4)
+        (heard,) = await notifications(resumed, 1)
+        assert (heard.body, heard.get("subscription")) == (b"heard", PATTERN)
+        for each in (resumed, publisher):
+            await each.close()
