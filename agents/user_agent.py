@@ -56,8 +56,10 @@ from agents import control
 from agents.backoff import Backoff
 from agents.channel import ChannelTransport, HttpChannel, ResumeRefused, WebSocketChannel
 from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
+from agents.messaging import DestinationType
 from agents.reconnect import DEFAULT_RECONNECT, ChannelEvent, ChannelEventKind, Reconnect
 from asbp import ChannelId, Command, HeaderInput
+from asbp.names import SUBSCRIBE, UNSUBSCRIBE
 
 __all__ = ["UserAgent"]
 
@@ -149,6 +151,10 @@ class UserAgent:
         #: Set by :meth:`close`: a Channel ending now is not lost.
         self._closing = False
         self._reconnector: asyncio.Task[None] | None = None
+        #: Topic and queue subscriptions made with :meth:`subscribe`: (type, destination),
+        #: in the order made; subscribed again after a reconnection that did not keep them.
+        self._subscriptions: dict[tuple[str, str], None] = {}
+        self._restoring: asyncio.Task[None] | None = None
 
     @classmethod
     def websocket(
@@ -231,6 +237,11 @@ class UserAgent:
         ConnectionLost."""
         self._closing = True
         reconnector, self._reconnector = self._reconnector, None
+        restoring, self._restoring = self._restoring, None
+        if restoring is not None:
+            restoring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await restoring
         if reconnector is not None:
             reconnector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -387,6 +398,40 @@ class UserAgent:
 
     # -- receiving -------------------------------------------------------------
 
+    async def subscribe(
+        self, destination: str, *, type: DestinationType = "TOPIC", timeout: float | None = 30.0
+    ) -> Command:
+        """``asbp.subscribe`` (docs/protocol.md, "Topics and queues"): its acceptance.
+
+        Notifications arrive through :meth:`receive` (they carry no ``u``). The
+        subscription is remembered: after a reconnection whose ``asbp.resumed`` does
+        not say ``subscriptions`` were kept (a new Channel, or a broker that keeps
+        none), it is made again (a failure is logged); a resumed Channel that kept
+        them is not sent it again.
+
+        Raises:
+            FaultError: the broker refused it (2001, 2002, 2004, 3201, ...).
+        """
+        answer = await self.request(SUBSCRIBE, timeout=timeout, destination=destination, type=type)
+        self._subscriptions[(type, destination)] = None
+        return answer
+
+    async def unsubscribe(
+        self, destination: str, *, type: DestinationType = "TOPIC", timeout: float | None = 30.0
+    ) -> Command:
+        """``asbp.unsubscribe``: its acceptance; no longer made again after reconnecting."""
+        self._subscriptions.pop((type, destination), None)
+        return await self.request(UNSUBSCRIBE, timeout=timeout, destination=destination, type=type)
+
+    async def _subscribe_again(self) -> None:
+        for kind, destination in list(self._subscriptions):
+            try:
+                await self.request(SUBSCRIBE, destination=destination, type=kind)
+            except AgentError as exc:
+                self._log.warning(
+                    "user agent: %s %s not subscribed again: %s", kind, destination, exc
+                )
+
     async def receive(self, timeout: float | None = None) -> Command:
         """The next unsolicited Command (one answering no request of ours).
 
@@ -522,6 +567,11 @@ class UserAgent:
                 self._fail_awaited(_channel_lost, error)
             kept = self._transport.kept if resumed else frozenset()
             subjects = self._transport.subjects if resumed else frozenset()
+            if self._subscriptions and "subscriptions" not in kept:
+                # Not kept by the broker (or a new Channel): made again, in the order made.
+                self._restoring = asyncio.get_running_loop().create_task(
+                    self._subscribe_again(), name="asbp-user-agent-subscribe-again"
+                )
             self._emit(
                 ChannelEvent(
                     ChannelEventKind.RECONNECTED,

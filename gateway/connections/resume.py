@@ -42,10 +42,14 @@ Subjects, gateway.messaging.service "Resumed Channels" for the subscriptions).
 Topic subscriptions are *parked* at the broker the connection dropped from:
 they keep feeding the Channel's log while it is away (a publication made then
 is one more Command routed to it, logged in order), and the broker it resumes
-on subscribes it again before ``asbp.resumed``, then tells the parked broker
-(the ``RESUMED`` envelope), which ends them. Between the two, a publication can
-reach the Channel twice (once from each broker); none is lost while either
-broker lives. A parked subscription ends ``log_max_age`` after the drop if the
+on subscribes it again before ``asbp.resumed``, holding its notifications back,
+then tells the parked broker (the ``RESUMED`` envelope), which ends them and
+answers with the last topic message it sent on (a RESUMED envelope whose frame
+is ``last=<id>``: the *handover*); the resuming broker then sends what it held
+after that one, so each publication arrives once, in order
+(gateway.messaging.service, "Resumed Channels"). A broker that does not answer
+(dead) is waited for at most the bus lease. A parked subscription ends
+``log_max_age`` after the drop if the
 Channel never resumes, and leaves the record then. Queue subscriptions are not
 parked: the messages leased to the Channel go back to their queue at the drop,
 and the queue is consumed again once it resumes.
@@ -86,6 +90,9 @@ _log = logging.getLogger("asbp.plane")
 REPLAY_PAGE: Final = 1000
 #: The query parameter of ``/asbp`` that asks to resume instead of opening a Channel.
 QUERY: Final = "resume"
+#: Starts the frame of the RESUMED envelope that answers one: the id that follows is
+#: the last topic message the parked subscriptions sent on.
+HANDOVER: Final = "last="
 #: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
 KEPT: Final = ("groups", "subjects", "subscriptions")
 
@@ -246,9 +253,13 @@ class ChannelResume:
                     log=broker.log,
                 )
                 auth.resumes = self._subjects
+        #: Channels resumed here whose former broker has not answered yet -> the timer
+        #: that stops waiting for it (gateway.messaging.service, "Resumed Channels").
+        self._handovers: dict[str, asyncio.TimerHandle] = {}
         remote = broker.router.remote
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
+            remote.on_handover = self._handover
         elif self.enabled:
             # A lone broker asks no plane when a Channel is not here: it asks this.
             broker.router.away = self._away
@@ -330,18 +341,18 @@ class ChannelResume:
         if future.result() is None:
             self._unpark(channel_id)  # no log and no holder: the Channel is gone
 
-    def _unpark(self, channel_id: str) -> None:
+    def _unpark(self, channel_id: str) -> str | None:
         timer = self._parked.pop(channel_id, None)
         if timer is not None:
             timer.cancel()
-        self._broker.messaging.unpark(channel_id)
+        return self._broker.messaging.unpark(channel_id)
 
     def _park_expired(self, channel_id: str) -> None:
         """``log_max_age`` passed since the drop without a resume: the parked topic
         subscriptions end, and leave the record (a resume after this, of a log kept
         alive by what was routed to it, must not claim them kept)."""
         self._parked.pop(channel_id, None)
-        if not self._broker.messaging.unpark(channel_id):
+        if self._broker.messaging.unpark(channel_id) is None:
             return  # pragma: no cover - ended by a resume meanwhile
         task = asyncio.ensure_future(self._rewrite_without_subscriptions(channel_id))
         self._rewrites.add(task)
@@ -392,9 +403,10 @@ class ChannelResume:
             self._toucher = asyncio.create_task(self._touch(), name="asbp-resume-touch")
 
     async def stop(self) -> None:
-        for timer in self._parked.values():
-            timer.cancel()
-        self._parked.clear()
+        for timers in (self._parked, self._handovers):
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
         if self._toucher is not None:
             self._toucher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -520,7 +532,7 @@ class ChannelResume:
         subjects = self._subjects
         if subjects is not None and not subjects.resumed_here(channel):
             subjects.restore(channel, record.subjects)
-        await self._subscribe_again(channel, record.subscriptions)
+        await self._subscribe_again(channel, record.subscriptions, record.parked)
         if channel.closed:
             # Resumed again elsewhere while subscribing (another connection won).
             raise refused
@@ -531,8 +543,12 @@ class ChannelResume:
         self._record(channel)
         for other in told:
             envelope = Envelope(EnvelopeKind.RESUMED, me, channel_id, b"")
-            with contextlib.suppress(EngineUnavailable):
-                broker.plane.send_to(other, envelope)
+            try:
+                sent = broker.plane.send_to(other, envelope)
+            except EngineUnavailable:  # pragma: no cover - the bus went away meanwhile
+                continue
+            if other == record.parked:
+                sent.add_done_callback(functools.partial(self._parked_told, channel_id))
         broker.log.info(
             "channel.resume",
             extra={"channel": channel_id, "remote": remote, "previous": previous or None},
@@ -594,7 +610,9 @@ class ChannelResume:
                 return
             page = read
 
-    async def _subscribe_again(self, channel: Channel, kept: tuple[KeptSubscription, ...]) -> None:
+    async def _subscribe_again(
+        self, channel: Channel, kept: tuple[KeptSubscription, ...], parked: str
+    ) -> None:
         """The Channel's subscriptions, here, before ``asbp.resumed``: its parked
         endpoint bound to it again if it dropped from here, the rest subscribed anew
         (with the access of the Subject each was made as, when it followed)."""
@@ -613,8 +631,19 @@ class ChannelResume:
                     return subject.access
             return channel.access
 
+        # Another broker's parked topic subscriptions feed it until that broker hears
+        # of the resume: the new ones hold their notifications back until it answers.
+        me = self._broker.broker_id
+        hold = bool(parked) and parked != me and any(e.type == "TOPIC" for e in kept)
+        if hold:
+            self._handovers[channel.id] = asyncio.get_running_loop().call_later(
+                self._broker.plane.lease, self._handover, channel.id, b""
+            )
         await messaging.resume_channel(
-            channel, [(entry.type, entry.name, entry.subject) for entry in kept], access_of
+            channel,
+            [(entry.type, entry.name, entry.subject) for entry in kept],
+            access_of,
+            hold=hold,
         )
 
     def _resumed_elsewhere(self, channel_id: str, broker_id: str) -> None:
@@ -623,7 +652,31 @@ class ChannelResume:
             self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
         if self._subjects is not None:
             self._subjects.handed_over(channel_id, broker_id)
-        self._unpark(channel_id)
+        # Its parked topic subscriptions, if any, end here: the broker it resumed at
+        # sends what it held back after the last one this broker sent on (the answer
+        # follows those frames on the same stream). Answered always, parked or not,
+        # so that broker never waits for nothing.
+        last = self._unpark(channel_id) or ""
+        envelope = Envelope(
+            EnvelopeKind.RESUMED, self._broker.broker_id, channel_id, (HANDOVER + last).encode()
+        )
+        with contextlib.suppress(EngineUnavailable):
+            self._broker.plane.send_to(broker_id, envelope)
+
+    def _parked_told(self, channel_id: str, sent: asyncio.Future[bool]) -> None:
+        """A parked broker that is gone will not answer: no need to wait for it."""
+        if sent.cancelled() or (sent.exception() is None and sent.result()):
+            return
+        self._handover(channel_id, b"")
+
+    def _handover(self, channel_id: str, frame: bytes) -> None:
+        """The parked broker's answer (see :meth:`_resumed_elsewhere`)."""
+        timer = self._handovers.pop(channel_id, None)
+        if timer is not None:
+            timer.cancel()
+        text = frame.decode("utf-8", "replace")
+        last = text[len(HANDOVER) :] if text.startswith(HANDOVER) else None
+        self._broker.messaging.handover(channel_id, last)
 
 
 def _parse(data: bytes, limits: asbp.Limits) -> tuple[str, str | None, int]:

@@ -104,6 +104,16 @@ queues again. It resumes at another broker: that broker subscribes it again from
 the record, and this one ends the parked endpoint when told
 (:meth:`Messaging.unpark`), or once the log's ``log_max_age`` has passed.
 
+The handover between the two brokers loses nothing and repeats nothing: both
+see the topic messages in the same order (the engine's), the new broker
+subscribes before it tells the parked one, and until the parked one answers
+with the id of the last message it sent on (``Endpoint.last_topic``) the new
+one holds its own notifications back (``Endpoint.holding``); then
+:meth:`Messaging.handover` sends those after that id. The parked broker's
+last frames reach the Channel before its answer (one stream between them).
+A parked broker that does not answer (it died) within the bus lease: every
+held notification goes out.
+
 The parts
 ---------
 :class:`Messaging` is the façade the router calls (through
@@ -324,16 +334,35 @@ class Messaging:
         endpoint.fault = _nobody
         endpoint.room = _no_room
 
-    def unpark(self, channel_id: str) -> bool:
+    def unpark(self, channel_id: str) -> str | None:
         """The Channel ``channel_id`` resumed elsewhere, or never will: its parked
-        topic subscriptions here end. False if it had none."""
+        topic subscriptions here end. The id of the last topic message they sent on
+        ('' none); None if it had none parked."""
         key = "c/" + channel_id
         endpoint = self._by_key.get(key)
         if endpoint is None or not endpoint.parked:
-            return False
+            return None
         del self._by_key[key]
         self._close(endpoint)
-        return True
+        return endpoint.last_topic
+
+    def handover(self, channel_id: str, last: str | None) -> None:
+        """The broker where the Channel's topic subscriptions were parked stopped
+        after the topic message ``last`` (None: it did not say; all are new): the
+        notifications held back since it resumed here go out, those up to ``last``
+        (which that broker sent it) left out."""
+        endpoint = self._by_key.get("c/" + channel_id)
+        if endpoint is None or endpoint.holding is None:
+            return
+        held, endpoint.holding = endpoint.holding, None
+        start = 0
+        if last:
+            for index in range(len(held) - 1, -1, -1):
+                if held[index][0] == last:
+                    start = index + 1
+                    break
+        for _, frame in held[start:]:
+            endpoint.send(frame)
 
     def parked(self, channel_id: str) -> bool:
         """Whether ``channel_id`` has topic subscriptions parked here."""
@@ -361,6 +390,8 @@ class Messaging:
         channel: Channel,
         kept: Iterable[tuple[str, str, str | None]],
         access_of: Callable[[str | None], AccessContext],
+        *,
+        hold: bool = False,
     ) -> None:
         """``channel`` resumed here: its subscriptions again, before ``asbp.resumed``.
 
@@ -368,6 +399,8 @@ class Messaging:
         unbroken; whatever else ``kept`` lists is subscribed anew, checked against
         the access-control lists as ``asbp.subscribe`` is. One refused (3201, or
         no longer a valid name) is told to the client as a fault and left out.
+        ``hold``: another broker's parked subscriptions may still send it topic
+        messages; the new subscriptions' notifications wait for :meth:`handover`.
         """
         key = "c/" + channel.id
         endpoint = self._by_key.get(key)
@@ -376,6 +409,8 @@ class Messaging:
             self._endpoints.rebind(endpoint, channel)
         elif endpoint is None:
             endpoint = self._endpoints.open_channel(channel)
+            if hold:
+                endpoint.holding = []
         for kind, name, subject in kept:
             if name in endpoint.topics or name in endpoint.queues:
                 continue

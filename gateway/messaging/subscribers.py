@@ -249,6 +249,10 @@ class Subscribers:
                     frame = notification(
                         message, subscription=subscription.name, kind=DestinationType.TOPIC
                     )
+                if (endpoint.holding is not None or endpoint.parked) and _held(
+                    endpoint, message.id, frame
+                ):
+                    continue
                 endpoint.send(frame)
 
     # -- housekeeping --------------------------------------------------------------------
@@ -291,6 +295,28 @@ class Subscribers:
         """This broker's consumers of the queue ``name``."""
         consumer = self._queues.get(name)
         return 0 if consumer is None else len(consumer.members)
+
+
+#: Topic notifications a resumed endpoint holds back during a handover, at most: past
+#: it, it stops holding (a slow or silent former broker costs duplicates, not memory).
+MAX_HELD: Final = 10_000
+
+
+def _held(endpoint: Endpoint, message_id: str, frame: bytes) -> bool:
+    """Note a parked endpoint's last topic message, or hold one back during a
+    handover (gateway.messaging.service, "Resumed Channels"): True if held."""
+    if endpoint.parked:
+        endpoint.last_topic = message_id
+        return False
+    holding = endpoint.holding
+    assert holding is not None
+    if len(holding) >= MAX_HELD:
+        endpoint.holding = None
+        for _, held in holding:
+            endpoint.send(held)
+        return False
+    holding.append((message_id, frame))
+    return True
 
 
 def _closed(endpoint: Endpoint) -> bool:

@@ -248,6 +248,10 @@ class Remote:
         #: another (gateway.connections.resume closes its connection here).
         #: Also called with the broker it resumed at.
         self.on_resumed: Callable[[str, str], object] | None = None
+        #: Called with ``i`` and the frame of a RESUMED envelope that carries one: the
+        #: end of a resumed Channel's parked topic subscriptions at another broker
+        #: (gateway.connections.resume).
+        self.on_handover: Callable[[str, bytes], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -593,7 +597,11 @@ class Remote:
         elif kind is EnvelopeKind.CLOSE:
             self._for_close(envelope)
         elif kind is EnvelopeKind.RESUMED:
-            if self.on_resumed is not None:
+            if envelope.frame:
+                # The parked broker's answer: the last publication it forwarded.
+                if self.on_handover is not None:
+                    self.on_handover(envelope.channel, envelope.frame)
+            elif self.on_resumed is not None:
                 self.on_resumed(envelope.channel, envelope.origin)
         else:
             self._for_membership(envelope)

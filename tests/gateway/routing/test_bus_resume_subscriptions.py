@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from websockets.asyncio.client import ClientConnection
 
@@ -235,5 +236,49 @@ async def test_subscriptions_follow_a_channel_whose_broker_was_killed(
         await call(publisher, "c=asbp.publish,destination=/news/heard,u=4;heard", 4)
         (heard,) = await notifications(resumed, 1)
         assert (heard.body, heard.get("subscription")) == (b"heard", PATTERN)
+        for each in (resumed, publisher):
+            await each.close()
+
+
+async def test_publications_during_the_resume_arrive_once_and_in_order(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A publisher keeps publishing while the Channel drops and resumes at the other
+    broker: the handover between the parked subscription and the new one loses
+    nothing and repeats nothing."""
+    redis_url = redis_server.url
+    await flush(redis_url)
+    async with brokers(tmp_path, redis_url, "broker-a", "broker-b") as (a, b):
+        publisher, _, _ = await open_resumable(b.ws_url + "/asbp")
+        connection, channel_id, secret = await open_resumable(a.ws_url + "/asbp")
+        await until_in_directory(redis_url, "ch", channel_id)
+        await call(connection, f"c=asbp.subscribe,destination={PATTERN},u=1;", 1)
+        await connection.close()
+        await until_in_directory(redis_url, "ch", channel_id, present=False)
+        resumed_at = anyio.Event()
+        total = 0
+
+        async def publish() -> None:
+            nonlocal total
+            # Until well after the resume: each publication awaited, so they are ordered.
+            after = 0
+            while after < 200:
+                total += 1
+                await call(publisher, f"c=asbp.publish,destination=/news/n,u=1;{total}", 1)
+                if resumed_at.is_set():
+                    after += 1
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(publish)
+            for _ in range(50):  # some while it is away
+                await anyio.wait_all_tasks_blocked()
+            resumed, answer = await resume_at(b.ws_url + "/asbp", channel_id, secret, received=1)
+            assert answer.name == "asbp.resumed", answer
+            resumed_at.set()
+        got = [int(each.body) for each in await notifications(resumed, total)]
+        assert got == list(range(1, total + 1))
+        # And nothing more (a duplicate would be in the way of the answer).
+        await resumed.send("c=asbp.ping,u=9;")
+        assert (await frame(resumed)).name == "asbp.pong"
         for each in (resumed, publisher):
             await each.close()
