@@ -21,7 +21,8 @@ import anyio
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from asbp import Command
+from asbp import Command, FaultCode
+from asbp.fault_commands import read_fault
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
@@ -37,6 +38,7 @@ from tests.support.bus import (
     until,
     until_in_directory,
 )
+from tests.support.messaging import security
 
 pytestmark = pytest.mark.anyio
 
@@ -280,5 +282,51 @@ async def test_publications_during_the_resume_arrive_once_and_in_order(
         # And nothing more (a duplicate would be in the way of the answer).
         await resumed.send("c=asbp.ping,u=9;")
         assert (await frame(resumed)).name == "asbp.pong"
+        for each in (resumed, publisher):
+            await each.close()
+
+
+#: Broker B's access-control lists: nobody consumes the queue ``jobs`` there.
+NO_JOBS = """
+[security]
+[[security.policies.default.entries]]
+action = "DENY"
+types = ["QUEUE"]
+destination = 'jobs'
+privileges = ["READ"]
+condition = { always = true }
+"""
+
+
+async def test_a_subscription_the_new_broker_denies_is_a_fault_and_left_out(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Subscribing again is checked as asbp.subscribe is: where the queue may not be
+    read, the resumed Channel hears 3201 for it, and keeps the rest."""
+    redis_url = redis_server.url
+    await flush(redis_url)
+    strict = dataclasses.replace(config(tmp_path, "broker-b", redis_url), acl=security(NO_JOBS))
+    async with (
+        serve_app_async(create_app(config(tmp_path, "broker-a", redis_url))) as a,
+        serve_app_async(create_app(strict)) as b,
+    ):
+        connection, channel_id, secret = await open_resumable(a.ws_url + "/asbp")
+        await until_in_directory(redis_url, "ch", channel_id)
+        await call(connection, f"c=asbp.subscribe,destination={PATTERN},u=1;", 1)
+        await call(connection, f"c=asbp.subscribe,destination={QUEUE},type=QUEUE,u=2;", 2)
+        await kept_holds(redis_url, channel_id, f'"n":"{QUEUE}"'.encode())
+        await connection.close()
+        await until_in_directory(redis_url, "ch", channel_id, present=False)
+        resumed, answer = await resume_at(b.ws_url + "/asbp", channel_id, secret, received=2)
+        assert answer.name == "asbp.resumed", answer
+        fault = read_fault(await frame(resumed))
+        assert (fault.code, fault.cause) == (FaultCode.ACCESS_DENIED, "asbp.subscribe")
+        assert repr(QUEUE) in fault.message
+        # The topic pattern followed; the queue did not, and leaves the record.
+        await kept_holds(redis_url, channel_id, f'"n":"{QUEUE}"'.encode(), present=False)
+        publisher, _, _ = await open_resumable(b.ws_url + "/asbp")
+        await call(publisher, "c=asbp.publish,destination=/news/x,u=1;x", 1)
+        (heard,) = await notifications(resumed, 1)
+        assert heard.body == b"x"
         for each in (resumed, publisher):
             await each.close()
