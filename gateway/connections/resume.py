@@ -43,9 +43,10 @@ Topic subscriptions are *parked* at the broker the connection dropped from:
 they keep feeding the Channel's log while it is away (a publication made then
 is one more Command routed to it, logged in order), and the broker it resumes
 on subscribes it again before ``asbp.resumed``, holding its notifications back,
-then tells the parked broker (the ``RESUMED`` envelope), which ends them and
-answers with the last topic message it sent on (a RESUMED envelope whose frame
-is ``last=<id>``: the *handover*); the resuming broker then sends what it held
+then tells the parked broker (the ``RESUMED`` envelope, whose frame
+``handover?`` asks for the *handover*), which ends them and answers with the
+last topic message it sent on (a RESUMED envelope whose frame is ``last=<id>``;
+a broker from before the handover ignores the question); the resuming broker then sends what it held
 after that one, so each publication arrives once, in order
 (gateway.messaging.service, "Resumed Channels"). A broker that does not answer
 (dead) is waited for at most the bus lease. A parked subscription ends
@@ -90,8 +91,12 @@ _log = logging.getLogger("asbp.plane")
 REPLAY_PAGE: Final = 1000
 #: The query parameter of ``/asbp`` that asks to resume instead of opening a Channel.
 QUERY: Final = "resume"
-#: Starts the frame of the RESUMED envelope that answers one: the id that follows is
-#: the last topic message the parked subscriptions sent on.
+#: The frame of the RESUMED envelope to the broker where the Channel's topic
+#: subscriptions were parked: answer with the last one sent on. A broker from before
+#: the handover ignores it (and is waited for at most the bus lease).
+HANDOVER_ASK: Final = b"handover?"
+#: Starts the frame of the RESUMED envelope that answers it: the id that follows is
+#: the last topic message the parked subscriptions sent on ('' none).
 HANDOVER: Final = "last="
 #: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
 KEPT: Final = ("groups", "subjects", "subscriptions")
@@ -256,10 +261,14 @@ class ChannelResume:
         #: Channels resumed here whose former broker has not answered yet -> the timer
         #: that stops waiting for it (gateway.messaging.service, "Resumed Channels").
         self._handovers: dict[str, asyncio.TimerHandle] = {}
+        #: The Channel whose parked topic subscriptions the last RESUMED envelope
+        #: ended here, and the last topic message they sent on (read by the handover
+        #: asked for in that same envelope).
+        self._unparked: tuple[str, str] | None = None
         remote = broker.router.remote
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
-            remote.on_handover = self._handover
+            remote.on_handover = self._on_handover
         elif self.enabled:
             # A lone broker asks no plane when a Channel is not here: it asks this.
             broker.router.away = self._away
@@ -542,7 +551,8 @@ class ChannelResume:
         told = dict.fromkeys(b for b in (record.home, record.parked, previous) if b and b != me)
         self._record(channel)
         for other in told:
-            envelope = Envelope(EnvelopeKind.RESUMED, me, channel_id, b"")
+            ask = HANDOVER_ASK if other == record.parked else b""
+            envelope = Envelope(EnvelopeKind.RESUMED, me, channel_id, ask)
             try:
                 sent = broker.plane.send_to(other, envelope)
             except EngineUnavailable:  # pragma: no cover - the bus went away meanwhile
@@ -652,16 +662,25 @@ class ChannelResume:
             self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
         if self._subjects is not None:
             self._subjects.handed_over(channel_id, broker_id)
-        # Its parked topic subscriptions, if any, end here: the broker it resumed at
-        # sends what it held back after the last one this broker sent on (the answer
-        # follows those frames on the same stream). Answered always, parked or not,
-        # so that broker never waits for nothing.
-        last = self._unpark(channel_id) or ""
+        # Its parked topic subscriptions, if any, end here; the handover asked for
+        # with this envelope (Remote calls _on_handover next, in the same turn) says
+        # which was the last one they sent on.
+        self._unparked = (channel_id, self._unpark(channel_id) or "")
+
+    def _on_handover(self, channel_id: str, origin: str, frame: bytes) -> None:
+        """A RESUMED envelope's frame: the handover asked of this broker, or answered."""
+        if frame != HANDOVER_ASK:
+            self._handover(channel_id, frame)
+            return
+        unparked, self._unparked = self._unparked, None
+        last = unparked[1] if unparked is not None and unparked[0] == channel_id else ""
+        # The broker it resumed at sends what it held back after ``last`` (this
+        # answer follows the frames sent on before it, on the same stream).
         envelope = Envelope(
             EnvelopeKind.RESUMED, self._broker.broker_id, channel_id, (HANDOVER + last).encode()
         )
         with contextlib.suppress(EngineUnavailable):
-            self._broker.plane.send_to(broker_id, envelope)
+            self._broker.plane.send_to(origin, envelope)
 
     def _parked_told(self, channel_id: str, sent: asyncio.Future[bool]) -> None:
         """A parked broker that is gone will not answer: no need to wait for it."""
