@@ -70,7 +70,8 @@ class ChannelTransport(Protocol):
     """What ``UserAgent`` needs from a transport."""
 
     #: What followed the Channel on its last resume, as the broker said (``kept``
-    #: of ``asbp.resumed``: ``groups``, ``subjects``); empty when it was not resumed.
+    #: of ``asbp.resumed``: ``groups``, ``subjects``, ``subscriptions``); empty when
+    #: it was not resumed.
     kept: frozenset[str]
     #: The ``s`` of the Subjects that followed it on its last resume (``subjects``
     #: of ``asbp.resumed``).
@@ -167,6 +168,11 @@ class WebSocketChannel:
         self._reader = asyncio.create_task(self._read(websocket, deliver, closed))
         return identity
 
+    @property
+    def resumable(self) -> bool:
+        """Whether :meth:`resume` will try: the Channel's ``i`` and secret are known."""
+        return self._channel_id is not None and self._secret is not None
+
     async def resume(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None] | None:
         channel_id, secret = self._channel_id, self._secret
         if channel_id is None or secret is None:
@@ -189,7 +195,8 @@ class WebSocketChannel:
                 raise ResumeRefused(answer.body.decode("utf-8", "replace"))
             identity = _greeting(answer, RESUMED)
             kept = answer.get("kept") or ()
-            # A broker that keeps nothing says nothing: sign in and subscribe again.
+            # A broker that keeps nothing says nothing: sign in and subscribe again
+            # whatever it does not name.
             self.kept = frozenset((kept,) if isinstance(kept, str) else kept)
             subjects = answer.get("subjects") or ()
             self.subjects = frozenset((subjects,) if isinstance(subjects, str) else subjects)

@@ -8,9 +8,11 @@ does not come back at the same instant. The caller sees each step as a
 :class:`ChannelEvent`:
 
 ``LOST``
-    the Channel ended. Every Command awaiting its answer failed with
-    :class:`~agents.errors.ChannelLost`: it may or may not have been acted on,
-    and only the caller knows whether sending it again is safe.
+    the Channel ended. A Command awaiting its answer keeps waiting if the
+    Channel can be resumed (a WebSocket Channel: its answer is replayed when
+    it is), and fails with :class:`~agents.errors.ChannelLost` otherwise, or
+    when a new Channel replaces it: it may or may not have been acted on, and
+    only the caller knows whether sending it again is safe.
 ``RECONNECTING``
     attempt ``attempt`` (0-based) starts after ``delay`` seconds; ``error`` is
     why the previous attempt failed (None for the first).
@@ -20,10 +22,11 @@ does not come back at the same instant. The caller sees each step as a
     "Resuming a Channel"): every Command routed to it while away arrives
     next, in order and once, through ``receive``; ``kept`` says what else
     follows a Channel at that broker, as it said: ``groups`` (its group
-    memberships) and ``subjects`` (its signed-in Subjects, same ``s``, still
-    authenticated), and ``subjects`` the ``s`` of each that followed it: sign
-    in again only the Subjects not in it. Topic and queue subscriptions never
-    follow: subscribe again. When no broker can resume it (its log expired,
+    memberships), ``subjects`` (its signed-in Subjects, same ``s``, still
+    authenticated) and ``subscriptions`` (its topic and queue subscriptions),
+    and ``subjects`` the ``s`` of each that followed it: sign in again only the
+    Subjects not in it, and subscribe again only when ``subscriptions`` is not
+    in ``kept``. When no broker can resume it (its log expired,
     resume is off) it is a new Channel (``channel_id`` differs from
     ``previous``) and whatever the old one held is gone. ``UserAgent._reopen``
     is where the choice is made.

@@ -27,17 +27,25 @@ Command when full (with a warning), and a request's or stream's buffer
 fails the stream when a slow reader lets it fill.
 
 Reconnecting (``agents.reconnect``): when the Channel ends without
-:meth:`UserAgent.close`, every awaited answer fails with
-:class:`~agents.errors.ChannelLost` and a task dials again with backoff and
-jitter, telling ``on_event`` each step; requests made meanwhile fail with
-``ChannelLost`` (:meth:`UserAgent.wait_connected` waits for the Channel),
-and :meth:`UserAgent.receive` keeps waiting across the gap.
+:meth:`UserAgent.close`, a task dials again with backoff and jitter, telling
+``on_event`` each step; requests made meanwhile fail with ``ChannelLost``
+(:meth:`UserAgent.wait_connected` waits for the Channel), and
+:meth:`UserAgent.receive` keeps waiting across the gap. The requests awaiting
+their answers at the drop wait too when the Channel can be resumed (a
+WebSocket Channel whose secret is known): a resumed Channel gets every
+Command routed to it while away, their answers included, so they are answered
+as though nothing happened. They fail with :class:`~agents.errors.ChannelLost`
+when it is not resumed (a new Channel was opened: fault 2110 or 2113, or
+nothing to resume), with ``ConnectionLost`` when reconnecting gives up, and
+each with ``TimeoutError`` when its own timeout passes first. A Channel that
+cannot be resumed (HTTP) fails them at the drop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl as ssl_module
 from collections import deque
@@ -48,8 +56,10 @@ from agents import control
 from agents.backoff import Backoff
 from agents.channel import ChannelTransport, HttpChannel, ResumeRefused, WebSocketChannel
 from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
+from agents.messaging import DestinationType
 from agents.reconnect import DEFAULT_RECONNECT, ChannelEvent, ChannelEventKind, Reconnect
 from asbp import ChannelId, Command, HeaderInput
+from asbp.names import SUBSCRIBE, UNSUBSCRIBE
 
 __all__ = ["UserAgent"]
 
@@ -141,6 +151,10 @@ class UserAgent:
         #: Set by :meth:`close`: a Channel ending now is not lost.
         self._closing = False
         self._reconnector: asyncio.Task[None] | None = None
+        #: Topic and queue subscriptions made with :meth:`subscribe`: (type, destination),
+        #: in the order made; subscribed again after a reconnection that did not keep them.
+        self._subscriptions: dict[tuple[str, str], None] = {}
+        self._restoring: asyncio.Task[None] | None = None
 
     @classmethod
     def websocket(
@@ -223,10 +237,20 @@ class UserAgent:
         ConnectionLost."""
         self._closing = True
         reconnector, self._reconnector = self._reconnector, None
+        restoring, self._restoring = self._restoring, None
+        if restoring is not None:
+            restoring.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await restoring
         if reconnector is not None:
             reconnector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reconnector
+        if not self._connected.is_set():
+            # Closed while reconnecting: the requests that waited for a resume end.
+            self._fail_awaited(
+                lambda: ConnectionLost("the Channel was closed before the answer came"), None
+            )
         await self._transport.close()
         self._on_closed(None)
 
@@ -374,6 +398,40 @@ class UserAgent:
 
     # -- receiving -------------------------------------------------------------
 
+    async def subscribe(
+        self, destination: str, *, type: DestinationType = "TOPIC", timeout: float | None = 30.0
+    ) -> Command:
+        """``asbp.subscribe`` (docs/protocol.md, "Topics and queues"): its acceptance.
+
+        Notifications arrive through :meth:`receive` (they carry no ``u``). The
+        subscription is remembered: after a reconnection whose ``asbp.resumed`` does
+        not say ``subscriptions`` were kept (a new Channel, or a broker that keeps
+        none), it is made again (a failure is logged); a resumed Channel that kept
+        them is not sent it again.
+
+        Raises:
+            FaultError: the broker refused it (2001, 2002, 2004, 3201, ...).
+        """
+        answer = await self.request(SUBSCRIBE, timeout=timeout, destination=destination, type=type)
+        self._subscriptions[(type, destination)] = None
+        return answer
+
+    async def unsubscribe(
+        self, destination: str, *, type: DestinationType = "TOPIC", timeout: float | None = 30.0
+    ) -> Command:
+        """``asbp.unsubscribe``: its acceptance; no longer made again after reconnecting."""
+        self._subscriptions.pop((type, destination), None)
+        return await self.request(UNSUBSCRIBE, timeout=timeout, destination=destination, type=type)
+
+    async def _subscribe_again(self) -> None:
+        for kind, destination in list(self._subscriptions):
+            try:
+                await self.request(SUBSCRIBE, destination=destination, type=kind)
+            except AgentError as exc:
+                self._log.warning(
+                    "user agent: %s %s not subscribed again: %s", kind, destination, exc
+                )
+
     async def receive(self, timeout: float | None = None) -> Command:
         """The next unsolicited Command (one answering no request of ours).
 
@@ -446,16 +504,13 @@ class UserAgent:
             return
         self._connected.clear()
         lost = not self._closing and self._reconnect is not None
-        for answers in self._awaited.values():
-            failure = (
-                ChannelLost(
-                    "the Channel was lost before the answer came; it may have been acted on"
-                )
-                if lost
-                else ConnectionLost("the Channel ended before the answer came")
+        if not lost:
+            self._fail_awaited(
+                lambda: ConnectionLost("the Channel ended before the answer came"), error
             )
-            failure.__cause__ = error
-            answers.fail(failure)
+        elif not getattr(self._transport, "resumable", False):
+            self._fail_awaited(_channel_lost, error)
+        # else: they wait for the resume, which replays their answers (or fails them).
         self._arrived.set()
         if not lost:
             self._closed = error or ConnectionLost("the Channel was closed")
@@ -494,6 +549,7 @@ class UserAgent:
                     self._reconnector = None
                     self._closed = ConnectionLost(f"gave up reconnecting after {attempt} attempts")
                     self._closed.__cause__ = exc
+                    self._fail_awaited(functools.partial(ConnectionLost, str(self._closed)), exc)
                     self._arrived.set()
                     self._emit(
                         ChannelEvent(ChannelEventKind.GAVE_UP, previous, attempt=attempt, error=exc)
@@ -506,8 +562,16 @@ class UserAgent:
             self._arrived.set()
             self._log.info("user agent: Channel %s replaces %s", identity[0], previous)
             resumed = identity[0] == previous
+            if not resumed:
+                # A new Channel: the answers owed to the old one will never come.
+                self._fail_awaited(_channel_lost, error)
             kept = self._transport.kept if resumed else frozenset()
             subjects = self._transport.subjects if resumed else frozenset()
+            if self._subscriptions and "subscriptions" not in kept:
+                # Not kept by the broker (or a new Channel): made again, in the order made.
+                self._restoring = asyncio.get_running_loop().create_task(
+                    self._subscribe_again(), name="asbp-user-agent-subscribe-again"
+                )
             self._emit(
                 ChannelEvent(
                     ChannelEventKind.RECONNECTED,
@@ -537,6 +601,13 @@ class UserAgent:
             return resumed
         return await self._transport.open(self._deliver, self._on_closed)
 
+    def _fail_awaited(self, make: Callable[[], BaseException], cause: BaseException | None) -> None:
+        """Every awaited answer fails, each with its own error from ``make``."""
+        for answers in self._awaited.values():
+            failure = make()
+            failure.__cause__ = cause
+            answers.fail(failure)
+
     def _emit(self, event: ChannelEvent) -> None:
         if self._on_event is None:
             return
@@ -544,6 +615,10 @@ class UserAgent:
             self._on_event(event)
         except Exception:  # the caller's callback must not stop reconnecting
             self._log.exception("user agent: on_event failed for %s", event.kind.value)
+
+
+def _channel_lost() -> ChannelLost:
+    return ChannelLost("the Channel was lost before the answer came; it may have been acted on")
 
 
 def _checked(command: Command) -> Command:

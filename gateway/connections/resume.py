@@ -33,18 +33,34 @@ after ``K`` up to the newest at the moment it took hold, then lets the outbox
 dropped are reported first as fault 2111 with their count.
 
 What follows the Channel: its ``i``, its secret, everything routed to it, its
-groups and its signed-in Subjects (a record kept beside its log,
-gateway.connections.resume_state, rewritten on every change to either and read
-back here before ``asbp.resumed``, which says so with ``kept=groups,subjects``;
-gateway.routing.resume_subjects for the Subjects). What does not (yet):
-subscriptions live at the broker the connection was on and end with it; the
-client subscribes again.
+groups, its signed-in Subjects and its topic and queue subscriptions (a record
+kept beside its log, gateway.connections.resume_state, rewritten on every change
+to any of them and read back here before ``asbp.resumed``, which says so with
+``kept=groups,subjects,subscriptions``; gateway.routing.resume_subjects for the
+Subjects, gateway.messaging.service "Resumed Channels" for the subscriptions).
+
+Topic subscriptions are *parked* at the broker the connection dropped from:
+they keep feeding the Channel's log while it is away (a publication made then
+is one more Command routed to it, logged in order), and the broker it resumes
+on subscribes it again before ``asbp.resumed``, holding its notifications back,
+then tells the parked broker (the ``RESUMED`` envelope, whose frame
+``handover?`` asks for the *handover*), which ends them and answers with the
+last topic message it sent on (a RESUMED envelope whose frame is ``last=<id>``;
+a broker from before the handover ignores the question); the resuming broker then sends what it held
+after that one, so each publication arrives once, in order
+(gateway.messaging.service, "Resumed Channels"). A broker that does not answer
+(dead) is waited for at most the bus lease. A parked subscription ends
+``log_max_age`` after the drop if the
+Channel never resumes, and leaves the record then. Queue subscriptions are not
+parked: the messages leased to the Channel go back to their queue at the drop,
+and the queue is consumed again once it resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -58,7 +74,7 @@ from gateway.acl import AccessContext, channel_properties
 from gateway.connections.channel_secret import matches
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.outboxes import StreamOutbox
-from gateway.connections.resume_state import KeptSubject, ResumeRecord
+from gateway.connections.resume_state import KeptSubject, KeptSubscription, ResumeRecord
 from gateway.engines.base import EngineUnavailable
 from gateway.errors import GatewayError
 from gateway.plane.base import ChannelLog, Envelope, EnvelopeKind, Plane
@@ -75,8 +91,15 @@ _log = logging.getLogger("asbp.plane")
 REPLAY_PAGE: Final = 1000
 #: The query parameter of ``/asbp`` that asks to resume instead of opening a Channel.
 QUERY: Final = "resume"
+#: The frame of the RESUMED envelope to the broker where the Channel's topic
+#: subscriptions were parked: answer with the last one sent on. A broker from before
+#: the handover ignores it (and is waited for at most the bus lease).
+HANDOVER_ASK: Final = b"handover?"
+#: Starts the frame of the RESUMED envelope that answers it: the id that follows is
+#: the last topic message the parked subscriptions sent on ('' none).
+HANDOVER: Final = "last="
 #: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
-KEPT: Final = ("groups", "subjects")
+KEPT: Final = ("groups", "subjects", "subscriptions")
 
 
 class HeldOutbox(StreamOutbox):
@@ -215,8 +238,12 @@ class ChannelResume:
         #: Records being rewritten (kept until done, so none is collected midway).
         self._rewrites: set[asyncio.Future[None]] = set()
         self._subjects: ResumeSubjects | None = None
+        #: Channels with topic subscriptions parked here -> the timer that ends them.
+        self._parked: dict[str, asyncio.TimerHandle] = {}
         if self.enabled:
             broker.channels.on_membership = self._record
+            broker.messaging.parks = self._parks
+            broker.messaging.on_subscriptions = self._subscriptions_changed
             auth = broker.router.auth
             if auth is not None:
                 from gateway.routing.resume_subjects import ResumeSubjects
@@ -231,9 +258,17 @@ class ChannelResume:
                     log=broker.log,
                 )
                 auth.resumes = self._subjects
+        #: Channels resumed here whose former broker has not answered yet -> the timer
+        #: that stops waiting for it (gateway.messaging.service, "Resumed Channels").
+        self._handovers: dict[str, asyncio.TimerHandle] = {}
+        #: The Channel whose parked topic subscriptions the last RESUMED envelope
+        #: ended here, and the last topic message they sent on (read by the handover
+        #: asked for in that same envelope).
+        self._unparked: tuple[str, str] | None = None
         remote = broker.router.remote
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
+            remote.on_handover = self._on_handover
         elif self.enabled:
             # A lone broker asks no plane when a Channel is not here: it asks this.
             broker.router.away = self._away
@@ -254,9 +289,94 @@ class ChannelResume:
         if self._subjects is not None:
             kept = self._subjects.kept(channel)
         home = self._broker.broker_id if kept else ""
-        record = ResumeRecord.of(channel.groups, home, kept).encode()
+        subscriptions = self._subscriptions(channel.id)
+        parked = self._broker.broker_id if subscriptions else ""
+        record = ResumeRecord.of(channel.groups, home, kept, subscriptions, parked).encode()
         with contextlib.suppress(EngineUnavailable):
             self._broker.plane.channel_log.keep(channel.id, record)
+
+    def _subscriptions(self, channel_id: str) -> list[KeptSubscription]:
+        return [
+            KeptSubscription(kind, name, subject)
+            for kind, name, subject in self._broker.messaging.subscriptions(channel_id)
+        ]
+
+    def _subscriptions_changed(self, channel_id: str) -> None:
+        channel = self._broker.channels.get(channel_id)
+        if channel is not None:
+            self._record(channel)
+
+    # -- parked topic subscriptions (gateway.messaging.service, "Resumed Channels") --
+
+    def _parks(self, channel: Channel) -> Callable[[bytes], object] | None:
+        """Where ``channel``'s topic notifications go while it is away; None: it
+        cannot resume (its subscriptions end)."""
+        outbox = channel.outbox
+        if not isinstance(outbox, HeldOutbox) or not outbox.released:
+            return None
+        channel_id = channel.id
+        previous = self._parked.pop(channel_id, None)
+        if previous is not None:
+            previous.cancel()  # pragma: no cover - parked once per drop
+        self._parked[channel_id] = asyncio.get_running_loop().call_later(
+            self._idle, self._park_expired, channel_id
+        )
+        return functools.partial(self._to_away, channel_id)
+
+    def _to_away(self, channel_id: str, frame: bytes) -> None:
+        """A notification for a Channel whose topic subscriptions are parked here: to
+        its log while it is away, to the broker it resumed on once it has."""
+        here = self._broker.channels.get(channel_id)
+        if here is not None:
+            # Resumed here, its parked endpoint not yet bound to it (accept awaits in
+            # between): through its outbox, numbered with everything else it gets.
+            self._broker.router.deliver(here, frame)
+            return
+        plane = self._broker.plane
+        if not plane.spans_brokers:
+            if not self._away(channel_id, frame):
+                self._unpark(channel_id)  # its log is gone: it can no longer resume
+            return
+        envelope = Envelope(EnvelopeKind.CHANNEL, plane.broker_id, channel_id, frame)
+        try:
+            forwarded = plane.forward_to_channel(channel_id, envelope)
+        except EngineUnavailable:
+            return  # pragma: no cover - the bus is unreachable: the resume will say so
+        forwarded.add_done_callback(lambda future: self._forwarded(channel_id, future))
+
+    def _forwarded(self, channel_id: str, future: asyncio.Future[str | None]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        if future.result() is None:
+            self._unpark(channel_id)  # no log and no holder: the Channel is gone
+
+    def _unpark(self, channel_id: str) -> str | None:
+        timer = self._parked.pop(channel_id, None)
+        if timer is not None:
+            timer.cancel()
+        return self._broker.messaging.unpark(channel_id)
+
+    def _park_expired(self, channel_id: str) -> None:
+        """``log_max_age`` passed since the drop without a resume: the parked topic
+        subscriptions end, and leave the record (a resume after this, of a log kept
+        alive by what was routed to it, must not claim them kept)."""
+        self._parked.pop(channel_id, None)
+        if self._broker.messaging.unpark(channel_id) is None:
+            return  # pragma: no cover - ended by a resume meanwhile
+        task = asyncio.ensure_future(self._rewrite_without_subscriptions(channel_id))
+        self._rewrites.add(task)
+        task.add_done_callback(self._rewrites.discard)
+
+    async def _rewrite_without_subscriptions(self, channel_id: str) -> None:
+        log = self._broker.plane.channel_log
+        with contextlib.suppress(EngineUnavailable):
+            record = ResumeRecord.decode(await log.kept(channel_id))
+            if not record.subscriptions or record.parked != self._broker.broker_id:
+                return  # pragma: no cover - resumed elsewhere, which wrote its own
+            await log.keep(
+                channel_id,
+                ResumeRecord.of(record.groups, record.home, record.subjects).encode(),
+            )
 
     def _forget_subjects(self, channel_id: str) -> None:
         """Subjects that waited for ``channel_id`` ended: out of its record."""
@@ -277,7 +397,12 @@ class ChannelResume:
                 if auth is not None and auth.subjects.get(kept.id) is not None
             ]
             home = record.home if live else ""
-            await log.keep(channel_id, ResumeRecord.of(record.groups, home, live).encode())
+            await log.keep(
+                channel_id,
+                ResumeRecord.of(
+                    record.groups, home, live, record.subscriptions, record.parked
+                ).encode(),
+            )
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -287,6 +412,10 @@ class ChannelResume:
             self._toucher = asyncio.create_task(self._touch(), name="asbp-resume-touch")
 
     async def stop(self) -> None:
+        for timers in (self._parked, self._handovers):
+            for timer in timers.values():
+                timer.cancel()
+            timers.clear()
         if self._toucher is not None:
             self._toucher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -412,17 +541,24 @@ class ChannelResume:
         subjects = self._subjects
         if subjects is not None and not subjects.resumed_here(channel):
             subjects.restore(channel, record.subjects)
-        home = record.home
-        if home and home not in (broker.broker_id, previous):
-            # Its Subjects waited there: that broker lets them go without a word.
-            envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
-            with contextlib.suppress(EngineUnavailable):
-                broker.plane.send_to(home, envelope)
+        await self._subscribe_again(channel, record.subscriptions, record.parked)
+        if channel.closed:
+            # Resumed again elsewhere while subscribing (another connection won).
+            raise refused
+        me = broker.broker_id
+        # Its Subjects waited at ``home`` and its topic subscriptions fed its log from
+        # ``parked``: those brokers let them go; ``previous`` closes its connection.
+        told = dict.fromkeys(b for b in (record.home, record.parked, previous) if b and b != me)
         self._record(channel)
-        if previous and previous != broker.broker_id:
-            envelope = Envelope(EnvelopeKind.RESUMED, broker.broker_id, channel_id, b"")
-            with contextlib.suppress(EngineUnavailable):
-                broker.plane.send_to(previous, envelope)
+        for other in told:
+            ask = HANDOVER_ASK if other == record.parked else b""
+            envelope = Envelope(EnvelopeKind.RESUMED, me, channel_id, ask)
+            try:
+                sent = broker.plane.send_to(other, envelope)
+            except EngineUnavailable:  # pragma: no cover - the bus went away meanwhile
+                continue
+            if other == record.parked:
+                sent.add_done_callback(functools.partial(self._parked_told, channel_id))
         broker.log.info(
             "channel.resume",
             extra={"channel": channel_id, "remote": remote, "previous": previous or None},
@@ -458,7 +594,8 @@ class ChannelResume:
             b=self._broker.broker_id,
             received=str(start),
             lost=str(lost),
-            kept=KEPT if self._subjects is not None else KEPT[:1],
+            # Subjects follow only where there are any (an Authenticate-Command).
+            kept=KEPT if self._subjects is not None else (KEPT[0], KEPT[2]),
         )
         auth = self._broker.router.auth
         kept = sorted(s.id for s in auth.subjects.on_channel(channel)) if auth is not None else []
@@ -483,12 +620,82 @@ class ChannelResume:
                 return
             page = read
 
+    async def _subscribe_again(
+        self, channel: Channel, kept: tuple[KeptSubscription, ...], parked: str
+    ) -> None:
+        """The Channel's subscriptions, here, before ``asbp.resumed``: its parked
+        endpoint bound to it again if it dropped from here, the rest subscribed anew
+        (with the access of the Subject each was made as, when it followed)."""
+        messaging = self._broker.messaging
+        timer = self._parked.pop(channel.id, None)
+        if timer is not None:
+            timer.cancel()
+        if not kept and not messaging.parked(channel.id):
+            return
+        auth = self._broker.router.auth
+
+        def access_of(subject_id: str | None) -> AccessContext:
+            if subject_id is not None and auth is not None:
+                subject = auth.subjects.get(subject_id)
+                if subject is not None and subject.channel is channel:
+                    return subject.access
+            return channel.access
+
+        # Another broker's parked topic subscriptions feed it until that broker hears
+        # of the resume: the new ones hold their notifications back until it answers.
+        me = self._broker.broker_id
+        hold = bool(parked) and parked != me and any(e.type == "TOPIC" for e in kept)
+        if hold:
+            self._handovers[channel.id] = asyncio.get_running_loop().call_later(
+                self._broker.plane.lease, self._handover, channel.id, b""
+            )
+        await messaging.resume_channel(
+            channel,
+            [(entry.type, entry.name, entry.subject) for entry in kept],
+            access_of,
+            hold=hold,
+        )
+
     def _resumed_elsewhere(self, channel_id: str, broker_id: str) -> None:
         channel = self._broker.channels.get(channel_id)
         if channel is not None and channel.kind is ChannelKind.WEBSOCKET:
             self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
         if self._subjects is not None:
             self._subjects.handed_over(channel_id, broker_id)
+        # Its parked topic subscriptions, if any, end here; the handover asked for
+        # with this envelope (Remote calls _on_handover next, in the same turn) says
+        # which was the last one they sent on.
+        self._unparked = (channel_id, self._unpark(channel_id) or "")
+
+    def _on_handover(self, channel_id: str, origin: str, frame: bytes) -> None:
+        """A RESUMED envelope's frame: the handover asked of this broker, or answered."""
+        if frame != HANDOVER_ASK:
+            self._handover(channel_id, frame)
+            return
+        unparked, self._unparked = self._unparked, None
+        last = unparked[1] if unparked is not None and unparked[0] == channel_id else ""
+        # The broker it resumed at sends what it held back after ``last`` (this
+        # answer follows the frames sent on before it, on the same stream).
+        envelope = Envelope(
+            EnvelopeKind.RESUMED, self._broker.broker_id, channel_id, (HANDOVER + last).encode()
+        )
+        with contextlib.suppress(EngineUnavailable):
+            self._broker.plane.send_to(origin, envelope)
+
+    def _parked_told(self, channel_id: str, sent: asyncio.Future[bool]) -> None:
+        """A parked broker that is gone will not answer: no need to wait for it."""
+        if sent.cancelled() or (sent.exception() is None and sent.result()):
+            return
+        self._handover(channel_id, b"")
+
+    def _handover(self, channel_id: str, frame: bytes) -> None:
+        """The parked broker's answer (see :meth:`_resumed_elsewhere`)."""
+        timer = self._handovers.pop(channel_id, None)
+        if timer is not None:
+            timer.cancel()
+        text = frame.decode("utf-8", "replace")
+        last = text[len(HANDOVER) :] if text.startswith(HANDOVER) else None
+        self._broker.messaging.handover(channel_id, last)
 
 
 def _parse(data: bytes, limits: asbp.Limits) -> tuple[str, str | None, int]:

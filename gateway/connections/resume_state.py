@@ -1,15 +1,16 @@
 """What a resumable WebSocket Channel takes with it to the broker it resumes on.
 
-A Channel's groups and Subjects are broker state (``ChannelRegistry``,
-``SubjectRegistry``); a Channel that resumes on another broker, or on this one
-after its connection dropped, would lose them. So every change to a resumable
-Channel's groups or to its signed-in Subjects rewrites a small record kept
+A Channel's groups, Subjects and subscriptions are broker state
+(``ChannelRegistry``, ``SubjectRegistry``, gateway.messaging); a Channel that
+resumes on another broker, or on this one after its connection dropped, would
+lose them. So every change to a resumable Channel's groups, its signed-in
+Subjects or its topic and queue subscriptions rewrites a small record kept
 beside its Channel log in the routing plane (``ChannelLog.keep``: on Redis a
 field of the log's meta hash, so it expires and is dropped with the log, never
-outliving it). The broker the Channel resumes on reads it (``ChannelLog.kept``)
-and joins the Channel to those groups and takes its Subjects over before
-``asbp.resumed`` is written (gateway.connections.resume,
-gateway.routing.resume_subjects).
+outliving it). The broker the Channel resumes on reads it (``ChannelLog.kept``),
+joins the Channel to those groups, takes its Subjects over and subscribes it
+again before ``asbp.resumed`` is written (gateway.connections.resume,
+gateway.routing.resume_subjects, gateway.messaging.service).
 
 The record is JSON, written whole each time: a Channel's groups and Subjects
 are few and change rarely, and a whole record needs no ordering between
@@ -27,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KeptSubject", "ResumeRecord"]
+__all__ = ["KeptSubject", "KeptSubscription", "ResumeRecord"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,33 @@ class KeptSubject:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptSubscription:
+    """A topic or queue subscription of the Channel (``asbp.subscribe``)."""
+
+    #: TOPIC, QUEUE or VIRTUAL_QUEUE (the ``type`` it was subscribed with).
+    type: str
+    #: The topic, topic pattern, queue or ``name@pattern``, as subscribed.
+    name: str
+    #: The Subject whose access it was made with (its ``s``), if any.
+    subject: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"t": self.type, "n": self.name}
+        if self.subject is not None:
+            found["s"] = self.subject
+        return found
+
+    @classmethod
+    def decode(cls, found: object) -> KeptSubscription | None:
+        if not isinstance(found, dict):
+            return None
+        kind, name, subject = found.get("t"), found.get("n"), found.get("s")
+        if not isinstance(kind, str) or not isinstance(name, str):
+            return None
+        return cls(kind, name, subject if isinstance(subject, str) else None)
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeRecord:
     """The part of a Channel's broker state that follows it when it resumes."""
 
@@ -81,12 +109,28 @@ class ResumeRecord:
     home: str = ""
     #: Its signed-in Subjects.
     subjects: tuple[KeptSubject, ...] = ()
+    #: Its topic and queue subscriptions, in the order made.
+    subscriptions: tuple[KeptSubscription, ...] = ()
+    #: The broker whose topic subscriptions feed its log while it is away ('' none):
+    #: told when it resumes elsewhere, so that they end there.
+    parked: str = ""
 
     @classmethod
     def of(
-        cls, groups: Iterable[str], home: str = "", subjects: Iterable[KeptSubject] = ()
+        cls,
+        groups: Iterable[str],
+        home: str = "",
+        subjects: Iterable[KeptSubject] = (),
+        subscriptions: Iterable[KeptSubscription] = (),
+        parked: str = "",
     ) -> ResumeRecord:
-        return cls(tuple(sorted(groups)), home, tuple(sorted(subjects, key=lambda s: s.id)))
+        return cls(
+            tuple(sorted(groups)),
+            home,
+            tuple(sorted(subjects, key=lambda s: s.id)),
+            tuple(subscriptions),
+            parked,
+        )
 
     def encode(self) -> bytes:
         found: dict[str, Any] = {"groups": list(self.groups)}
@@ -94,6 +138,10 @@ class ResumeRecord:
             found["home"] = self.home
         if self.subjects:
             found["subjects"] = [subject.encode() for subject in self.subjects]
+        if self.subscriptions:
+            found["subscriptions"] = [entry.encode() for entry in self.subscriptions]
+        if self.parked:
+            found["parked"] = self.parked
         return json.dumps(found, separators=(",", ":")).encode()
 
     @classmethod
@@ -115,8 +163,15 @@ class ResumeRecord:
             if isinstance(subjects, list)
             else []
         )
+        listed = found.get("subscriptions")
+        subscriptions = (
+            [KeptSubscription.decode(item) for item in listed] if isinstance(listed, list) else []
+        )
+        parked = found.get("parked", "")
         return cls(
             tuple(g for g in groups if isinstance(g, str)),
             home,
             tuple(subject for subject in kept if subject is not None),
+            tuple(entry for entry in subscriptions if entry is not None),
+            parked if isinstance(parked, str) else "",
         )

@@ -62,6 +62,15 @@ class Endpoints:
         self._outboxes[endpoint] = channel.outbox
         return endpoint
 
+    def rebind(self, endpoint: Endpoint, channel: Channel) -> None:
+        """``endpoint`` (parked while its Channel was away) serves ``channel``, the
+        Channel resumed here under the same ``i``, from now on."""
+        outlets = self._outlets
+        endpoint.send = functools.partial(outlets.deliver, channel)
+        endpoint.fault = functools.partial(outlets.fault, channel)
+        endpoint.room = channel.outbox.room
+        self._outboxes[endpoint] = channel.outbox
+
     def open_tube(self, tube: Tube) -> Endpoint:
         """A new endpoint for ``tube``, whose publications carry its ``a``."""
         outlets = self._outlets

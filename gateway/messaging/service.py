@@ -81,6 +81,39 @@ with the ``notify`` address given at publication; one that arrives before the
 publication's ``asbp.accepted`` waits for it, so a publisher always learns the
 message id first.
 
+Resumed Channels
+----------------
+A WebSocket Channel that can resume (gateway.connections.resume) keeps its
+subscriptions across a dropped connection, and its record beside its log lists
+them (:attr:`Messaging.on_subscriptions` tells of every change). When its
+connection drops (:meth:`Messaging.channel_closed` asks :attr:`Messaging.parks`):
+
+- its **topic** subscriptions stay here, *parked*: the endpoint's notifications
+  go to the Channel wherever it is (its log while it is away, the broker it
+  resumed on once it has), so a publication made while it is away is in its
+  log, in order, like any Command routed to it;
+- its **queue** subscriptions stop taking messages and the messages leased to
+  it and not acknowledged go back to their queues at once (released), to be
+  delivered again to another consumer or to the Channel once it resumes: a
+  client that is away cannot acknowledge, and holding its leases would only
+  delay them by the acknowledgement timeout.
+
+It resumes here: :meth:`Messaging.resume_channel` binds the parked endpoint to
+the resumed Channel (its topic subscriptions never stopped) and subscribes its
+queues again. It resumes at another broker: that broker subscribes it again from
+the record, and this one ends the parked endpoint when told
+(:meth:`Messaging.unpark`), or once the log's ``log_max_age`` has passed.
+
+The handover between the two brokers loses nothing and repeats nothing: both
+see the topic messages in the same order (the engine's), the new broker
+subscribes before it tells the parked one, and until the parked one answers
+with the id of the last message it sent on (``Endpoint.last_topic``) the new
+one holds its own notifications back (``Endpoint.holding``); then
+:meth:`Messaging.handover` sends those after that id. The parked broker's
+last frames reach the Channel before its answer (one stream between them).
+A parked broker that does not answer (it died) within the bus lease: every
+held notification goes out.
+
 The parts
 ---------
 :class:`Messaging` is the façade the router calls (through
@@ -105,12 +138,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
 import asbp
-from asbp import Command, FaultCode
-from gateway.acl import AccessContext, Acl
+from asbp import AsbpError, Command, FaultCode
+from asbp.names import SUBSCRIBE
+from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
 from gateway.connections.flow import TopicOrigins
 from gateway.engines.base import Engine
@@ -121,6 +155,7 @@ from gateway.messaging.dispatch import CommandDispatcher, MessageTooLarge
 from gateway.messaging.endpoints import Endpoints
 from gateway.messaging.message_ids import MessageIdPool
 from gateway.messaging.polling import Poller
+from gateway.messaging.requests import read_subscription
 from gateway.messaging.sequencing import Sequencer, TooManyPending
 from gateway.messaging.subscribers import FETCH_WAIT, Subscribers, TooManySubscriptions
 from gateway.messaging.subscriptions import Endpoint
@@ -220,6 +255,15 @@ class Messaging:
             counts=counts,
         )
         self._command = self._dispatcher.command
+        self._gate_require = gate.require
+        #: Set by gateway.connections.resume: given a Channel whose connection
+        #: closed, where its topic notifications go while it is away; None: its
+        #: subscriptions end (it cannot resume).
+        self.parks: Callable[[Channel], Callable[[bytes], object] | None] | None = None
+        #: Set by gateway.connections.resume: told a Channel's ``i`` when its
+        #: subscriptions changed.
+        self.on_subscriptions: Callable[[str], object] | None = None
+        self._subscribers.changed = self._subscriptions_changed
 
     # -- life cycle ----------------------------------------------------------
 
@@ -265,10 +309,131 @@ class Messaging:
         self._command(endpoint, tube.access, command, name)
 
     def channel_closed(self, channel: Channel) -> None:
-        """The Channel closed: its subscriptions end and its leases are released."""
-        endpoint = self._endpoints.pop("c/" + channel.id)
-        if endpoint is not None:
+        """The Channel closed: its subscriptions end and its leases are released
+        (a resumable Channel's topic subscriptions are parked instead)."""
+        key = "c/" + channel.id
+        endpoint = self._by_key.get(key)
+        if endpoint is None or endpoint.parked:
+            return
+        # Only topic subscriptions are parked (queues are let go at the drop).
+        forward = self.parks(channel) if self.parks is not None and endpoint.topics else None
+        if forward is None:
+            del self._by_key[key]
             self._close(endpoint)
+            return
+        self._park(endpoint, forward)
+
+    def _park(self, endpoint: Endpoint, forward: Callable[[bytes], object]) -> None:
+        endpoint.parked = True
+        self._endpoints.release_outbox(endpoint)
+        for name in list(endpoint.queues):
+            self._subscribers.leave(endpoint, name)
+        self._sequencer.close(endpoint)
+        self._subscribers.release_leases(endpoint)
+        endpoint.send = forward
+        endpoint.fault = _nobody
+        endpoint.room = _no_room
+
+    def unpark(self, channel_id: str) -> str | None:
+        """The Channel ``channel_id`` resumed elsewhere, or never will: its parked
+        topic subscriptions here end. The id of the last topic message they sent on
+        ('' none); None if it had none parked."""
+        key = "c/" + channel_id
+        endpoint = self._by_key.get(key)
+        if endpoint is None or not endpoint.parked:
+            return None
+        del self._by_key[key]
+        self._close(endpoint)
+        return endpoint.last_topic
+
+    def handover(self, channel_id: str, last: str | None) -> None:
+        """The broker where the Channel's topic subscriptions were parked stopped
+        after the topic message ``last`` (None: it did not say; all are new): the
+        notifications held back since it resumed here go out, those up to ``last``
+        (which that broker sent it) left out."""
+        endpoint = self._by_key.get("c/" + channel_id)
+        if endpoint is None or endpoint.holding is None:
+            return
+        held, endpoint.holding = endpoint.holding, None
+        start = 0
+        if last:
+            for index in range(len(held) - 1, -1, -1):
+                if held[index][0] == last:
+                    start = index + 1
+                    break
+        for _, frame in held[start:]:
+            endpoint.send(frame)
+
+    def parked(self, channel_id: str) -> bool:
+        """Whether ``channel_id`` has topic subscriptions parked here."""
+        endpoint = self._by_key.get("c/" + channel_id)
+        return endpoint is not None and endpoint.parked
+
+    def subscriptions(self, channel_id: str) -> list[tuple[str, str, str | None]]:
+        """The Channel's subscriptions here: type, name, the Subject it subscribed as."""
+        endpoint = self._by_key.get("c/" + channel_id)
+        if endpoint is None:
+            return []
+        found: list[tuple[str, str, str | None]] = []
+        for name, subscription in endpoint.topics.items():
+            access = subscription.members.get(endpoint)
+            subject = access.subject_id if access is not None else None
+            found.append((DestinationType.TOPIC.value, name, subject))
+        for name, consumer in endpoint.queues.items():
+            access = consumer.members.get(endpoint)
+            subject = access.subject_id if access is not None else None
+            found.append((consumer.kind.value, name, subject))
+        return found
+
+    async def resume_channel(
+        self,
+        channel: Channel,
+        kept: Iterable[tuple[str, str, str | None]],
+        access_of: Callable[[str | None], AccessContext],
+        *,
+        hold: bool = False,
+    ) -> None:
+        """``channel`` resumed here: its subscriptions again, before ``asbp.resumed``.
+
+        A parked endpoint (it was here) serves it again, its topic subscriptions
+        unbroken; whatever else ``kept`` lists is subscribed anew, checked against
+        the access-control lists as ``asbp.subscribe`` is. One refused (3201, or
+        no longer a valid name) is told to the client as a fault and left out.
+        ``hold``: another broker's parked subscriptions may still send it topic
+        messages; the new subscriptions' notifications wait for :meth:`handover`.
+        """
+        key = "c/" + channel.id
+        endpoint = self._by_key.get(key)
+        if endpoint is not None and endpoint.parked:
+            endpoint.parked = False
+            self._endpoints.rebind(endpoint, channel)
+        elif endpoint is None:
+            endpoint = self._endpoints.open_channel(channel)
+            if hold:
+                endpoint.holding = []
+        for kind, name, subject in kept:
+            if name in endpoint.topics or name in endpoint.queues:
+                continue
+            access = access_of(subject)
+            try:
+                destination = read_subscription(
+                    Command(c=SUBSCRIBE, destination=name, type=kind)
+                ).destination
+                if destination.type is not DestinationType.TOPIC or destination.exact:
+                    self._gate_require(access, destination, Privilege.READ)
+                await self._subscribers.subscribe(endpoint, access, destination, None)
+            except AsbpError as exc:
+                endpoint.fault(
+                    exc.code,
+                    f"{name!r} was not subscribed again on resuming: {exc.message}",
+                    command_id=None,
+                    cause=SUBSCRIBE,
+                )
+
+    def _subscriptions_changed(self, endpoint: Endpoint) -> None:
+        hook = self.on_subscriptions
+        if hook is not None and not endpoint.parked and endpoint.key.startswith("c/"):
+            hook(endpoint.key[2:])
 
     def tube_closed(self, tube: Tube) -> None:
         """The Tube closed: likewise."""
@@ -314,3 +479,13 @@ class Messaging:
     def queue_consumers(self, name: str) -> int:
         """This broker's consumers of the queue ``name``."""
         return self._subscribers.queue_consumers(name)
+
+
+def _nobody(*args: object, **kwargs: object) -> None:
+    """A parked endpoint's faults: its client is away (its Commands were answered
+    before the drop, or their answers are lost with the connection)."""
+
+
+def _no_room() -> tuple[int, int]:
+    """A parked endpoint's outbox room: none (it consumes no queue, polls nothing)."""
+    return 0, 0

@@ -102,6 +102,9 @@ class Subscribers:
         #: Consumers whose last subscriber left while their task was fetching: the
         #: task ends once the fetch returns (releasing what it got), or at stop().
         self._orphans: set[QueueConsumer] = set()
+        #: Told of an endpoint whose subscriptions changed (a resumable Channel's
+        #: record follows them: gateway.connections.resume).
+        self.changed: Callable[[Endpoint], object] | None = None
 
     # -- subscribing (in turn: gateway.messaging.sequencing) -------------------------
 
@@ -150,6 +153,8 @@ class Subscribers:
             consumer.add(endpoint, access)
             if new:
                 self._system.queue_count(name, len(consumer.members))
+        if self.changed is not None:
+            self.changed(endpoint)
         if command_id is not None:
             endpoint.reply(accepted(SUBSCRIBE, command_id))
 
@@ -174,6 +179,8 @@ class Subscribers:
                 if consumer.running:
                     self._orphans.add(consumer)
             self._system.queue_count(name, len(consumer.members))
+        if (subscription is not None or consumer is not None) and self.changed is not None:
+            self.changed(endpoint)
 
     def leave_all(self, endpoint: Endpoint) -> None:
         """``endpoint`` closed: it leaves every subscription and queue it held."""
@@ -242,6 +249,10 @@ class Subscribers:
                     frame = notification(
                         message, subscription=subscription.name, kind=DestinationType.TOPIC
                     )
+                if (endpoint.holding is not None or endpoint.parked) and _held(
+                    endpoint, message.id, frame
+                ):
+                    continue
                 endpoint.send(frame)
 
     # -- housekeeping --------------------------------------------------------------------
@@ -284,6 +295,28 @@ class Subscribers:
         """This broker's consumers of the queue ``name``."""
         consumer = self._queues.get(name)
         return 0 if consumer is None else len(consumer.members)
+
+
+#: Topic notifications a resumed endpoint holds back during a handover, at most: past
+#: it, it stops holding (a slow or silent former broker costs duplicates, not memory).
+MAX_HELD: Final = 10_000
+
+
+def _held(endpoint: Endpoint, message_id: str, frame: bytes) -> bool:
+    """Note a parked endpoint's last topic message, or hold one back during a
+    handover (gateway.messaging.service, "Resumed Channels"): True if held."""
+    if endpoint.parked:
+        endpoint.last_topic = message_id
+        return False
+    holding = endpoint.holding
+    assert holding is not None
+    if len(holding) >= MAX_HELD:
+        endpoint.holding = None
+        for _, held in holding:
+            endpoint.send(held)
+        return False
+    holding.append((message_id, frame))
+    return True
 
 
 def _closed(endpoint: Endpoint) -> bool:

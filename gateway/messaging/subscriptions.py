@@ -126,6 +126,17 @@ class Endpoint:
     #: Resolved when such a fetch ends (its room is taken or given back).
     poll_ended: asyncio.Future[None] | None = None
     closed: bool = False
+    #: A resumable Channel's endpoint while its connection is away: its topic
+    #: notifications go to the Channel's log (gateway.messaging.service,
+    #: "Resumed Channels"), it consumes no queue and answers nothing.
+    parked: bool = False
+    #: Parked: the id of the last topic message sent on (where the handover to the
+    #: broker it resumed at starts).
+    last_topic: str = ""
+    #: Resumed here from another broker whose parked subscriptions may still send
+    #: it publications: the topic notifications (message id, frame) held back until
+    #: that broker says which was its last (None: not holding).
+    holding: list[tuple[str, bytes]] | None = None
 
     def reply(self, frame: bytes) -> None:
         """Send an answer, unless the client is gone (nobody is left to read it)."""

@@ -132,6 +132,9 @@ class EnvelopeKind(enum.Enum):
     FOR_SUBJECT = "f"
     #: The WebSocket Channel ``channel`` was resumed at ``origin``: the receiving
     #: broker closes its own connection for it, if it still has one (fault 2112).
+    #: Its ``frame`` (gateway.connections.resume, the handover): ``handover?`` asks
+    #: the broker where its topic subscriptions were parked for the id of the last
+    #: publication it forwarded to it, and ``last=<id>`` is that broker's answer.
     RESUMED = "m"
 
 

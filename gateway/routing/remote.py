@@ -248,6 +248,10 @@ class Remote:
         #: another (gateway.connections.resume closes its connection here).
         #: Also called with the broker it resumed at.
         self.on_resumed: Callable[[str, str], object] | None = None
+        #: Called with ``i``, the sender and the frame of a RESUMED envelope that
+        #: carries one: the handover of a resumed Channel's parked topic
+        #: subscriptions between brokers (gateway.connections.resume).
+        self.on_handover: Callable[[str, str, bytes], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -593,8 +597,13 @@ class Remote:
         elif kind is EnvelopeKind.CLOSE:
             self._for_close(envelope)
         elif kind is EnvelopeKind.RESUMED:
-            if self.on_resumed is not None:
+            # A frame is the handover of parked topic subscriptions: asked for with
+            # the resume (after it is acted on), or answered (``last=<id>``).
+            answer = envelope.frame.startswith(b"last=")
+            if not answer and self.on_resumed is not None:
                 self.on_resumed(envelope.channel, envelope.origin)
+            if envelope.frame and self.on_handover is not None:
+                self.on_handover(envelope.channel, envelope.origin, envelope.frame)
         else:
             self._for_membership(envelope)
 

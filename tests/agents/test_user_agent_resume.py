@@ -13,13 +13,15 @@ import asyncio
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents import Backoff, ChannelEvent, ChannelEventKind, Reconnect, Request, UserAgent
+from agents.channel import WebSocketChannel
 from asbp import Command
 from gateway.app import create_app
-from gateway.config.model import GatewayConfig
+from gateway.config.model import ChannelLimits, GatewayConfig
 from tests.support import RedisServer, T, serve_app_async
 from tests.support.agents import TcpProxy, make_agent, make_credentials
 from tests.support.bus import flush, kept_holds, until_in_directory
@@ -95,9 +97,10 @@ async def test_a_user_agent_resumes_on_another_broker_and_misses_nothing(
                     await reconnected.wait()
                 assert ua.channel_id == channel_id
                 assert ua.broker_id == "broker-b"
-                # Its groups followed it; Subjects are off on these brokers (no
-                # Authenticate-Command), so the broker does not say it kept them.
-                assert kept == [frozenset({"groups"})]
+                # Its groups and subscriptions followed it; Subjects are off on these
+                # brokers (no Authenticate-Command), so the broker does not say it kept
+                # them.
+                assert kept == [frozenset({"groups", "subscriptions"})]
                 got = [await ua.receive(timeout=5 * T) for _ in range(100)]
                 assert [c.body for c in got] == [b"m%d" % u for u in range(1, 101)]
                 # Live again, held at B; and nothing came twice.
@@ -159,5 +162,116 @@ async def test_a_resumed_user_agent_hears_which_subjects_followed_it(
                 async with asyncio.timeout(10 * T):
                     event = await reconnected.get()
                 assert (event.channel_id, event.previous) == (channel_id, channel_id)
-                assert event.kept == {"groups", "subjects"}
+                assert event.kept == {"groups", "subjects", "subscriptions"}
                 assert event.subjects == {subject}
+
+
+async def test_a_request_in_flight_is_answered_and_a_subscription_kept_across_a_resume(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    entered, release = asyncio.Event(), asyncio.Event()
+    reconnected: asyncio.Queue[ChannelEvent] = asyncio.Queue()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            reconnected.put_nowait(event)
+
+    async with (
+        serve_app_async(create_app(config(tmp_path, "broker-a", redis_url))) as a,
+        serve_app_async(create_app(config(tmp_path, "broker-b", redis_url))) as b,
+        TcpProxy() as proxy,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+
+        @agent.respondent("slow")
+        async def slow(request: Request) -> bytes:
+            entered.set()
+            await release.wait()
+            return b"worth the wait"
+
+        async with agent:
+            await agent.wait_registered(5 * T)
+            proxy.target = a.port
+            transport = RecordingChannel(f"ws://127.0.0.1:{proxy.port}/asbp", timeout=5 * T)
+            ua = UserAgent(transport, reconnect=FAST, on_event=on_event)
+            publisher = UserAgent.websocket(b.ws_url + "/asbp", reconnect=None)
+            async with ua, publisher:
+                channel_id = ua.channel_id
+                await until_in_directory(redis_url, "ch", channel_id)
+                accepted = await ua.subscribe("/news/.*")
+                assert accepted.name == "asbp.accepted"
+                waiting = asyncio.create_task(ua.request("slow", timeout=10 * T))
+                async with asyncio.timeout(5 * T):
+                    await entered.wait()
+                proxy.cut()
+                await until_in_directory(redis_url, "ch", channel_id, present=False)
+                # While it is away: its answer is given, and a topic it follows gets
+                # a publication. Neither is lost, and it does not fail the request.
+                release.set()
+                await publisher.request("asbp.publish", b"n1", destination="/news/a")
+                assert not waiting.done()
+                transport.sent.clear()
+                proxy.target = b.port
+                async with asyncio.timeout(10 * T):
+                    event = await reconnected.get()
+                assert (event.channel_id, event.previous) == (channel_id, channel_id)
+                assert "subscriptions" in event.kept  # nothing to subscribe again
+                assert (await waiting).body == b"worth the wait"
+                pushed = await ua.receive(timeout=5 * T)
+                assert (pushed.name, pushed.body) == ("asbp.notification", b"n1")
+                # Still subscribed at B, without having subscribed again.
+                await publisher.request("asbp.publish", b"n2", destination="/news/b")
+                assert (await ua.receive(timeout=5 * T)).body == b"n2"
+                assert "asbp.subscribe" not in transport.sent
+
+
+class RecordingChannel(WebSocketChannel):
+    """The SDK's WebSocket transport, noting the name of every Command it sends."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.sent: list[str | None] = []
+
+    async def send(self, command: Command) -> None:
+        self.sent.append(command.name)
+        await super().send(command)
+
+
+async def test_a_subscription_is_made_again_on_a_new_channel(tmp_path: Path) -> None:
+    """A lone broker without resume: the reconnected User-Agent has a new Channel, and
+    makes its subscriptions again (they did not follow)."""
+    reconnected: asyncio.Queue[ChannelEvent] = asyncio.Queue()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            reconnected.put_nowait(event)
+
+    lone_config = GatewayConfig(data_dir=tmp_path, channels=ChannelLimits(resume="off"))
+    async with serve_app_async(create_app(lone_config)) as lone, TcpProxy() as proxy:
+        proxy.target = lone.port
+        transport = RecordingChannel(f"ws://127.0.0.1:{proxy.port}/asbp", timeout=5 * T)
+        ua = UserAgent(transport, reconnect=FAST, on_event=on_event)
+        publisher = UserAgent.websocket(lone.ws_url + "/asbp", reconnect=None)
+        async with ua, publisher:
+            before = ua.channel_id
+            # The broker publishes the pattern's subscriber count on every change.
+            await publisher.subscribe("/system/stats/topic-consumer-count//kept/.*")
+            await ua.subscribe("/kept/.*")
+            await ua.subscribe("/gone")
+            await ua.unsubscribe("/gone")
+            assert (await publisher.receive(timeout=5 * T)).body.endswith(b"#/kept/.*#1")
+            transport.sent.clear()
+            proxy.cut()
+            proxy.target = lone.port
+            async with asyncio.timeout(10 * T):
+                event = await reconnected.get()
+            assert event.channel_id != before and "subscriptions" not in event.kept
+            # Counted out with the old Channel, then in again with the new one.
+            assert (await publisher.receive(timeout=5 * T)).body.endswith(b"#/kept/.*#0")
+            assert (await publisher.receive(timeout=5 * T)).body.endswith(b"#/kept/.*#1")
+            await publisher.request("asbp.publish", b"again", destination="/kept/x")
+            assert (await ua.receive(timeout=5 * T)).body == b"again"
+            assert transport.sent.count("asbp.subscribe") == 1

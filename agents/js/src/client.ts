@@ -23,12 +23,19 @@
  * meanwhile, in order and once: a `channel` event with `resumed: true` (and a
  * `gap` event only when the log's retention dropped some). When the broker
  * cannot resume it (expired, resume off) or the Channel was on long-poll, the
- * reconnection is a new Channel: `resumed: false` and a `gap` event. Either
- * way the Client then subscribes its subscriptions again and signs its
- * Subjects in again with the credentials they first used (those stay with
- * the connection that made them), so that handles stay valid.
- * Requests in flight when the connection drops fail with ConnectionLost:
- * they are not repeated, since the Client cannot know whether they ran.
+ * reconnection is a new Channel: `resumed: false` and a `gap` event. Then
+ * the Client restores what did not follow: what `asbp.resumed` names in
+ * `kept` followed the Channel (`subscriptions`: every topic and queue
+ * subscription; `subjects`: the Subjects it lists in `subjects`), and the
+ * rest is subscribed again, or signed in again with the credentials it first
+ * used (those stay with the connection that made them), so that handles stay
+ * valid. A new Channel restores everything.
+ * Requests in flight when a WebSocket Channel that can resume drops wait for
+ * the resume: their answers were routed to the Channel and are replayed with
+ * everything else. They fail with ConnectionLost only when it is not resumed
+ * (a new Channel: 2110, 2113), when the Client is closed, or at their own
+ * timeout. On long-poll they fail at once. They are never repeated, since the
+ * Client cannot know whether they ran.
  */
 
 import { Command, DEFAULT_LIMITS, MAX_COMMAND_ID, type HeaderInput, type Limits } from "./codec.js";
@@ -436,7 +443,9 @@ export class Client {
           return;
         }
         if (this.current === transport) this.current = undefined;
-        this.lost(reason);
+        // A WebSocket Channel that can resume keeps its requests: their answers
+        // come with the replay (or they fail when a new Channel opens instead).
+        this.lost(reason, kind === "websocket" && this.wanted && this.secret !== undefined);
         if (this.wanted) this.retry();
       },
     };
@@ -489,9 +498,12 @@ export class Client {
     this.setState(transport.kind === "websocket" ? "open" : "long-poll");
     this.emit("channel", { id: channelId, transport: transport.kind, resumed });
     if (this.everOpened && previous !== undefined) {
-      if (!resumed) this.emit("gap", { previous, current: channelId, reason: this.lostReason || "reconnected" });
-      else if (info?.lost) this.emit("gap", { previous, current: channelId, reason: `${info.lost} Commands lost` });
-      this.restore();
+      if (!resumed) {
+        // The answers owed to the old Channel will never come.
+        this.failPending(new ConnectionLost(`connection lost: ${this.lostReason || "a new Channel"}`));
+        this.emit("gap", { previous, current: channelId, reason: this.lostReason || "reconnected" });
+      } else if (info?.lost) this.emit("gap", { previous, current: channelId, reason: `${info.lost} Commands lost` });
+      this.restore(resumed ? (info?.kept ?? []) : [], resumed ? (info?.subjects ?? []) : []);
     }
     this.everOpened = true;
     const queued = this.outbox.splice(0);
@@ -544,23 +556,32 @@ export class Client {
     }, this.options.upgradeInterval);
   }
 
-  /** The connection is gone: fail what was in flight. */
-  private lost(reason: string): void {
+  /** The connection is gone: fail what was in flight, unless the Channel may resume
+   * (`keep`), which replays their answers. */
+  private lost(reason: string, keep = false): void {
     this.lostReason = reason;
-    const error = new ConnectionLost(`connection lost: ${reason}`);
+    if (!keep) this.failPending(new ConnectionLost(`connection lost: ${reason}`));
+  }
+
+  private failPending(error: Error): void {
     const pending = [...this.pending.values()];
     this.pending.clear();
     for (const entry of pending) entry.fail(error);
   }
 
-  /** After a new Channel: subscribe again, sign the Subjects in again. */
-  private restore(): void {
+  /** After a reconnection: subscribe again and sign in again what did not follow the
+   * Channel (`kept` and `keptSubjects` of `asbp.resumed`; nothing on a new Channel). */
+  private restore(kept: readonly string[], keptSubjects: readonly string[]): void {
+    const subscriptionsKept = kept.includes("subscriptions");
+    const subjectsKept = kept.includes("subjects") ? new Set(keptSubjects) : new Set<string>();
     for (const subscription of this.subscriptions.values()) {
+      if (subscriptionsKept) break;
       this.request("asbp.subscribe", undefined, {
         keys: { destination: subscription.destination, type: subscription.type },
       }).catch((error: Error) => this.emit("error", error));
     }
     for (const subject of this.subjects) {
+      if (subjectsKept.has(subject.id)) continue;
       this.request(subject.command, subject.credentials)
         .then((answer) => subject.update(answer))
         .catch((error: Error) => {

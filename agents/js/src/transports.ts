@@ -20,7 +20,15 @@ export interface OpenInfo {
   received?: number;
   /** Commands that passed the log's retention while away (fault 2111). */
   lost?: number;
+  /** What followed the resumed Channel, as the broker said (`kept` of `asbp.resumed`:
+   * `groups`, `subjects`, `subscriptions`): what the Client need not restore. */
+  kept?: string[];
+  /** The `s` of the Subjects that followed it (`subjects` of `asbp.resumed`). */
+  subjects?: string[];
 }
+
+/** A list key's items (the codec joins them with ","); none when absent. */
+const items = (value: string | undefined): string[] => (value ? value.split(",") : []);
 
 /** A WebSocket to take a lost Channel back: its `i`, secret, and the frames received. */
 export interface ResumeFrom {
@@ -106,7 +114,15 @@ export function openWebSocket(
         return;
       }
       opened = true;
-      if (resume) events.open(channelId, { resumed: true, received: Number(greeting.get("received") ?? 0), lost });
+      if (resume) {
+        events.open(channelId, {
+          resumed: true,
+          received: Number(greeting.get("received") ?? 0),
+          lost,
+          kept: items(greeting.get("kept")),
+          subjects: items(greeting.get("subjects")),
+        });
+      }
       else events.open(channelId, { secret: greeting.get("secret") });
       return;
     }

@@ -190,25 +190,28 @@ test("Commands wait for a Channel in a bounded queue, and leave it when abandone
   client.close();
 });
 
-test("resumes its WebSocket Channel after the connection drops, and gets what it missed once", async () => {
-  // A proxy that can stop passing the broker's frames on (they are sent, and logged,
-  // but never arrive) and then cut the connection, as a network would.
+/**
+ * A proxy to the broker that can stop passing the broker's frames on (they are sent,
+ * and logged, but never arrive: `swallow(true)`) and then cut every connection
+ * (`cut()`), as a network would. `swallowed()` counts the whole WebSocket frames held
+ * back (the broker's are unmasked; their payload may be compressed, so frames are
+ * counted, not read).
+ */
+async function swallowingProxy() {
   let swallowing = false;
-  let swallowed = Buffer.alloc(0);
-  // Whole WebSocket frames in what was swallowed (the broker's are unmasked; their
-  // payload may be compressed, so frames are counted, not read).
-  const framesSwallowed = () => {
+  let held = Buffer.alloc(0);
+  const swallowed = () => {
     let at = 0;
     let count = 0;
-    while (at + 2 <= swallowed.length) {
-      let length = swallowed[at + 1] & 0x7f;
+    while (at + 2 <= held.length) {
+      let length = held[at + 1] & 0x7f;
       let header = 2;
       if (length === 126) {
-        if (at + 4 > swallowed.length) break;
-        length = swallowed.readUInt16BE(at + 2);
+        if (at + 4 > held.length) break;
+        length = held.readUInt16BE(at + 2);
         header = 4;
       }
-      if (at + header + length > swallowed.length) break;
+      if (at + header + length > held.length) break;
       at += header + length;
       count += 1;
     }
@@ -221,7 +224,7 @@ test("resumes its WebSocket Channel after the connection drops, and gets what it
     sockets.add(upstream);
     client.on("data", (data) => upstream.write(data));
     upstream.on("data", (data) => {
-      if (swallowing) swallowed = Buffer.concat([swallowed, data]);
+      if (swallowing) held = Buffer.concat([held, data]);
       else client.write(data);
     });
     upstream.on("error", () => client.destroy());
@@ -230,9 +233,30 @@ test("resumes its WebSocket Channel after the connection drops, and gets what it
     client.on("close", () => upstream.destroy());
   });
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const client = new Client(`http://127.0.0.1:${server.address().port}/asbp`, {
-    backoff: { initial: 10, max: 50 },
-  });
+  return {
+    url: `http://127.0.0.1:${server.address().port}/asbp`,
+    swallow(on) {
+      swallowing = on;
+      held = Buffer.alloc(0);
+    },
+    /** Resolves once `count` frames were held back (the broker sent them). */
+    async swallowed(count) {
+      while (swallowed() < count) await new Promise((resolve) => setImmediate(resolve));
+    },
+    cut() {
+      swallowing = false;
+      for (const socket of sockets) socket.destroy();
+      sockets.clear();
+    },
+    close() {
+      server.close();
+    },
+  };
+}
+
+test("resumes its WebSocket Channel after the connection drops, and gets what it missed once", async () => {
+  const proxy = await swallowingProxy();
+  const client = new Client(proxy.url, { backoff: { initial: 10, max: 50 } });
   const channels = [];
   const commands = [];
   client.on("channel", (c) => channels.push(c));
@@ -241,14 +265,12 @@ test("resumes its WebSocket Channel after the connection drops, and gets what it
     await client.connect();
     const first = client.channelId;
     assert.equal((await client.request("asbp.ping", "before")).text(), "before");
-    swallowing = true;
+    proxy.swallow(true);
     for (const n of [1, 2, 3]) client.send("asbp.ping", `missed-${n}`, { u: 60000 + n });
     // Wait until the broker has answered all three (its frames reach the proxy).
-    while (framesSwallowed() < 3) await new Promise((resolve) => setImmediate(resolve));
-    swallowing = false;
+    await proxy.swallowed(3);
     const resumed = new Promise((resolve) => client.on("channel", (c) => c.resumed && resolve(c)));
-    for (const socket of sockets) socket.destroy();
-    sockets.clear();
+    proxy.cut();
     await resumed;
     assert.equal(client.channelId, first);
     assert.equal((await client.request("asbp.ping", "after")).text(), "after");
@@ -257,6 +279,55 @@ test("resumes its WebSocket Channel after the connection drops, and gets what it
     assert.deepEqual(channels.map((c) => c.resumed), [false, true]);
   } finally {
     client.close();
-    server.close();
+    proxy.close();
+  }
+});
+
+test("a resumed Channel keeps its subscriptions and its requests in flight", async () => {
+  const proxy = await swallowingProxy();
+  const client = new Client(proxy.url, { backoff: { initial: 10, max: 50 } });
+  const publisher = new Client(`${URL_}/asbp`);
+  const sent = [];
+  const request = client.request.bind(client);
+  client.request = (name, ...rest) => {
+    sent.push(name);
+    return request(name, ...rest);
+  };
+  const heard = [];
+  let heardNext;
+  try {
+    await Promise.all([client.connect(), publisher.connect()]);
+    const first = client.channelId;
+    await client.subscribe("/kept/.*", {
+      callback: (notification) => {
+        heard.push(notification.text());
+        heardNext?.();
+      },
+    });
+    proxy.swallow(true);
+    // Answered and published while its frames cannot reach it: the answer and the
+    // notification are logged for the Channel, then the connection is cut.
+    const inFlight = client.request("asbp.ping", "in flight", { timeout: 10_000 });
+    await publisher.publish("/kept/a", "while away");
+    await proxy.swallowed(2);
+    const resumed = new Promise((resolve) => client.on("channel", (c) => c.resumed && resolve(c)));
+    sent.length = 0;
+    proxy.cut();
+    await resumed;
+    assert.equal(client.channelId, first);
+    // The request was not failed: its answer came with the replay.
+    assert.equal((await inFlight).text(), "in flight");
+    if (heard.length < 1) await new Promise((resolve) => (heardNext = resolve));
+    assert.deepEqual(heard, ["while away"]);
+    // The broker kept the subscription (kept=...,subscriptions): not sent again.
+    assert.deepEqual(sent, []);
+    const next = new Promise((resolve) => (heardNext = resolve));
+    await publisher.publish("/kept/b", "after");
+    await next;
+    assert.deepEqual(heard, ["while away", "after"]);
+  } finally {
+    client.close();
+    publisher.close();
+    proxy.close();
   }
 });

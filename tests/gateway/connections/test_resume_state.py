@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.connections.resume_state import KeptSubject, ResumeRecord
+from gateway.connections.resume_state import KeptSubject, KeptSubscription, ResumeRecord
 
 
 def test_a_record_reads_back_what_was_written() -> None:
@@ -51,3 +51,28 @@ def test_unreadable_subjects_are_left_out(subject: object) -> None:
 
 def test_a_home_that_is_not_text_makes_the_record_unreadable() -> None:
     assert ResumeRecord.decode(b'{"groups": [], "home": 3}') == ResumeRecord()
+
+
+def test_subscriptions_and_where_they_are_parked_read_back_in_order() -> None:
+    pattern = KeptSubscription("TOPIC", "/news/.*")
+    queue = KeptSubscription("QUEUE", "jobs", "s" * 32)
+    record = ResumeRecord.of({"room"}, subscriptions=[queue, pattern], parked="broker-a")
+    assert record.subscriptions == (queue, pattern)  # the order made, not sorted
+    assert ResumeRecord.decode(record.encode()) == record
+
+
+@pytest.mark.parametrize(
+    "subscription",
+    ["not a table", {"t": "TOPIC"}, {"t": 3, "n": "/x"}, {"n": "/x"}],
+)
+def test_unreadable_subscriptions_are_left_out(subscription: object) -> None:
+    kept = {"t": "TOPIC", "n": "/kept", "s": 5}  # a Subject that is not text: none
+    data = json.dumps({"groups": [], "subscriptions": [subscription, kept], "parked": "b"}).encode()
+    assert ResumeRecord.decode(data) == ResumeRecord(
+        subscriptions=(KeptSubscription("TOPIC", "/kept"),), parked="b"
+    )
+
+
+def test_a_parked_broker_that_is_not_text_counts_as_none() -> None:
+    data = b'{"groups": [], "subscriptions": "x", "parked": 3}'
+    assert ResumeRecord.decode(data) == ResumeRecord()

@@ -18,7 +18,7 @@ import pytest
 
 import asbp
 from asbp import Command
-from gateway.config.model import MessagingLimits
+from gateway.config.model import ChannelLimits, MessagingLimits
 from tests.support.gateway import (
     BROKER_ID,
     Gateway,
@@ -154,7 +154,14 @@ async def test_an_application_agent_publishes_and_subscribes(broker: Gateway) ->
     assert (agent_note.body, agent_note.get("a")) == (b"from a user", None)
 
 
-async def test_a_closed_channel_loses_its_subscriptions(broker: Gateway) -> None:
+@pytest.mark.parametrize(("resume", "left"), [("off", 0), ("on", 1)])
+async def test_a_closed_channel_loses_its_subscriptions_unless_it_can_resume(
+    redis: RedisServers, make_gateway: GatewayFactory, engine: str, resume: str, left: int
+) -> None:
+    # A Channel that can resume keeps its topic subscriptions parked, feeding its
+    # log, until it resumes or its log would expire (gateway.messaging.service,
+    # "Resumed Channels"); one that cannot loses them with its connection.
+    broker = await start_broker(make_gateway, engine, redis, channels=ChannelLimits(resume=resume))
     peer = await broker.channel()
     leaving = Messenger.of(peer)
     await leaving.subscribe("/bye")
@@ -164,8 +171,8 @@ async def test_a_closed_channel_loses_its_subscriptions(broker: Gateway) -> None
     await peer.close()
     await broker.events.wait("channel.close", channel=peer.id)
 
-    assert await broker.call(lambda b: b.messaging.topic_subscribers("/bye")) == 0
-    assert await broker.call(lambda b: b.messaging.topic_subscribers("/bye/.*")) == 0
+    assert await broker.call(lambda b: b.messaging.topic_subscribers("/bye")) == left
+    assert await broker.call(lambda b: b.messaging.topic_subscribers("/bye/.*")) == left
 
 
 async def test_publish_without_u_gets_no_acceptance(broker: Gateway) -> None:

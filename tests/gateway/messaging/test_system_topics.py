@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from gateway.config.model import MessagingLimits
+from gateway.config.model import ChannelLimits, MessagingLimits
 from tests.support import T
 from tests.support.gateway import BROKER_ID, Gateway, GatewayFactory
 from tests.support.messaging import Messenger, RedisServers, start_broker, user
@@ -45,7 +45,31 @@ async def test_topic_consumer_counts_follow_subscriptions(broker: Gateway) -> No
     assert await count(monitor, topic) == f"{BROKER_ID}#/news/.*#1".encode()
 
 
-async def test_a_closed_channel_is_counted_out(broker: Gateway) -> None:
+async def test_a_closed_channel_is_counted_out(
+    redis: RedisServers, make_gateway: GatewayFactory, engine: str
+) -> None:
+    # A Channel that cannot resume: its subscriptions end with its connection.
+    broker = await start_broker(make_gateway, engine, redis, channels=ChannelLimits(resume="off"))
+    monitor = await user(broker)
+    await monitor.subscribe(TOPIC_COUNTS + ".*")
+    peer = await broker.channel()
+    await Messenger.of(peer).subscribe("/leaving")
+    topic = TOPIC_COUNTS + "/leaving"
+    assert await count(monitor, topic) == f"{BROKER_ID}#/leaving#1".encode()
+
+    await peer.close()
+
+    assert await count(monitor, topic) == f"{BROKER_ID}#/leaving#0".encode()
+
+
+async def test_a_resumable_channel_is_counted_out_when_it_can_no_longer_resume(
+    redis: RedisServers, make_gateway: GatewayFactory, engine: str
+) -> None:
+    # Its topic subscription waits for it, parked (gateway.messaging.service,
+    # "Resumed Channels"), until the log would expire: then it is counted out.
+    broker = await start_broker(
+        make_gateway, engine, redis, channels=ChannelLimits(resume="on", log_max_age=0.5)
+    )
     monitor = await user(broker)
     await monitor.subscribe(TOPIC_COUNTS + ".*")
     peer = await broker.channel()

@@ -186,7 +186,7 @@ async def test_a_channel_resumed_at_another_broker_keeps_its_subjects_and_groups
         assert (answer.name, answer.get("b"), answer.get("kept")) == (
             "asbp.resumed",
             "broker-b",
-            ("groups", "subjects"),
+            ("groups", "subjects", "subscriptions"),
         )
         assert answer.get("subjects") == (subject,)  # the one that followed it
         await until_in_directory(redis_url, "grp:room", "broker-b")
@@ -206,7 +206,10 @@ async def test_a_channel_resumed_at_its_lone_broker_keeps_its_subjects_and_group
         subject = await sign_in(connection, tube, channel_id)
         await connection.close()
         resumed, answer = await resume_at(lone.ws_url + "/asbp", channel_id, secret, received=2)
-        assert (answer.name, answer.get("kept")) == ("asbp.resumed", ("groups", "subjects"))
+        assert (answer.name, answer.get("kept")) == (
+            "asbp.resumed",
+            ("groups", "subjects", "subscriptions"),
+        )
         assert answer.get("subjects") == (subject,)
         stranger, _, _ = await open_resumable(lone.ws_url + "/asbp")
         await kept_across_the_resume(resumed, tube, stranger, channel_id, subject)
