@@ -81,7 +81,10 @@ class PlaneUnavailable(EngineUnavailable):
 
 
 class EnvelopeKind(enum.Enum):
-    """What a forwarded frame is, and so what the receiving broker does with it."""
+    """What a forwarded frame is, and so what the receiving broker does with it.
+
+    ``w`` is taken: the Redis plane's wake-up of a parked Channel-log reader.
+    """
 
     #: A User-Agent Command for a Respondent at the receiving broker; its answers
     #: go back to ``origin`` as ``CHANNEL`` envelopes.
@@ -133,6 +136,17 @@ class EnvelopeKind(enum.Enum):
     #: The WebSocket Channel ``channel`` was resumed at ``origin``: the receiving
     #: broker closes its own connection for it, if it still has one (fault 2112).
     RESUMED = "m"
+    #: A Command from the HTTP Channel ``channel`` for the broker where its Subjects
+    #: and groups live (its *home*, the directory's entry for it): ``origin``
+    #: checked the Channel's secret and hands ``frame`` on as the client sent it
+    #: (gateway.routing.http_bus).
+    HTTP_COMMAND = "v"
+    #: The requests from HTTP Channels at the receiving broker (their ``origin``
+    #: side) that this broker's books no longer hold (answered, faulted or
+    #: timed out): ``frame`` is ``<i>:<u>`` pairs joined by ",", so that the
+    #: broker that took each request in faults only those left (2102) when this
+    #: broker dies (gateway.routing.remote).
+    REQUESTS_DONE = "k"
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,8 +99,10 @@ async def broker_process(
             url = await _listening(stderr)
 
         async def drain_stderr() -> None:  # a full pipe would block the broker
-            while await stderr.readline():
-                pass
+            # Kept in its directory: what a failed test's broker said.
+            with (directory / "broker.log").open("wb") as kept:
+                while line := await stderr.readline():
+                    kept.write(line)
 
         drain = asyncio.create_task(drain_stderr())
         yield BrokerProcess(process, url)
