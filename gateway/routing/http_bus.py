@@ -224,8 +224,11 @@ class HttpBus:
 
     async def _close_if_gone(self, channel: Channel) -> None:
         with contextlib.suppress(PlaneUnavailable):
-            if await self._plane.channel_log.digest(channel.id) is None and not channel.closed:
-                self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+            if await self._plane.channel_log.digest(channel.id) is None:
+                if not channel.closed:
+                    self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+                return
+            self._broker.log.debug("channel.idle_here", extra={"channel": channel.id})
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

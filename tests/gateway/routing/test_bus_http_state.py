@@ -9,12 +9,14 @@ alternate between brokers A and B.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -55,14 +57,24 @@ class Bus:
 
 @pytest.fixture
 async def bus(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Bus]:
+    async with three_brokers(tmp_path, redis_server) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def three_brokers(
+    tmp_path: Path, redis_server: RedisServer, top: str = "", tables: str = ""
+) -> AsyncIterator[Bus]:
+    """Brokers A, B and C, and the agent's Tube to C; ``top`` and ``tables``: more
+    settings, before the first table and as tables of their own."""
     redis_url = redis_server.url
     await flush(redis_url)
     credentials = make_credentials(tmp_path)
     settings = (
-        f"bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
+        f"{top}bus_lease = {LEASE}\ninsecure_dev_tubes = true\n"
         'authenticate_command = "auth.login"\n'
         f"[agents.echo]\npublic_key = {str(tmp_path / 'echo.pem')!r}\n"
-        "serves = ['.*', 'auth.login']\n"
+        f"serves = ['.*', 'auth.login']\n{tables}"
     )
 
     def start(name: str) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
@@ -203,3 +215,53 @@ async def test_a_request_whose_respondents_broker_dies_gets_2102_in_the_mailbox(
         assert (fault.name, fault.command_id) == ("asbp.fault", 8), fault
         assert read_fault(fault).code == FaultCode.RESPONDENT_LEFT
         assert time.monotonic() - killed <= LEASE + 2 * T
+
+
+async def keep_polling(channel: HttpChannel, into: asyncio.Queue[Command]) -> None:
+    """Long-poll ``channel`` for short waits (within the idle timeout, so that its
+    log stays alive) until cancelled, putting what arrives into ``into``."""
+    while True:
+        for _, command in await channel.poll(wait=0.5):
+            into.put_nowait(command)
+
+
+async def test_the_homes_copy_outlives_its_idle_timeout_while_the_client_uses_another_broker(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with (
+        three_brokers(
+            tmp_path,
+            redis_server,
+            top='log_level = "debug"\n',
+            tables="[channels]\nhttp_idle_timeout = 2.0\n",
+        ) as bus,
+        httpx.AsyncClient(timeout=10 * T) as client,
+    ):
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        await on_b.post(Command({"c": "asbp.ping", "i": on_a.id, "u": 1}))
+        assert (await next_command(on_b)).name == "asbp.pong"
+        join = {"c": "asbp.join", "groups": "room", "channels": on_a.id, "u": 2}
+        await bus.tube.send(encode(Command(join)))
+        assert (await frame(bus.tube)).command_id == 2
+        arrived: asyncio.Queue[Command] = asyncio.Queue()
+        # The client uses B only; A, its home, finds its copy idle and asks the
+        # log, which B's requests keep alive: the copy, and the group, stay.
+        polling = asyncio.ensure_future(keep_polling(on_b, arrived))
+        try:
+            await bus.a.log.wait_for(b"channel.idle_here", on_a.id.encode(), timeout=10 * T)
+            await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"kept")))
+            with anyio.fail_after(5 * T):
+                assert (await arrived.get()).body == b"kept"
+        finally:
+            polling.cancel()
+        # Then A only: B's copy, a visitor holding nothing, idles out for good.
+        on_a.seen = on_b.seen
+        polling = asyncio.ensure_future(keep_polling(on_a, arrived))
+        try:
+            await bus.b.log.wait_for(b'"channel.close"', on_a.id.encode(), timeout=10 * T)
+            await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"still")))
+            with anyio.fail_after(5 * T):
+                assert (await arrived.get()).body == b"still"
+        finally:
+            polling.cancel()
