@@ -82,6 +82,8 @@ class Channel:
     #: (where its Subjects and groups live: gateway.routing.http_bus): such a
     #: Channel object holds no state of its own.
     visitor: bool = False
+    #: Monotonic time a visitor last asked the bus whether its home is alive.
+    home_checked: float = 0.0
 
 
 class ChannelRegistry:

@@ -137,10 +137,16 @@ class HttpBus:
     def polled(self, channel: Channel) -> None:
         """A long-poll of ``channel`` here: if it only visits, is its home still alive?
 
-        One directory read per long-poll at a visitor, not awaited by the poll.
+        One directory read, not awaited by the poll, at most every sixth of the
+        lease per Channel: a dead home leaves the directory only once its lease
+        runs out, so asking more often would learn nothing sooner.
         """
         if not channel.visitor or channel.id in self._checking:
             return
+        now = time.monotonic()
+        if now - channel.home_checked < self._plane.lease / 6:
+            return
+        channel.home_checked = now
         self._checking.add(channel.id)
         self._spawn(self._check_home(channel))
 

@@ -265,3 +265,34 @@ async def test_the_homes_copy_outlives_its_idle_timeout_while_the_client_uses_an
                 assert (await arrived.get()).body == b"still"
         finally:
             polling.cancel()
+
+
+async def test_when_the_home_dies_its_subjects_are_lost_and_the_client_signs_in_again(
+    bus: Bus,
+) -> None:
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        await on_b.post(Command({"c": "auth.login", "i": on_a.id, "u": 1}, b"alice"))
+        login = await frame(bus.tube)
+        assert login.get("b") == "broker-a"  # handed to the home, which signs it in
+        await bus.tube.send(encode(Command({"c": "asbp.authenticated", "s": login.get("s")})))
+        assert (await next_command(on_b)).name == "asbp.authenticated"
+        await bus.a.kill()
+        await until_in_directory(bus.redis_url, "ch", on_a.id, present=False)
+        # B finds no home to hand the Subject's Command to: it is the home now, and
+        # the Subject died with A (never silence: 3201, as for any unknown s).
+        await on_b.post(Command({"c": "whoami", "i": on_a.id, "s": login.get("s"), "u": 2}))
+        denied = await next_command(on_b)
+        assert (read_fault(denied).code, denied.command_id) == (FaultCode.ACCESS_DENIED, 2)
+        await until_in_directory(bus.redis_url, "ch", on_a.id)
+        # Signing in again works through B, its new home.
+        await on_b.post(Command({"c": "auth.login", "i": on_a.id, "u": 3}, b"alice"))
+        again = await frame(bus.tube)
+        assert again.get("b") == "broker-b"
+        subject = again.get("s")
+        await bus.tube.send(encode(Command({"c": "asbp.authenticated", "s": subject})))
+        assert (await next_command(on_b)).get("s") == subject
+        await on_b.post(Command({"c": "whoami", "i": on_a.id, "s": subject, "u": 4}))
+        request = await frame(bus.tube)
+        assert (request.name, request.get("s"), request.command_id) == ("whoami", subject, 4)
