@@ -10,13 +10,16 @@ sign-in through broker A would be unknown to broker B, a group joined at B
 would go when B's copy of the Channel idles out, and a ``g`` would reach the
 Channel once per broker that holds a copy.
 
-So every HTTP Channel has a *home*: the broker that opened it, named by the
-plane's directory (``ch``). Another broker that serves one of its requests
+The same holds for its topic and queue subscriptions and the leases of the
+queue messages it takes. So every HTTP Channel has a *home*: the broker that
+opened it, named by the plane's directory (``ch``). Another broker that serves one of its requests
 holds a *visitor* copy (``Channel.visitor``), which it never announces and
 which never joins a group. At a visitor:
 
 - a Command that touches the Channel's Subjects (it carries ``s``, or is the
-  Authenticate-Command or ``asbp.logout``) is handed to the home as it was sent
+  Authenticate-Command or ``asbp.logout``), or its subscriptions and queue
+  leases (``asbp.subscribe``, ``asbp.unsubscribe``, ``asbp.poll``,
+  ``asbp.ack``), is handed to the home as it was sent
   (an ``HTTP_COMMAND`` envelope), and the home routes it exactly as if its own
   client had posted it: ``s`` is checked against the home's Subjects, the ACL
   there, and the answers go into the Channel log, which any broker reads. The
@@ -52,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
-from asbp.names import LOGOUT
+from asbp.names import ACK, LOGOUT, POLL, SUBSCRIBE, UNSUBSCRIBE
 from gateway.connections.channels import Channel, ChannelKind
 from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.resume_state import ResumeRecord
@@ -74,7 +77,9 @@ class HttpBus:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._plane = broker.plane
-        stateful = {LOGOUT}
+        # The Subjects' Commands, and the messaging Commands that make or use a
+        # subscription or a queue lease, both of which belong to one broker's copy.
+        stateful = {LOGOUT, SUBSCRIBE, UNSUBSCRIBE, POLL, ACK}
         if broker.config.authenticate_command is not None:
             stateful.add(broker.config.authenticate_command)
         self._stateful = frozenset(stateful)

@@ -244,6 +244,11 @@ async def test_the_homes_copy_outlives_its_idle_timeout_while_the_client_uses_an
         join = {"c": "asbp.join", "groups": "room", "channels": on_a.id, "u": 2}
         await bus.tube.send(encode(Command(join)))
         assert (await frame(bus.tube)).command_id == 2
+        # Subscribed through B: the subscription is the home's too.
+        subscribe = {"c": "asbp.subscribe", "i": on_a.id, "destination": "/news", "u": 3}
+        await on_b.post(Command(subscribe))
+        subscribed = await next_command(on_b)
+        assert (subscribed.name, subscribed.command_id) == ("asbp.accepted", 3), subscribed
         arrived: asyncio.Queue[Command] = asyncio.Queue()
         # The client uses B only; A, its home, finds its copy idle and asks the
         # log, which B's requests keep alive: the copy, and the group, stay.
@@ -261,8 +266,12 @@ async def test_the_homes_copy_outlives_its_idle_timeout_while_the_client_uses_an
         try:
             await bus.b.log.wait_for(b'"channel.close"', on_a.id.encode(), timeout=10 * T)
             await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"still")))
+            publish = {"c": "asbp.publish", "destination": "/news", "u": 9}
+            await bus.tube.send(encode(Command(publish, b"published")))
             with anyio.fail_after(5 * T):
-                assert (await arrived.get()).body == b"still"
+                both = {(c.name, c.body) for c in [await arrived.get(), await arrived.get()]}
+            # Two paths (the bus's groups, the engine's topics): in either order.
+            assert both == {("news", b"still"), ("asbp.notification", b"published")}
         finally:
             polling.cancel()
 
