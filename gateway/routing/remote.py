@@ -28,14 +28,17 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
-*An HTTP Channel on a bus* has no home broker: any broker serves its client,
+*An HTTP Channel on a bus* needs no affinity: any broker serves its client,
 and what is sent to it goes into its Channel log in the plane: its requests
 travel as ``LOGGED_REQUEST``, whose proxy at the serving broker appends to the
 log instead of forwarding to the origin, and ``forward_to_channel`` (an
 agent's ``d``) puts a frame for a Channel with a log there in the same call.
-So a request from it is not kept in flight here: the serving broker's books
-(2103, 2102 when its Tube closes) answer into the log. What such a
-Channel loses is 2102 when the *serving broker* dies: nobody is left to say it.
+The serving broker's books (2103, 2102 when its Tube closes) answer into the
+log; the origin keeps the request in flight too, and the serving broker tells
+it which of them its books let go of (``REQUESTS_DONE``: one envelope per
+origin per loop turn, :meth:`Remote._flush_done`), so that when the serving
+broker dies the origin faults those left with 2102, within the lease. (Its
+Subjects and groups live at its home broker: gateway.routing.http_bus.)
 
 *An agent's Command for a Channel elsewhere*: ``d`` is looked up and forwarded
 by the plane in one call; a Channel that exists nowhere on the bus gets the
@@ -196,6 +199,12 @@ class ForwardingOutbox:
 
     def abort(self) -> None:
         self._closed = True
+
+
+def _settled(future: asyncio.Future[bool]) -> None:
+    """A send whose outcome changes nothing: its error is read, so never reported."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _placeholder(name: str) -> Tube:
@@ -754,7 +763,7 @@ class Remote:
         for origin, pairs in ended.items():
             envelope = Envelope(EnvelopeKind.REQUESTS_DONE, me, "", ",".join(pairs).encode())
             # A broker of origin that is gone needs no word: nothing waits there.
-            self.plane.send_to(origin, envelope)
+            self.plane.send_to(origin, envelope).add_done_callback(_settled)
 
     def _for_done(self, envelope: Envelope) -> None:
         """The serving broker ``origin`` let go of these requests: nothing is owed."""
