@@ -305,3 +305,14 @@ async def test_when_the_home_dies_its_subjects_are_lost_and_the_client_signs_in_
         await on_b.post(Command({"c": "whoami", "i": on_a.id, "s": subject, "u": 4}))
         request = await frame(bus.tube)
         assert (request.name, request.get("s"), request.command_id) == ("whoami", subject, 4)
+
+
+async def test_a_request_nobody_on_the_bus_serves_gets_2101_in_the_mailbox(bus: Bus) -> None:
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        # Never silence (it was: the failed forward of a logged request was dropped).
+        await on_b.post(Command({"c": "nobody.serves", "i": on_a.id, "u": 9}))
+        fault = await next_command(on_b)
+        assert (fault.name, fault.command_id) == ("asbp.fault", 9), fault
+        assert read_fault(fault).code == FaultCode.NO_RESPONDENT
