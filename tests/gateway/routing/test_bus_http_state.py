@@ -1,7 +1,8 @@
 """An HTTP Channel's Subjects and groups are bus-wide, and its requests fault when
 the broker serving them dies (docs/protocol.md, "One bus across brokers").
 
-Three ``python -m gateway`` processes on one private redis-server; the
+Three ``python -m gateway`` processes on one private redis-server, and again on
+the session's private six-node Redis Cluster; the
 Application-Agent is a bare WebSocket Tube to broker C only (so the test sees
 exactly what reaches it); the User-Agent is httpx, whose POSTs and long-polls
 alternate between brokers A and B.
@@ -28,16 +29,25 @@ from tests.support import RedisServer, T
 from tests.support.agents import make_credentials
 from tests.support.bus import flush, frame, until_in_directory
 from tests.support.gateway import HttpChannel
+from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
 LEASE = 1.5
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+@pytest.fixture(scope="module", params=["redis", "redis-cluster"])
+def redis_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A private redis-server for the module, or the session's Redis Cluster (where a
+    hand-over to the home is a lookup in the directory's slot, then a send)."""
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url
+        return
     with RedisServer(tmp_path_factory.mktemp("bus-http-state-redis")) as server:
-        yield server
+        yield server.url
 
 
 @dataclass
@@ -56,18 +66,17 @@ class Bus:
 
 
 @pytest.fixture
-async def bus(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Bus]:
-    async with three_brokers(tmp_path, redis_server) as running:
+async def bus(tmp_path: Path, redis_url: str) -> AsyncIterator[Bus]:
+    async with three_brokers(tmp_path, redis_url) as running:
         yield running
 
 
 @contextlib.asynccontextmanager
 async def three_brokers(
-    tmp_path: Path, redis_server: RedisServer, top: str = "", tables: str = ""
+    tmp_path: Path, redis_url: str, top: str = "", tables: str = ""
 ) -> AsyncIterator[Bus]:
     """Brokers A, B and C, and the agent's Tube to C; ``top`` and ``tables``: more
     settings, before the first table and as tables of their own."""
-    redis_url = redis_server.url
     await flush(redis_url)
     credentials = make_credentials(tmp_path)
     settings = (
@@ -226,12 +235,12 @@ async def keep_polling(channel: HttpChannel, into: asyncio.Queue[Command]) -> No
 
 
 async def test_the_homes_copy_outlives_its_idle_timeout_while_the_client_uses_another_broker(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_url: str
 ) -> None:
     async with (
         three_brokers(
             tmp_path,
-            redis_server,
+            redis_url,
             top='log_level = "debug"\n',
             tables="[channels]\nhttp_idle_timeout = 2.0\n",
         ) as bus,
