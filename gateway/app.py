@@ -56,6 +56,7 @@ from gateway.connections.resume import ChannelResume
 from gateway.console import STATIC
 from gateway.console.oidc import ConsoleSignIn, auth_route
 from gateway.ops import demo_page
+from gateway.routing.http_bus import HttpBus
 from gateway.transports import cors, http, websocket
 
 __all__ = ["create_app"]
@@ -243,6 +244,10 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
         # WebSocket Channels that resume on any broker (gateway.connections.resume).
         resume = ChannelResume(broker)
         resume.start()
+        # HTTP Channels' Subjects and groups at one home broker (after the resume's
+        # hooks: it chains them).
+        if broker.plane.spans_brokers:
+            broker.http_bus = HttpBus(broker)
         # Also on app.state, so the server can close Channels and Tubes before it
         # drains connections (see gateway.ops.server).
         app.state.broker = broker
@@ -255,6 +260,8 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
                 "resume": resume,
             }
         finally:
+            if broker.http_bus is not None:
+                await broker.http_bus.stop()
             await resume.stop()
             if courses is not None:
                 await courses.stop()

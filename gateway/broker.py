@@ -43,6 +43,7 @@ from gateway.metrics.counts import RouterCounts
 from gateway.plane.base import LogRetention, Plane
 from gateway.plane.census import CARD_TOPICS, BrokerCard, Census, Describe, LocalCensus
 from gateway.plane.memory import MemoryPlane
+from gateway.routing.http_bus import HttpBus
 from gateway.routing.router import Router
 from gateway.tasks import cancel_and_wait
 from gateway.types import CourseStats, Outlets
@@ -253,6 +254,9 @@ class Broker:
         #: The Courses' counters for the metrics (set by gateway/app.py); None: none.
         self.courses: CourseStats | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        #: HTTP Channels' homes on a bus (gateway.routing.http_bus; set by
+        #: gateway/app.py on a bus of many brokers); None: alone on its bus.
+        self.http_bus: HttpBus | None = None
         self._stopped = False
         self.ready = False
 
@@ -362,9 +366,15 @@ class Broker:
         """Close HTTP Channels idle longer than the configured timeout."""
         limit = time.monotonic() - self.config.channels.http_idle_timeout
         idle = [c for c in self.channels if c.kind is ChannelKind.HTTP and c.last_seen < limit]
+        closed = 0
         for channel in idle:
+            if self.http_bus is not None and not channel.visitor:
+                # Its home: the Channel may be in use at other brokers (its log says).
+                self.http_bus.idle(channel)
+                continue
             self.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
-        return len(idle)
+            closed += 1
+        return closed
 
     # -- Channels ------------------------------------------------------------
 
@@ -449,7 +459,9 @@ class Broker:
         if not channel.secret_digest:
             channel.secret_digest = digest
             channel.access = _access(address, tls, channel_id=channel.id)
-            self.router.channel_opened(channel)
+            # A visitor: the Channel's home (its opener) keeps its Subjects and
+            # groups and its directory entry (gateway.routing.http_bus).
+            channel.visitor = True
             self.log.info(
                 "channel.adopt",
                 extra={"channel": channel.id, "remote": remote, "transport": "http"},

@@ -78,6 +78,12 @@ class Channel:
     #: The digest of the Channel's secret (gateway.connections.channel_secret);
     #: empty for a Channel with none (a proxy).
     secret_digest: bytes = b""
+    #: An HTTP Channel on a bus served here while another broker is its *home*
+    #: (where its Subjects and groups live: gateway.routing.http_bus): such a
+    #: Channel object holds no state of its own.
+    visitor: bool = False
+    #: Monotonic time a visitor last asked the bus whether its home is alive.
+    home_checked: float = 0.0
 
 
 class ChannelRegistry:

@@ -81,7 +81,10 @@ class PlaneUnavailable(EngineUnavailable):
 
 
 class EnvelopeKind(enum.Enum):
-    """What a forwarded frame is, and so what the receiving broker does with it."""
+    """What a forwarded frame is, and so what the receiving broker does with it.
+
+    ``w`` is taken: the Redis plane's wake-up of a parked Channel-log reader.
+    """
 
     #: A User-Agent Command for a Respondent at the receiving broker; its answers
     #: go back to ``origin`` as ``CHANNEL`` envelopes.
@@ -136,6 +139,17 @@ class EnvelopeKind(enum.Enum):
     #: the broker where its topic subscriptions were parked for the id of the last
     #: publication it forwarded to it, and ``last=<id>`` is that broker's answer.
     RESUMED = "m"
+    #: A Command from the HTTP Channel ``channel`` for the broker where its Subjects
+    #: and groups live (its *home*, the directory's entry for it): ``origin``
+    #: checked the Channel's secret and hands ``frame`` on as the client sent it
+    #: (gateway.routing.http_bus).
+    HTTP_COMMAND = "v"
+    #: The requests from HTTP Channels at the receiving broker (their ``origin``
+    #: side) that this broker's books no longer hold (answered, faulted or
+    #: timed out): ``frame`` is ``<i>:<u>`` pairs joined by ",", so that the
+    #: broker that took each request in faults only those left (2102) when this
+    #: broker dies (gateway.routing.remote).
+    REQUESTS_DONE = "k"
 
 
 @dataclass(frozen=True, slots=True)

@@ -340,7 +340,12 @@ class Management:
                 cause=name,
             )
             return None
-        found = [self._channels.get(i) for i in ids]
+        # An HTTP Channel merely visiting here (gateway.routing.http_bus) has its
+        # groups at its home broker: the bus takes the join or leave there.
+        found = [
+            None if channel is None or channel.visitor else channel
+            for channel in (self._channels.get(i) for i in ids)
+        ]
         channels = [c for c in found if c is not None]
         missing = [i for i, c in zip(ids, found, strict=True) if c is None]
         elsewhere = self._elsewhere

@@ -28,14 +28,17 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
-*An HTTP Channel on a bus* has no home broker: any broker serves its client,
+*An HTTP Channel on a bus* needs no affinity: any broker serves its client,
 and what is sent to it goes into its Channel log in the plane: its requests
 travel as ``LOGGED_REQUEST``, whose proxy at the serving broker appends to the
 log instead of forwarding to the origin, and ``forward_to_channel`` (an
 agent's ``d``) puts a frame for a Channel with a log there in the same call.
-So a request from it is not kept in flight here: the serving broker's books
-(2103, 2102 when its Tube closes) answer into the log. What such a
-Channel loses is 2102 when the *serving broker* dies: nobody is left to say it.
+The serving broker's books (2103, 2102 when its Tube closes) answer into the
+log; the origin keeps the request in flight too, and the serving broker tells
+it which of them its books let go of (``REQUESTS_DONE``: one envelope per
+origin per loop turn, :meth:`Remote._flush_done`), so that when the serving
+broker dies the origin faults those left with 2102, within the lease. (Its
+Subjects and groups live at its home broker: gateway.routing.http_bus.)
 
 *An agent's Command for a Channel elsewhere*: ``d`` is looked up and forwarded
 by the plane in one call; a Channel that exists nowhere on the bus gets the
@@ -107,7 +110,7 @@ MAX_PROXIES: Final = 65_536
 class ForwardingOutbox:
     """The outbox of a proxy Channel: every frame goes to the Channel's own broker."""
 
-    __slots__ = ("_broker", "_channel", "_closed", "_log", "_plane", "logged")
+    __slots__ = ("_broker", "_channel", "_closed", "_log", "_offered", "_plane", "logged")
 
     def __init__(
         self,
@@ -117,12 +120,16 @@ class ForwardingOutbox:
         log: logging.Logger,
         *,
         logged: bool = False,
+        offered: Callable[[str], object] | None = None,
     ) -> None:
         self._plane = plane
         self._broker = broker_id
         self._channel = channel_id
         self._log = log
         self._closed = False
+        #: Told the Channel's id after each frame put in its log: the requests of
+        #: the Channel this broker serves may have ended (Remote._logged_offered).
+        self._offered = offered
         #: The Channel has a Channel log (an HTTP Channel on a bus): frames go
         #: there, whichever broker its client asks next, and survive its origin.
         self.logged = logged
@@ -141,6 +148,8 @@ class ForwardingOutbox:
             return False
         if self.logged:
             self._plane.channel_log.append(self._channel, frame).add_done_callback(self._logged)
+            if self._offered is not None:
+                self._offered(self._channel)
             return True
         envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
         self._plane.send_to(self._broker, envelope).add_done_callback(self._sent)
@@ -190,6 +199,12 @@ class ForwardingOutbox:
 
     def abort(self) -> None:
         self._closed = True
+
+
+def _settled(future: asyncio.Future[bool]) -> None:
+    """A send whose outcome changes nothing: its error is read, so never reported."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _placeholder(name: str) -> Tube:
@@ -244,6 +259,12 @@ class Remote:
         #: Names other brokers forwarded requests for since the last report: each
         #: forward raised the count in the directory, which a report corrects.
         self._forwarded: set[str] = set()
+        #: Requests of HTTP Channels served here, by proxy: their ``u`` whose end
+        #: the broker that took them in (any broker: the client goes where it
+        #: likes) has not been told of (REQUESTS_DONE), with that broker.
+        self._logged_owed: dict[ChannelId, tuple[Channel, dict[int, str]]] = {}
+        #: Proxies whose logs got a frame since the last flush of REQUESTS_DONE.
+        self._logged_touched: set[ChannelId] = set()
         #: Called with ``i`` when a WebSocket Channel of this broker was resumed at
         #: another (gateway.connections.resume closes its connection here).
         #: Also called with the broker it resumed at.
@@ -272,10 +293,11 @@ class Remote:
         name = command.name
         assert name is not None
         command_id = command.command_id
-        if command_id is not None and not isinstance(channel.outbox, LogMailbox):
-            # An HTTP Channel on a bus has no home broker: its answers, faults
-            # included, go from the serving broker straight into its log, so they
-            # never pass here to be matched (the serving broker keeps the books).
+        if command_id is not None:
+            # An HTTP Channel's answers, faults included, go from the serving
+            # broker straight into its log, never through here: that broker says
+            # which of them ended (REQUESTS_DONE), so that those left get 2102
+            # here if it dies.
             self.waiting.start(channel, command_id, self._unplaced, name)
         kind = (
             EnvelopeKind.LOGGED_REQUEST
@@ -428,7 +450,14 @@ class Remote:
         key = ChannelId(channel_id)
         proxy = self._proxies.get(key)
         if proxy is None or proxy.outbox.closed:
-            outbox = ForwardingOutbox(self.plane, broker_id, channel_id, self._log, logged=logged)
+            outbox = ForwardingOutbox(
+                self.plane,
+                broker_id,
+                channel_id,
+                self._log,
+                logged=logged,
+                offered=self._logged_offered if logged else None,
+            )
             proxy = Channel(key, ChannelKind.REMOTE, outbox, remote=broker_id)
             self._proxies[key] = proxy
             while len(self._proxies) > MAX_PROXIES:
@@ -596,6 +625,8 @@ class Remote:
                 self._replies.send_tube_frame(tube, envelope.frame)
         elif kind is EnvelopeKind.CLOSE:
             self._for_close(envelope)
+        elif kind is EnvelopeKind.REQUESTS_DONE:
+            self._for_done(envelope)
         elif kind is EnvelopeKind.RESUMED:
             # A frame is the handover of parked topic subscriptions: asked for with
             # the resume (after it is acted on), or answered (``last=<id>``).
@@ -714,6 +745,46 @@ class Remote:
                     # one fewer on its plate.
                     self.plane.request_done(entry.name, envelope.origin)
 
+    def _logged_offered(self, channel_id: str) -> None:
+        """A frame went into the log of an HTTP Channel served here: once this loop
+        turn is over, tell the brokers that took its requests in which ended."""
+        if channel_id not in self._logged_owed:
+            return
+        if not self._logged_touched:
+            asyncio.get_running_loop().call_soon(self._flush_done)
+        self._logged_touched.add(ChannelId(channel_id))
+
+    def _flush_done(self) -> None:
+        """One REQUESTS_DONE per broker of origin for what ended this turn."""
+        touched, self._logged_touched = self._logged_touched, set()
+        ended: dict[str, list[str]] = {}
+        for channel_id in touched:
+            owed = self._logged_owed.get(channel_id)
+            if owed is None:
+                continue
+            proxy, origins = owed
+            finished = [u for u in origins if u not in proxy.in_flight]
+            for u in finished:
+                ended.setdefault(origins.pop(u), []).append(f"{channel_id}:{u}")
+            if not origins:
+                del self._logged_owed[channel_id]
+        me = self.plane.broker_id
+        for origin, pairs in ended.items():
+            envelope = Envelope(EnvelopeKind.REQUESTS_DONE, me, "", ",".join(pairs).encode())
+            # A broker of origin that is gone needs no word: nothing waits there.
+            self.plane.send_to(origin, envelope).add_done_callback(_settled)
+
+    def _for_done(self, envelope: Envelope) -> None:
+        """The serving broker ``origin`` let go of these requests: nothing is owed."""
+        for pair in envelope.frame.decode("ascii", "replace").split(","):
+            channel_id, _, command_id = pair.partition(":")
+            if not command_id.isdigit():
+                continue
+            entry = self.waiting.get(ChannelId(channel_id), int(command_id))
+            if entry is not None:
+                self.waiting.finish(entry)
+                self.plane.request_done(entry.name, envelope.origin)
+
     def _forwarded_again(self, channel_id: str, future: asyncio.Future[str | None]) -> None:
         if future.cancelled() or (future.exception() is None and future.result() is not None):
             return
@@ -735,6 +806,12 @@ class Remote:
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
         tube = self._respondents.pick(name, among=among)
         command_id = command.command_id
+        if logged and command_id is not None:
+            # Owed to the broker that took it in until the books here let go of it.
+            owed = self._logged_owed.get(proxy.id)
+            if owed is None or owed[0] is not proxy:
+                owed = self._logged_owed[proxy.id] = (proxy, {})
+            owed[1][command_id] = envelope.origin
         if tube is None:
             self._replies.fault(
                 proxy,

@@ -183,6 +183,9 @@ class Router:
         #: log if it is a resumable Channel away (gateway.connections.resume); True
         #: if it did. None: no such Channels.
         self.away: Callable[[str, bytes], bool] | None = None
+        #: On a bus, takes a Command another broker handed on for an HTTP Channel
+        #: whose home is here (gateway.routing.http_bus); None: no such Channels.
+        self.http_home: Callable[[Envelope], object] | None = None
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
             Remote(
@@ -591,6 +594,11 @@ class Router:
         if envelope.kind is EnvelopeKind.FOR_SUBJECT:
             if self.remote is not None:
                 self._from_agent_elsewhere(envelope)
+            return
+        if envelope.kind is EnvelopeKind.HTTP_COMMAND:
+            # For an HTTP Channel whose home is this broker (gateway.routing.http_bus).
+            if self.http_home is not None:
+                self.http_home(envelope)
             return
         if self.remote is not None:
             self.remote.inbound(envelope)

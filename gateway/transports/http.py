@@ -284,7 +284,11 @@ async def post(request: Request) -> Response:
         # The frame too: the router forwards it as it is where it can, and the
         # event log takes the header's size from it. Never the secret: it is
         # not in the frame (the client sends it beside, as a header or cookie).
-        broker.router.channel_command(channel, command, body)
+        if broker.http_bus is not None:
+            # On a bus: to the Channel's home if it is about its Subjects.
+            broker.http_bus.route(channel, command, body)
+        else:
+            broker.router.channel_command(channel, command, body)
     reply = Command(c=ACCEPTED, i=channel.id, b=broker.broker_id)
     if command_id is not None:
         reply = reply.with_keys(u=command_id)
@@ -358,6 +362,8 @@ async def poll(request: Request) -> Response:
     channel.last_seen = time.monotonic()
     mailbox = channel.outbox
     if isinstance(mailbox, LogMailbox):
+        if broker.http_bus is not None:
+            broker.http_bus.polled(channel)  # is its home still alive?
         return await _poll_log(request, broker, channel, after, wait)
     assert isinstance(mailbox, Mailbox)
     frames = await _poll_until_gone(request, mailbox, after, wait, limits.long_poll_max_frames)

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -36,6 +36,31 @@ __all__ = ["BrokerProcess", "abandon", "broker_process", "open_channel", "receiv
 ROOT = Path(__file__).resolve().parents[3]
 
 
+class LogLines:
+    """What a broker process wrote to its log, and a wait for a line."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self._changed = asyncio.Condition()
+
+    async def add(self, line: bytes) -> None:
+        async with self._changed:
+            self.lines.append(line)
+            self._changed.notify_all()
+
+    async def wait_for(self, *needles: bytes, timeout: float = 5 * T) -> bytes:
+        """The first line (since the start) holding every one of ``needles``."""
+        with anyio.fail_after(timeout):
+            async with self._changed:
+                seen = 0
+                while True:
+                    for line in self.lines[seen:]:
+                        if all(needle in line for needle in needles):
+                            return line
+                    seen = len(self.lines)
+                    await self._changed.wait()
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerProcess:
     """A running broker process and where its WebSocket transport listens."""
@@ -43,6 +68,8 @@ class BrokerProcess:
     process: asyncio.subprocess.Process
     #: ``ws://127.0.0.1:PORT/asbp``.
     url: str
+    #: Its log lines, as they come (the JSON log on stderr).
+    log: LogLines = field(default_factory=LogLines)
 
     async def kill(self) -> None:
         """SIGKILL the broker, as a crash would, and reap it."""
@@ -98,12 +125,17 @@ async def broker_process(
         with anyio.fail_after(30 * T):
             url = await _listening(stderr)
 
+        running = BrokerProcess(process, url)
+
         async def drain_stderr() -> None:  # a full pipe would block the broker
-            while await stderr.readline():
-                pass
+            # Kept in its directory too: what a failed test's broker said.
+            with (directory / "broker.log").open("wb") as kept:
+                while line := await stderr.readline():
+                    kept.write(line)
+                    await running.log.add(line)
 
         drain = asyncio.create_task(drain_stderr())
-        yield BrokerProcess(process, url)
+        yield running
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

@@ -214,6 +214,10 @@ async def test_round_robin_across_three_brokers_while_one_is_killed_loses_nothin
             return request.body
 
         async with agent, httpx.AsyncClient(timeout=30 * T) as client:
+            # Registered bus-wide first: a Command sent before that gets 2101 (as it
+            # must; before HTTP Channels' requests were kept in flight at the
+            # broker that took them in, it vanished).
+            await agent.wait_registered(5 * T)
             user = RoundRobin(client, urls)
             opened = await user.request("POST", content=b"c=asbp.channel;")
             accepted = decode(opened.content)

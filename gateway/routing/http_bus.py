@@ -1,0 +1,255 @@
+"""HTTP Channels' Subjects and groups on a bus: one *home* broker keeps them.
+
+Theory of operation
+-------------------
+An HTTP Channel on a bus has no connection, so any broker serves any of its
+requests (its mailbox is its Channel log in the plane: gateway.connections.
+log_mailbox). What it sends is mostly stateless (a request for a Respondent,
+a ping); what is not, its Subjects and its groups, must live in one place, or a
+sign-in through broker A would be unknown to broker B, a group joined at B
+would go when B's copy of the Channel idles out, and a ``g`` would reach the
+Channel once per broker that holds a copy.
+
+The same holds for its topic and queue subscriptions and the leases of the
+queue messages it takes. So every HTTP Channel has a *home*: the broker that
+opened it, named by the plane's directory (``ch``). Another broker that serves one of its requests
+holds a *visitor* copy (``Channel.visitor``), which it never announces and
+which never joins a group. At a visitor:
+
+- a Command that touches the Channel's Subjects (it carries ``s``, or is the
+  Authenticate-Command or ``asbp.logout``), or its subscriptions and queue
+  leases (``asbp.subscribe``, ``asbp.unsubscribe``, ``asbp.poll``,
+  ``asbp.ack``), is handed to the home as it was sent
+  (an ``HTTP_COMMAND`` envelope), and the home routes it exactly as if its own
+  client had posted it: ``s`` is checked against the home's Subjects, the ACL
+  there, and the answers go into the Channel log, which any broker reads. The
+  visitor checked the Channel's secret first; knowing ``i`` and ``s`` is never
+  enough;
+- ``asbp.join``/``asbp.leave`` from an agent at the visitor's broker treat the
+  visitor as absent (gateway.routing.management), so the bus takes them to the
+  home, where the group's directory entry is;
+- anything else is routed on the spot, as before.
+
+The home keeps the Channel's groups in the record beside its log
+(``ChannelLog.keep``, the record resumable WebSocket Channels use:
+gateway.connections.resume_state). When the home dies, the first visitor that
+notices (a hand-over refused because the home is gone, or a long-poll that
+finds no live home in the directory) takes the Channel over: it becomes the
+home, announces it, and joins the groups of the record, so a ``g`` reaches the
+Channel again. The Subjects signed in there are lost with it (their ``s``
+faults 3201: the client signs in again), as a WebSocket Channel's are when its
+broker dies without a resume.
+
+The home's copy does not idle out while the Channel is used elsewhere: past
+the idle timeout it asks the log, which every broker's requests keep alive,
+and closes only once the log expired bus-wide (gateway.broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+import asbp
+from asbp import Command, FaultCode, ProtocolError
+from asbp.names import ACK, LOGOUT, POLL, SUBSCRIBE, UNSUBSCRIBE
+from gateway.connections.channels import Channel, ChannelKind
+from gateway.connections.log_mailbox import LogMailbox
+from gateway.connections.resume_state import ResumeRecord
+from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+__all__ = ["HttpBus"]
+
+
+class HttpBus:
+    """One broker's side of HTTP Channels' homes; see the module docstring.
+
+    Args:
+        broker: the broker (its registries, router, plane and settings).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._plane = broker.plane
+        # The Subjects' Commands, and the messaging Commands that make or use a
+        # subscription or a queue lease, both of which belong to one broker's copy.
+        stateful = {LOGOUT, SUBSCRIBE, UNSUBSCRIBE, POLL, ACK}
+        if broker.config.authenticate_command is not None:
+            stateful.add(broker.config.authenticate_command)
+        self._stateful = frozenset(stateful)
+        #: Work started here and not awaited by anyone (kept until done).
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Channels whose home is being looked up (one look at a time each).
+        self._checking: set[str] = set()
+        previous = broker.channels.on_membership
+
+        def membership(channel: Channel) -> None:
+            if previous is not None:
+                previous(channel)
+            self._record(channel)
+
+        broker.channels.on_membership = membership
+        broker.router.http_home = self.inbound
+
+    # -- a request served here -------------------------------------------------
+
+    def route(self, channel: Channel, command: Command, frame: bytes) -> None:
+        """Route what ``channel``'s client posted here: to its home if it is about
+        its Subjects and this broker is only visited."""
+        if channel.visitor and ("s" in command or command.name in self._stateful):
+            self._hand_home(channel, command, frame)
+            return
+        self._broker.router.channel_command(channel, command, frame)
+
+    def _hand_home(self, channel: Channel, command: Command, frame: bytes) -> None:
+        envelope = Envelope(EnvelopeKind.HTTP_COMMAND, self._plane.broker_id, channel.id, frame)
+        try:
+            placing = self._plane.forward_to_channel(channel.id, envelope)
+        except PlaneUnavailable as exc:
+            self._unreachable(channel, command, exc)
+            return
+
+        def placed(future: asyncio.Future[str | None]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:
+                self._unreachable(channel, command, error)
+            elif future.result() is None and not channel.closed:
+                # No live home on the bus: this broker is the Channel's home now.
+                self.take_over(channel)
+                self._broker.router.channel_command(channel, command, frame)
+
+        placing.add_done_callback(placed)
+
+    def _unreachable(self, channel: Channel, command: Command, error: BaseException) -> None:
+        if channel.closed:
+            return
+        self._broker.router.replies.fault(
+            channel,
+            FaultCode.ENGINE_UNAVAILABLE,
+            f"the bus is unreachable, so the Channel's home was not reached: {error}",
+            command_id=command.command_id,
+            cause=command.name,
+        )
+
+    def polled(self, channel: Channel) -> None:
+        """A long-poll of ``channel`` here: if it only visits, is its home still alive?
+
+        One directory read, not awaited by the poll, at most every sixth of the
+        lease per Channel: a dead home leaves the directory only once its lease
+        runs out, so asking more often would learn nothing sooner.
+        """
+        if not channel.visitor or channel.id in self._checking:
+            return
+        now = time.monotonic()
+        if now - channel.home_checked < self._plane.lease / 6:
+            return
+        channel.home_checked = now
+        self._checking.add(channel.id)
+        self._spawn(self._check_home(channel))
+
+    async def _check_home(self, channel: Channel) -> None:
+        try:
+            with contextlib.suppress(PlaneUnavailable):
+                home = await self._plane.locate_channel(channel.id)
+                if home is None and channel.visitor and not channel.closed:
+                    self.take_over(channel)
+        finally:
+            self._checking.discard(channel.id)
+
+    # -- home ---------------------------------------------------------------------
+
+    def take_over(self, channel: Channel) -> None:
+        """Make this broker ``channel``'s home (its home died): announce it, and
+        join it to the groups its record keeps."""
+        if not channel.visitor:
+            return
+        channel.visitor = False
+        self._broker.router.channel_opened(channel)
+        self._broker.log.warning(
+            "channel.home_taken_over", extra={"channel": channel.id, "transport": "http"}
+        )
+        self._spawn(self._rejoin(channel))
+
+    async def _rejoin(self, channel: Channel) -> None:
+        with contextlib.suppress(PlaneUnavailable):
+            record = ResumeRecord.decode(await self._plane.channel_log.kept(channel.id))
+            if record.groups and not channel.closed and not channel.visitor:
+                channels = self._broker.channels
+                for group in record.groups:
+                    channels.join(group, [channel])
+
+    def _record(self, channel: Channel) -> None:
+        """A home HTTP Channel's groups changed: its record beside the log follows."""
+        if (
+            channel.kind is not ChannelKind.HTTP
+            or channel.visitor
+            or channel.closed
+            or not isinstance(channel.outbox, LogMailbox)
+        ):
+            return
+        with contextlib.suppress(PlaneUnavailable):
+            self._plane.channel_log.keep(channel.id, ResumeRecord.of(channel.groups).encode())
+
+    def inbound(self, envelope: Envelope) -> None:
+        """A Command another broker handed on for an HTTP Channel whose home is here."""
+        try:
+            command = asbp.decode(envelope.frame, limits=self._broker.config.limits)
+        except ProtocolError:  # pragma: no cover - checked by the broker that took it in
+            return
+        channel = self._broker.channels.get(envelope.channel)
+        if channel is None or channel.closed or channel.kind is not ChannelKind.HTTP:
+            # The home's copy went (its idle check raced the client's return):
+            # serve it again from the log, which the sender found alive.
+            self._spawn(self._adopt_and_route(envelope, command))
+            return
+        if channel.visitor:
+            self.take_over(channel)  # the directory says it is here: so it is
+        channel.last_seen = time.monotonic()
+        self._broker.router.channel_command(channel, command, envelope.frame)
+
+    async def _adopt_and_route(self, envelope: Envelope, command: Command) -> None:
+        with contextlib.suppress(PlaneUnavailable):
+            digest = await self._plane.channel_log.digest(envelope.channel)
+            if digest is None:
+                self._broker.log.info("plane.channel_gone", extra={"channel": envelope.channel})
+                return
+            channel = self._broker.adopt_http_channel(
+                envelope.channel, digest, envelope.origin, address=None, tls=False
+            )
+            self.take_over(channel)
+            self._broker.router.channel_command(channel, command, envelope.frame)
+
+    def idle(self, channel: Channel) -> None:
+        """The home's copy of ``channel`` is idle here: close it only if its log
+        expired bus-wide (its client may be using other brokers)."""
+        channel.last_seen = time.monotonic()
+        self._spawn(self._close_if_gone(channel))
+
+    async def _close_if_gone(self, channel: Channel) -> None:
+        with contextlib.suppress(PlaneUnavailable):
+            if await self._plane.channel_log.digest(channel.id) is None:
+                if not channel.closed:
+                    self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+                return
+            self._broker.log.debug("channel.idle_here", extra={"channel": channel.id})
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        """End what is still running (the broker is stopping)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
