@@ -183,6 +183,9 @@ class Router:
         #: log if it is a resumable Channel away (gateway.connections.resume); True
         #: if it did. None: no such Channels.
         self.away: Callable[[str, bytes], bool] | None = None
+        #: The broker is stopping on a bus (gateway.drain): its Channels' new
+        #: Commands go to other brokers' Respondents, not to its own Tubes.
+        self.draining = False
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
             Remote(
@@ -325,7 +328,9 @@ class Router:
                 intake.routed = ("course", ",".join(command.recipients), None)
             self.courses.route(channel, subject, command)
             return
-        tube = self.respondents.pick(name, among=among)
+        # A draining broker (gateway.drain) sends new work to the rest of the bus.
+        draining = self.draining and self.remote is not None
+        tube = None if draining else self.respondents.pick(name, among=among)
         if tube is None:
             if self.remote is not None:
                 # A Subject's Command: to a broker whose agents signed it in.
