@@ -8,9 +8,12 @@ runs. The User-Agents are a light client (:class:`Sender`: a plain
 ``websockets`` connection that counts the frames it got and resumes with that
 count, as the SDK's ``WebSocketChannel`` does), not the SDK's ``UserAgent``: a
 thousand of those and their tasks are more than two cores carry beside three
-brokers. Whenever its connection ends, a Sender resumes its Channel at the next
-broker of the list at once, without sending again what it was waiting on: the
-answer must come, replayed from the log or routed live, exactly once.
+brokers (and the SDK's ``UserAgent`` fails what it awaits on a loss, where this
+client must see every answer). Whenever its connection ends, a Sender resumes
+its Channel at the next broker of the list at once and sends again only what
+the stopping broker says it did not read (``read=<n>`` in the close reason,
+docs/protocol.md): every answer must come, replayed from the log or routed
+live, exactly once and in order.
 """
 
 from __future__ import annotations
