@@ -43,13 +43,7 @@ async def test_a_user_agent_resumes_at_the_next_broker_at_once_when_its_broker_s
     credentials = make_credentials(tmp_path, "echo")
 
     def start(name: str) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
-        settings = (
-            f'broker_id = "{name}"\nbus_lease = 1.5\ninsecure_dev_tubes = true\n'
-            f"[agents.echo]\npublic_key = {str(tmp_path / 'echo.pem')!r}\n"
-        )
-        return broker_process(
-            redis_url, tmp_path / name, ack_timeout=30, prefetch=8, settings=settings
-        )
+        return _start(tmp_path, redis_url, name)
 
     events: list[ChannelEvent] = []
     back = asyncio.Event()
@@ -83,6 +77,54 @@ async def test_a_user_agent_resumes_at_the_next_broker_at_once_when_its_broker_s
                 reconnecting = [e for e in events if e.kind is ChannelEventKind.RECONNECTING]
                 assert [e.delay for e in reconnecting] == [0.0]
                 assert (await ua.request("echo", b"after", timeout=5 * T)).body == b"after"
+
+
+def _start(
+    tmp_path: Path, redis_url: str, name: str, resume: str = "auto"
+) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
+    settings = (
+        f'broker_id = "{name}"\nbus_lease = 1.5\ninsecure_dev_tubes = true\n'
+        f"[agents.echo]\npublic_key = {str(tmp_path / 'echo.pem')!r}\n"
+        f'[channels]\nresume = "{resume}"\n'
+    )
+    return broker_process(redis_url, tmp_path / name, ack_timeout=30, prefetch=8, settings=settings)
+
+
+async def test_without_resume_a_user_agent_opens_a_new_channel_at_once_at_the_next_broker(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "echo")
+    events: list[ChannelEvent] = []
+    back = asyncio.Event()
+
+    def on_event(event: ChannelEvent) -> None:
+        events.append(event)
+        if event.kind is ChannelEventKind.RECONNECTED:
+            back.set()
+
+    async with (
+        _start(tmp_path, redis_url, "broker-a", resume="off") as a,
+        _start(tmp_path, redis_url, "broker-b", resume="off") as b,
+    ):
+        agent = make_agent(credentials, [b.url.replace("/asbp", "/tube")])
+        install_echo(agent)
+        async with agent:
+            await until_in_directory(redis_url, "name:echo", "broker-b")
+            ua = UserAgent.websocket([a.url, b.url], reconnect=SLOW, on_event=on_event)
+            async with ua:
+                first = ua.channel_id
+                a.process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(10 * T):
+                    await back.wait()
+                    assert await a.process.wait() == 0
+                # Told to go elsewhere (1012) all the same, though nothing followed it.
+                assert ua.channel_id != first
+                assert ua.broker_id == "broker-b"
+                reconnecting = [e for e in events if e.kind is ChannelEventKind.RECONNECTING]
+                assert [e.delay for e in reconnecting] == [0.0]
+                assert (await ua.request("echo", b"new", timeout=5 * T)).body == b"new"
 
 
 def test_a_user_agent_needs_a_url() -> None:
