@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import logging
 import ssl as ssl_module
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
 
 import asbp
@@ -39,6 +39,7 @@ from asbp import ChannelId, Command, FaultCode, ProtocolError
 from asbp.names import RESUME, RESUMED, SECRET_HEADER, SECRET_KEY
 
 __all__ = [
+    "CLOSE_SERVICE_RESTART",
     "ChannelTransport",
     "Closed",
     "Deliver",
@@ -64,6 +65,9 @@ _NOT_RESUMABLE: Final = frozenset(
 )
 #: The close reason of a connection whose Channel another connection resumed.
 _TAKEN: Final = str(int(FaultCode.CHANNEL_RESUMED))
+#: The close code of a broker that stops and hands its Channels to the rest of its
+#: bus ("Service Restart", with fault 2114 as the reason): resume elsewhere at once.
+CLOSE_SERVICE_RESTART: Final = 1012
 
 
 class ChannelTransport(Protocol):
@@ -76,6 +80,11 @@ class ChannelTransport(Protocol):
     #: The ``s`` of the Subjects that followed it on its last resume (``subjects``
     #: of ``asbp.resumed``).
     subjects: frozenset[str]
+    #: The broker said it is stopping (close 1012): come back elsewhere at once.
+    restarting: bool
+
+    def elsewhere(self) -> None:
+        """Use the next broker URL, if there are several, for the next attempt."""
 
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
         """Open a Channel; return its ``i`` and the broker's ``b``."""
@@ -115,17 +124,34 @@ def _greeting(command: Command, expected: str) -> tuple[ChannelId, str | None]:
 
 
 class WebSocketChannel:
-    """A Channel over one WebSocket (``ws://host/asbp`` or ``wss://``)."""
+    """A Channel over one WebSocket (``ws://host/asbp`` or ``wss://``).
+
+    ``url`` is one broker (or a Service in front of several), or several
+    brokers of one bus: the Channel opens at the first that answers, and after
+    a loss the User-Agent resumes it at the next (:meth:`elsewhere`), where the
+    bus has kept what was routed to it meanwhile.
+
+    Raises:
+        ValueError: no URL at all.
+    """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         ssl: ssl_module.SSLContext | None = None,
         timeout: float = 10.0,
         logger: logging.Logger | None = None,
     ) -> None:
-        self.url = url
+        #: Every broker (or Service) URL this Channel may use, in the order tried.
+        self.urls: tuple[str, ...] = (url,) if isinstance(url, str) else tuple(url)
+        if not self.urls:
+            raise ValueError("a WebSocket Channel needs at least one URL")
+        #: The URL in use (or tried next).
+        self.url = self.urls[0]
+        #: The broker said it is stopping (close 1012, fault 2114): resume at
+        #: another one at once, without a backoff delay.
+        self.restarting = False
         self._ssl = ssl
         self._timeout = timeout
         self._log = logger or logging.getLogger("asbp.user_agent")
@@ -148,8 +174,23 @@ class WebSocketChannel:
             close_timeout=self._timeout,
         )
 
+    def elsewhere(self) -> None:
+        """Use the next URL of :attr:`urls` from now on (one URL: that one again)."""
+        self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+
+    async def _connect_any(self) -> ClientConnection:
+        """Connect at :attr:`url`, or the next URL that answers; the last error if none."""
+        for _ in self.urls[1:]:
+            try:
+                return await self._connect(self.url)
+            except (OSError, InvalidHandshake, TimeoutError) as exc:
+                self._log.info("channel %s: not reachable (%s); the next URL", self.url, exc)
+                self.elsewhere()
+        return await self._connect(self.url)
+
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
-        websocket = await self._connect(self.url)
+        websocket = await self._connect_any()
+        self.restarting = False
         try:
             async with asyncio.timeout(self._timeout):
                 first = await websocket.recv(decode=False)
@@ -179,6 +220,7 @@ class WebSocketChannel:
             return None
         separator = "&" if "?" in self.url else "?"
         websocket = await self._connect(f"{self.url}{separator}resume={channel_id}")
+        self.restarting = False
         try:
             await websocket.send(
                 asbp.encode(
@@ -227,6 +269,9 @@ class WebSocketChannel:
             if exc.rcvd is not None and exc.rcvd.reason.startswith(_TAKEN):
                 # Another connection resumed it: taking it back would only fight it.
                 self._channel_id = self._secret = None
+            elif exc.rcvd is not None and exc.rcvd.code == CLOSE_SERVICE_RESTART:
+                # Its broker is stopping and released the Channel for another.
+                self.restarting = True
         finally:
             closed(error)
 
@@ -279,6 +324,8 @@ class HttpChannel:
         if poll_wait < 0:
             raise ValueError("poll_wait must not be negative")
         self.url = url
+        #: Never set: an HTTP Channel is served by any broker of its bus anyway.
+        self.restarting = False
         self._poll_wait = poll_wait
         self._ssl = ssl
         self._timeout = timeout
@@ -296,6 +343,9 @@ class HttpChannel:
         #: The Channel's secret from ``asbp.accepted``: every later request presents
         #: it, because ``i`` alone proves nothing (docs/protocol.md). Never logged.
         self._secret: str | None = None
+
+    def elsewhere(self) -> None:
+        """Nothing to move to: one URL, whose brokers all serve the Channel."""
 
     async def open(self, deliver: Deliver, closed: Closed) -> tuple[ChannelId, str | None]:
         # Opened again after the Channel was lost: a new Channel starts its

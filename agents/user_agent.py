@@ -49,7 +49,7 @@ import functools
 import logging
 import ssl as ssl_module
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Final
 
 from agents import control
@@ -159,7 +159,7 @@ class UserAgent:
     @classmethod
     def websocket(
         cls,
-        url: str,
+        url: str | Sequence[str],
         *,
         ssl: ssl_module.SSLContext | None = None,
         timeout: float = 10.0,
@@ -168,7 +168,12 @@ class UserAgent:
         reconnect: Reconnect | None = DEFAULT_RECONNECT,
         on_event: OnEvent | None = None,
     ) -> UserAgent:
-        """A User-Agent over a WebSocket Channel (``ws(s)://host/asbp``)."""
+        """A User-Agent over a WebSocket Channel (``ws(s)://host/asbp``).
+
+        ``url`` may list several brokers of one bus: the Channel opens at the first
+        that answers and, once lost, is resumed at the next (at once when its
+        broker said it is stopping, close 1012; docs/user-agents.md).
+        """
         transport = WebSocketChannel(url, ssl=ssl, timeout=timeout, logger=logger)
         return cls(
             transport,
@@ -527,8 +532,11 @@ class UserAgent:
         previous = self._channel_id
         error: BaseException | None = None
         attempt = 0
+        # A broker that stops on a bus (close 1012) released the Channel for another:
+        # no reason to wait, and every other broker is ready for it.
+        restarting = self._transport.restarting
         while True:
-            delay = settings.backoff.delay(attempt)
+            delay = 0.0 if restarting and attempt == 0 else settings.backoff.delay(attempt)
             self._emit(
                 ChannelEvent(
                     ChannelEventKind.RECONNECTING,
@@ -539,6 +547,9 @@ class UserAgent:
                 )
             )
             await asyncio.sleep(delay)  # a backoff delay, not synchronisation
+            # Each attempt at the next broker, if there are several: the last one
+            # is stopping, or gone.
+            self._transport.elsewhere()
             try:
                 identity = await self._reopen(previous)
             except Exception as exc:  # any failure to dial is one more attempt

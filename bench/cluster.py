@@ -1,6 +1,7 @@
 """One bus across two brokers: a User-Agent on broker A, its Respondent on broker B.
 
     python bench/cluster.py [--repeats N] [--requests N] [--window N] [--http-only]
+                            [--queue-messages N] [--no-queues | --queues-only]
 
 Three layouts, each in one run, interleaved ``--repeats`` times, on one private
 ``redis-server`` (both brokers on the ``redis`` engine, so the baseline pays
@@ -36,6 +37,14 @@ and Commands/s with one sender POSTing and one long-poll loop reading
 concurrently. The added latency per Command is the median of p50(two) -
 p50(one) within each repeat.
 
+Queues and topics, the same way (``--queue-messages``, bench/cluster_queues.py's
+cases, against the same ``redis-server`` and Redis Cluster in the same run):
+queue publish -> deliver -> ack (one ``RedisEngine``, 100 enqueues outstanding,
+``fetch(count=100)`` then ``ack``) and topic fan-out (published at one engine
+into four virtual queues, received at another), messages per second on one
+Redis and on the cluster, interleaved, the ratio cluster / one Redis within
+each repeat and its median against issue 12's goal (>= 0.7).
+
 Where the added time goes: each forwarded Command costs two Redis round trips
 (A's forward script, B's reply to A), each batched with everything else in
 flight (gateway/engines/redis/batch.py), plus one XREAD on each side that
@@ -61,6 +70,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
+from cluster_queues import measure as measure_queues  # bench/cluster_queues.py's cases
 from roundtrip import (
     AGENT_ID,
     AUDIENCE,
@@ -293,6 +303,11 @@ async def run(args: argparse.Namespace) -> None:
             ca, cb = BusBroker(key, cluster.url), BusBroker(key, cluster.url)
             for broker in (a, b, ca, cb):
                 await broker.start()
+            if args.queues_only:
+                for broker in (a, b, ca, cb):
+                    await broker.stop()
+                await run_queues(args, redis_url, cluster.url)
+                return
             try:
                 rows: dict[str, list[dict[str, float]]] = {
                     "one-broker": [],
@@ -312,6 +327,8 @@ async def run(args: argparse.Namespace) -> None:
             finally:
                 for broker in (a, b, ca, cb):
                     await broker.stop()
+            if not args.no_queues:
+                await run_queues(args, redis_url, cluster.url)
     report_http(http)
     if args.http_only:
         return
@@ -349,6 +366,16 @@ async def run(args: argparse.Namespace) -> None:
     )
 
 
+async def run_queues(args: argparse.Namespace, redis_url: str, cluster_url: str) -> None:
+    """Queue publish -> deliver -> ack and topic fan-out, one Redis against the cluster
+    (bench/cluster_queues.py's cases and report, in this run)."""
+    print("\nqueues and topics (messages/s; ratio cluster / one Redis):", flush=True)
+    queue_args = argparse.Namespace(
+        messages=args.queue_messages, repeats=args.repeats, payload=args.payload
+    )
+    await measure_queues(queue_args, redis_url, cluster_url)
+
+
 def report_http(http: dict[str, list[dict[str, float]]]) -> None:
     print(f"{'HTTP layout':<12} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11}")
     for name, samples in http.items():
@@ -376,6 +403,13 @@ def main() -> None:
     parser.add_argument("--http-trips", type=int, default=300, help="HTTP round trips (300)")
     parser.add_argument("--http-requests", type=int, default=2000, help="HTTP Commands (2000)")
     parser.add_argument("--http-only", action="store_true", help="only the HTTP layouts")
+    parser.add_argument(
+        "--queue-messages", type=int, default=20_000, help="queue and topic messages (20000)"
+    )
+    parser.add_argument("--payload", type=int, default=100, help="queue message bytes (100)")
+    queues = parser.add_mutually_exclusive_group()
+    queues.add_argument("--no-queues", action="store_true", help="skip queues and topics")
+    queues.add_argument("--queues-only", action="store_true", help="only queues and topics")
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
         sys.exit("bench/cluster.py needs redis-server on PATH")

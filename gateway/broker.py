@@ -33,6 +33,7 @@ from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
+from gateway.drain import drain
 from gateway.engines.base import Engine, EngineLimits
 from gateway.errors import LocalError
 from gateway.eventlog.files import FileStore
@@ -312,6 +313,10 @@ class Broker:
             return
         self._stopped = True
         self.ready = False
+        if self.plane.spans_brokers:
+            # On a bus, the others take this broker's work first (gateway.drain):
+            # housekeeping still runs meanwhile (Respondent timeouts, leases).
+            await self._drain()
         if self._housekeeping is not None:
             await cancel_and_wait(self._housekeeping)
         for tube in self.respondents.tubes():
@@ -331,6 +336,28 @@ class Broker:
             # Last: everything routed until now is in the buffer, and gets written.
             await self._stop_step("event_log", self.event_log.stop(), deadline)
         self.log.info("broker.stop", extra={"broker": self.broker_id})
+
+    async def _drain(self) -> None:
+        """Hand Channels, Tubes and Commands in flight to the rest of the bus, bounded
+        by ``drain_timeout`` (and a step of the stop budget past it, at most)."""
+        task = asyncio.ensure_future(drain(self))
+        await asyncio.wait([task], timeout=self.config.drain_timeout + _STOP_LAST_TRY + 1.0)
+        if not task.done():
+            self.log.warning("broker.stop_overran", extra={"step": "drain"})
+            await cancel_and_wait(task, ignore=(Exception,))
+        elif not task.cancelled() and task.exception() is not None:
+            self.log.error("broker.stop_failed", extra={"step": "drain"}, exc_info=task.exception())
+        else:
+            drained = task.result()
+            self.log.info(
+                "broker.drained",
+                extra={
+                    "handed_over": drained.handed_over,
+                    "closed": drained.closed,
+                    "stranded": drained.stranded,
+                    "seconds": drained.seconds,
+                },
+            )
 
     async def _stop_step(self, step: str, closing: Awaitable[None], deadline: float) -> None:
         """Await ``closing`` until ``deadline`` (or a last :data:`_STOP_LAST_TRY`).

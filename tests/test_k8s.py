@@ -33,6 +33,7 @@ from starlette.routing import Route
 
 from agents import generate_agent_key
 from gateway.app import create_app
+from gateway.broker import _STOP_BUDGET
 from gateway.config import CONFIG_ENV_VAR, add_arguments, load_config
 from gateway.config.fields import settings
 from gateway.config.model import GatewayConfig
@@ -518,7 +519,9 @@ def test_the_grace_period_covers_the_graceful_stop() -> None:
     pod = broker()["spec"]["template"]["spec"]
     command = broker_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    needed = int(command[1]) + GRACEFUL_TIMEOUT + STOP_GRACE
+    # On a bus the drain comes first (gateway.drain), and the closing steps after.
+    drain = GatewayConfig().drain_timeout + 2
+    needed = int(command[1]) + drain + GRACEFUL_TIMEOUT + STOP_GRACE + _STOP_BUDGET
     assert pod["terminationGracePeriodSeconds"] > needed
 
 

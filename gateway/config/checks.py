@@ -57,6 +57,7 @@ def check_value(setting: Setting, value: object, source: str) -> None:
     limit = setting.table in _POSITIVE_TABLES or key in (
         "failed_handshakes_per_minute",
         "bus_lease",
+        "drain_timeout",
     )
     # bool is an int to isinstance, and ``enabled = false`` is no limit.
     if limit and isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:

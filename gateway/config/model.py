@@ -283,6 +283,13 @@ class GatewayConfig:
     #: reports its count every second; each Command forwarded to it counts at
     #: once), or ``turns``, each broker serving it in turn.
     bus_balance: BusBalance = "in_flight"
+    #: Seconds a broker stopping on a bus (SIGTERM: a rolling restart, a
+    #: scale-down) gives the Commands in flight to its Respondents to be answered,
+    #: after it left the directory for new work and before it closes its Tubes
+    #: (docs/kubernetes.md, "Rolling updates"). Its WebSocket Channels are then
+    #: told to resume at another broker (close 1012, fault 2114). Inside the stop
+    #: budget and the pods' ``terminationGracePeriodSeconds``.
+    drain_timeout: float = 5.0
     #: Codec limits for every inbound frame.
     limits: asbp.Limits = asbp.DEFAULT_LIMITS
     #: Per-Channel bounds.

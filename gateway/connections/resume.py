@@ -113,7 +113,19 @@ class HeldOutbox(StreamOutbox):
     lingered) are forwarded to that broker instead.
     """
 
-    __slots__ = ("_holder", "_logging", "_pending", "_plane", "channel_id", "released")
+    __slots__ = (
+        "_confirmed",
+        "_handing_over",
+        "_holder",
+        "_logging",
+        "_pending",
+        "_plane",
+        "_unconfirmed",
+        "channel_id",
+        "read",
+        "released",
+        "sealed",
+    )
 
     def __init__(self, max_frames: int, max_bytes: int, plane: Plane) -> None:
         super().__init__(max_frames, max_bytes)
@@ -125,6 +137,18 @@ class HeldOutbox(StreamOutbox):
         self.released = False
         #: Frames offered this turn, not yet submitted to the log.
         self._pending: list[bytes] = []
+        #: The broker is stopping (gateway.drain): frames go to the log only.
+        self._handing_over = False
+        #: Frames submitted to the log whose append has not come back yet, and
+        #: who waits for none to be left (:meth:`logged`).
+        self._unconfirmed = 0
+        self._confirmed: asyncio.Future[None] | None = None
+        #: Frames read from the client on this connection and routed (after its
+        #: greeting or resume): a stopping broker's close reason says how many.
+        self.read = 0
+        #: The close is on its way (gateway.drain): frames read from now on are not
+        #: routed; the client sends them again where it resumes.
+        self.sealed = False
 
     @property
     def logging(self) -> bool:
@@ -137,7 +161,23 @@ class HeldOutbox(StreamOutbox):
         self._holder = self._plane.channel_log
         self._logging = True
 
+    def hand_over(self) -> None:
+        """The broker is stopping (gateway.drain): the writer sends what is queued and
+        closes the socket (1012), while frames offered from now on go to the log only,
+        for the client to get when it resumes elsewhere. The log stays held until
+        :meth:`close` (the connection ended: its client sends nothing more)."""
+        self._handing_over = True
+        super().close()
+
     def offer(self, frame: bytes) -> bool:
+        if self._handing_over:
+            # Not for this socket any more: numbered in the log after what it got.
+            if not self._logging:
+                return False
+            if not self._pending:
+                asyncio.get_running_loop().call_soon(self._submit)
+            self._pending.append(frame)
+            return True
         if not super().offer(frame):
             return False
         if self._logging:
@@ -157,9 +197,28 @@ class HeldOutbox(StreamOutbox):
         except EngineUnavailable as exc:
             self._lost(exc)
             return
+        self._unconfirmed += len(frames)
         appended.add_done_callback(lambda future: self._appended(frames, future))
 
+    async def logged(self) -> None:
+        """Return once every frame offered so far is in the log (or the log is lost).
+
+        A stopping broker (gateway.drain) closes the socket only then: a client
+        that resumes elsewhere the moment it hears the close must find in the log
+        every frame it was sent, or it would count frames the log lacks.
+        """
+        self._submit()
+        while self._unconfirmed > 0:
+            if self._confirmed is None:
+                self._confirmed = asyncio.get_running_loop().create_future()
+            await self._confirmed
+
     def _appended(self, frames: list[bytes], future: asyncio.Future[int]) -> None:
+        self._unconfirmed -= len(frames)
+        if self._unconfirmed <= 0 and self._confirmed is not None:
+            confirmed, self._confirmed = self._confirmed, None
+            if not confirmed.done():
+                confirmed.set_result(None)
         if future.cancelled():
             return
         error = future.exception()

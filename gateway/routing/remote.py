@@ -110,7 +110,16 @@ MAX_PROXIES: Final = 65_536
 class ForwardingOutbox:
     """The outbox of a proxy Channel: every frame goes to the Channel's own broker."""
 
-    __slots__ = ("_broker", "_channel", "_closed", "_log", "_offered", "_plane", "logged")
+    __slots__ = (
+        "_broker",
+        "_channel",
+        "_closed",
+        "_following",
+        "_log",
+        "_offered",
+        "_plane",
+        "logged",
+    )
 
     def __init__(
         self,
@@ -130,6 +139,8 @@ class ForwardingOutbox:
         #: Told the Channel's id after each frame put in its log: the requests of
         #: the Channel this broker serves may have ended (Remote._logged_offered).
         self._offered = offered
+        #: Its broker is gone (:meth:`follow`): frames go wherever the Channel is now.
+        self._following = False
         #: The Channel has a Channel log (an HTTP Channel on a bus): frames go
         #: there, whichever broker its client asks next, and survive its origin.
         self.logged = logged
@@ -152,8 +163,25 @@ class ForwardingOutbox:
                 self._offered(self._channel)
             return True
         envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
-        self._plane.send_to(self._broker, envelope).add_done_callback(self._sent)
+        if self._following:
+            self._plane.forward_to_channel(self._channel, envelope).add_done_callback(
+                self._followed
+            )
+            return True
+        self._plane.send_to(self._broker, envelope).add_done_callback(
+            functools.partial(self._sent, envelope)
+        )
         return True
+
+    @property
+    def following(self) -> bool:
+        """Whether its broker is gone and frames follow the Channel (:meth:`follow`)."""
+        return self._following
+
+    def follow(self) -> None:
+        """The Channel's broker is gone (it stopped, or died): frames owed to the
+        Channel follow it from now on, to its log or the broker that resumed it."""
+        self._following = True
 
     def _logged(self, future: asyncio.Future[int]) -> None:
         if future.cancelled() or (future.exception() is None and future.result()):
@@ -164,11 +192,26 @@ class ForwardingOutbox:
             extra={"channel": self._channel, "broker": self._broker},
         )
 
-    def _sent(self, future: asyncio.Future[bool]) -> None:
+    def _sent(self, envelope: Envelope, future: asyncio.Future[bool]) -> None:
         if future.cancelled() or (future.exception() is None and future.result()):
             return
-        # The Channel's broker is gone (its User-Agent got or gets 2102 there) or
-        # the bus is unreachable: nobody is left to tell but the operator.
+        if future.exception() is None:
+            # The Channel's broker left the bus (it stopped, or its lease ran out)
+            # before the frame got there: a resumable Channel's log or the broker
+            # that resumed it takes the frame (gateway.drain), as any forward would.
+            self._plane.forward_to_channel(self._channel, envelope).add_done_callback(
+                self._followed
+            )
+            return
+        self._followed(future)
+
+    def _followed(self, future: asyncio.Future[str | None] | asyncio.Future[bool]) -> None:
+        if future.cancelled() or (
+            future.exception() is None and future.result() not in (None, False)
+        ):
+            return
+        # No log and no broker for the Channel (its User-Agent got or gets 2102),
+        # or the bus is unreachable: nobody is left to tell but the operator.
         self._log.warning(
             "plane.forward_lost",
             extra={"channel": self._channel, "broker": self._broker},
@@ -424,7 +467,7 @@ class Remote:
                 command_id=entry.command_id,
                 cause=entry.name,
             )
-        for channel_id, proxy in list(self._proxies.items()):
+        for proxy in list(self._proxies.values()):
             outbox = proxy.outbox
             # A logged proxy does not depend on its origin: its frames go to the log.
             if (
@@ -432,8 +475,10 @@ class Remote:
                 and outbox.broker_id == broker_id
                 and not outbox.logged
             ):
-                del self._proxies[channel_id]
-                outbox.close()
+                # Answers still owed to it follow the Channel (to its log, if it
+                # can resume), and are still booked as answers; new requests from
+                # it, wherever it resumed, make a proxy of their own (_proxy).
+                outbox.follow()
         if self.subjects is not None:
             self.subjects.broker_lost(broker_id)
         self._log.warning(
@@ -449,7 +494,17 @@ class Remote:
     def _proxy(self, channel_id: str, broker_id: str, *, logged: bool = False) -> Channel:
         key = ChannelId(channel_id)
         proxy = self._proxies.get(key)
-        if proxy is None or proxy.outbox.closed:
+        current = proxy.outbox if proxy is not None else None
+        if (
+            proxy is None
+            or proxy.outbox.closed
+            # The Channel resumed at another broker: answers go there now.
+            or (
+                isinstance(current, ForwardingOutbox)
+                and not current.logged
+                and (current.broker_id != broker_id or current.following)
+            )
+        ):
             outbox = ForwardingOutbox(
                 self.plane,
                 broker_id,

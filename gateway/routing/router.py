@@ -186,6 +186,9 @@ class Router:
         #: On a bus, takes a Command another broker handed on for an HTTP Channel
         #: whose home is here (gateway.routing.http_bus); None: no such Channels.
         self.http_home: Callable[[Envelope], object] | None = None
+        #: The broker is stopping on a bus (gateway.drain): its Channels' new
+        #: Commands go to other brokers' Respondents, not to its own Tubes.
+        self.draining = False
         #: Routes to other brokers; None when this broker is alone on its bus.
         self.remote = (
             Remote(
@@ -328,7 +331,9 @@ class Router:
                 intake.routed = ("course", ",".join(command.recipients), None)
             self.courses.route(channel, subject, command, frame)
             return
-        tube = self.respondents.pick(name, among=among)
+        # A draining broker (gateway.drain) sends new work to the rest of the bus.
+        draining = self.draining and self.remote is not None
+        tube = None if draining else self.respondents.pick(name, among=among)
         if tube is None:
             if self.remote is not None:
                 # A Subject's Command: to a broker whose agents signed it in.

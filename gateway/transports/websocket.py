@@ -34,6 +34,7 @@ from gateway.connections.addresses import TooManyChannels
 from gateway.connections.channels import Channel
 from gateway.connections.finish import finish as _finish
 from gateway.connections.outboxes import StreamOutbox
+from gateway.connections.resume import HeldOutbox
 from gateway.connections.tubes import Tube
 from gateway.transports import cors
 from gateway.transports.asgi import Receive, Scope, Send, is_loopback, remote_address
@@ -75,6 +76,9 @@ CLOSE_SLOW: Final = 1008
 CLOSE_POLICY: Final = 1008
 #: WebSocket close code when the broker shuts down ("going away").
 CLOSE_GOING_AWAY: Final = 1001
+#: WebSocket close code when a broker on a bus stops and hands its Channels and
+#: Tubes to the others ("Service Restart"): resume or reconnect elsewhere at once.
+CLOSE_SERVICE_RESTART: Final = 1012
 
 
 def max_message_bytes(limits: Limits) -> int:
@@ -184,6 +188,16 @@ async def _write(
         if fault is FaultCode.SLOW_CONSUMER:
             reason = f"{int(fault)} {fault.description}"
             await send({"type": "websocket.close", "code": CLOSE_SLOW, "reason": reason})
+        elif fault is FaultCode.BROKER_RESTARTING:
+            # Drained (gateway.drain): the client resumes at another broker now,
+            # so the log must hold what it was sent first.
+            reason = f"{int(fault)} {fault.description}"
+            if isinstance(outbox, HeldOutbox):
+                await outbox.logged()
+                # Sealed in the same step as the close is sent: ``read`` is final.
+                outbox.sealed = True
+                reason = f"{reason}; read={outbox.read}"
+            await send({"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": reason})
         elif fault is FaultCode.CHANNEL_RESUMED:
             # Another connection took the Channel over (gateway.connections.resume).
             reason = f"{int(fault)} {fault.description}"
@@ -215,6 +229,23 @@ def _origin_and_host(scope: Scope) -> tuple[str | None, str | None]:
         elif name == b"host":
             host = value.decode("latin-1")
     return origin, host
+
+
+def _counted(
+    frame_for: Callable[[Channel, bytes], None], outbox: HeldOutbox
+) -> Callable[[Channel, bytes], None]:
+    """``frame_for`` for a resumable Channel: it counts what it routes, and routes
+    nothing once its broker sealed it to hand it over (gateway.drain): the close
+    says how many frames were routed, and the client sends the rest again where
+    it resumes. (Uvicorn drops what arrives after a close anyway.)"""
+
+    def route(channel: Channel, data: bytes) -> None:
+        if outbox.sealed:
+            return
+        outbox.read += 1
+        frame_for(channel, data)
+
+    return route
 
 
 async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,7 +280,9 @@ async def channel_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     router = broker.router
     extensions = scope.get("extensions") or {}
     writer = asyncio.create_task(_write(outbox, send, channel, extensions.get(SEND_FRAME)))
-    frame_for = router.channel_frame
+    frame_for: Callable[[Channel, bytes], None] = router.channel_frame
+    if isinstance(outbox, HeldOutbox):
+        frame_for = _counted(frame_for, outbox)
     gate = channel.gate
     stall_timeout = broker.config.channels.flow_stall_timeout
     receive_frames: ReceiveFrames | None = extensions.get(RECEIVE_FRAMES)

@@ -360,8 +360,10 @@ return 1
 )
 
 #: Run by a broker that sweeps a dead one, before it deletes the dead broker's
-#: inbound stream (KEYS[1]): every frame in it for a Channel whose log the dead
-#: broker held goes into that log, oldest first, and the log is released.
+#: inbound stream (KEYS[1]), and by a broker leaving the bus for its own: every
+#: frame in it for a Channel whose log the gone broker held goes into that log,
+#: oldest first, and the log is released; a frame for a Channel another live
+#: broker holds now goes to that broker.
 #: ARGV: plane prefix, dead broker, now ms, max age ms, max frames, max bytes,
 #: inbound stream cap. Returns how many frames were saved.
 LOG_SALVAGE: Final = Script(
@@ -380,11 +382,21 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     meta = prefix .. 'log:' .. tag
     stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
-    if redis.call('EXISTS', meta) == 1 and not redis.call('HGET', meta, 'w') then
+    local w = redis.call('HGET', meta, 'w')
+    if redis.call('EXISTS', meta) == 1 and not w then
       if append(f['f'], now, ARGV[4], ARGV[5], ARGV[6], prefix, f['i'], ARGV[7]) > 0 then
         saved = saved + 1
       end
+    elseif w and redis.call('EXISTS', '{' .. prefix .. '}alive:' .. w) == 1 then
+      -- Resumed at a live broker meanwhile (a rolling restart): the frame goes
+      -- there, as a forward would, instead of being dropped.
+      redis.call('XADD', '{' .. prefix .. 'in:' .. w .. '}', 'MAXLEN', '~', ARGV[7], '*',
+        'k', 'c', 'o', gone, 'i', f['i'], 'g', '', 'f', f['f'])
+      saved = saved + 1
     end
+    -- Handled once: a broker leaving salvages its own stream while another may
+    -- be sweeping it (gateway.plane.redis.plane, _leave).
+    redis.call('XDEL', inbound, e[1])
   end
 end
 return saved

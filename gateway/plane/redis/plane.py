@@ -272,6 +272,9 @@ class RedisPlane:
         self._batcher: Batcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        #: The last entry of the inbound stream handed to the router: a leaving
+        #: broker trims through it before it salvages the rest (_leave).
+        self._read_through: bytes | None = None
         self._inbound: Inbound | None = None
         self._lost: Lost | None = None
         #: What this broker announced, to announce again after losing its lease.
@@ -415,7 +418,27 @@ class RedisPlane:
 
     async def _leave(self) -> None:
         """Drop this broker's entries, a batch per script call, then its stream
-        (in a slot of its own on a cluster, so not in the script)."""
+        (in a slot of its own on a cluster, so not in the script).
+
+        The leases go first, so that sends to this broker are refused (their
+        senders follow the Channel instead: gateway.routing.remote); then what
+        its stream still holds for the WebSocket Channels it held goes into their
+        logs, or to the broker that resumed them (a rolling restart: the stream
+        is not read any more), as for a broker that died.
+        """
+        read = self._read_through
+        if read is not None:
+            # What the reader handled goes first, while the lease still stands:
+            # its trim may not have been sent when the reader stopped, and a frame
+            # already delivered that this salvage, or another broker's sweep once
+            # the lease is gone, saved again would be delivered twice.
+            await self._call(("XTRIM", self._stream, "MINID", _after(read)))
+        # Two calls: on a cluster the lease and its copy beside the stream are in
+        # different slots.
+        await self._call(("DEL", f"{self._prefix}alive:{self._broker_id}"))
+        await self._call(("DEL", self._live))
+        if not self._cluster:
+            await self._call(self._log.salvage(self._stream, self._broker_id))
         brokers = (f"{self._prefix}brokers",)
         args = (self._prefix, self._broker_id, self._sweep_batch)
         leave = script_command(LEAVE, brokers, args)
@@ -925,7 +948,7 @@ class RedisPlane:
                 )
                 for entry_id, flat in entries:
                     self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
-                    last = entry_id
+                    last = self._read_through = entry_id
                 # What was read is trimmed: the stream holds only what is on its way
                 # (MINID keeps its own ID: the one after the last read, so that what a
                 # broker leaves when it dies is exactly what it never read).
