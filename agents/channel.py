@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import ssl as ssl_module
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
@@ -68,6 +70,11 @@ _TAKEN: Final = str(int(FaultCode.CHANNEL_RESUMED))
 #: The close code of a broker that stops and hands its Channels to the rest of its
 #: bus ("Service Restart", with fault 2114 as the reason): resume elsewhere at once.
 CLOSE_SERVICE_RESTART: Final = 1012
+#: How many frames sent on a connection the Channel keeps, to send again after a 1012
+#: whose ``read=<n>`` says the broker did not act on them: at a stop the broker
+#: leaves unread only what was in flight, far fewer.
+RESEND_WINDOW: Final = 4096
+_READ: Final = re.compile(r"\bread=(\d+)")
 
 
 class ChannelTransport(Protocol):
@@ -164,6 +171,13 @@ class WebSocketChannel:
         self._secret: str | None = None
         #: Frames received after the greeting: the number of the last one (resume).
         self.received = 0
+        #: Frames sent on this connection (counted as the broker counts them for
+        #: ``read=<n>``), the last :data:`RESEND_WINDOW` of them kept; and the ``n``
+        #: of a stopping broker's close: the frames after the n-th go again, first,
+        #: where the Channel resumes.
+        self._sent_count = 0
+        self._sent: deque[bytes] = deque(maxlen=RESEND_WINDOW)
+        self._read_by_broker: int | None = None
 
     async def _connect(self, url: str) -> ClientConnection:
         return await connect(
@@ -203,6 +217,8 @@ class WebSocketChannel:
         self._channel_id = identity[0]
         self._secret = secret if isinstance(secret, str) else None
         self.received = 0
+        # What the old Channel's broker did not act on was for that Channel.
+        self._forget_sent()
         self.kept = frozenset()
         self.subjects = frozenset()
         self._websocket = websocket
@@ -244,6 +260,19 @@ class WebSocketChannel:
             self.subjects = frozenset((subjects,) if isinstance(subjects, str) else subjects)
             received = answer.get("received")
             self.received = int(received) if isinstance(received, str) else self.received
+            # A new connection counts afresh; what the stopping broker did not act on
+            # goes first, in order, before anything sent from now on.
+            unread = self._unread()
+            self._forget_sent()
+            if unread:
+                self._log.info(
+                    "channel %s: sending again %d frames its last broker did not read",
+                    channel_id,
+                    len(unread),
+                )
+            for frame in unread:
+                await websocket.send(frame)
+                self._count_sent(frame)
         except BaseException:
             await websocket.close()
             raise
@@ -272,6 +301,7 @@ class WebSocketChannel:
             elif exc.rcvd is not None and exc.rcvd.code == CLOSE_SERVICE_RESTART:
                 # Its broker is stopping and released the Channel for another.
                 self.restarting = True
+                self._read_by_broker = _broker_read_count(exc)
         finally:
             closed(error)
 
@@ -279,10 +309,46 @@ class WebSocketChannel:
         websocket = self._websocket
         if websocket is None:
             raise ConnectionLost("the Channel is not open")
+        frame = asbp.encode(command)
+        # Counted before the await: websockets writes the frame before its first
+        # suspension, so concurrent sends are counted in the order they go out.
+        self._count_sent(frame)
         try:
-            await websocket.send(asbp.encode(command))
+            await websocket.send(frame)
         except ConnectionClosed as exc:
-            raise ConnectionLost(f"the Channel closed: {exc}") from exc
+            read = _broker_read_count(exc)
+            if read is None or not self.resumable:
+                raise ConnectionLost(f"the Channel closed: {exc}") from exc
+            # The broker stopped and said how many frames it acted on: this one,
+            # written or not, goes again where the Channel resumes if it is past
+            # that count. If a new Channel opens instead, the request fails there.
+            self._read_by_broker = read
+
+    def _count_sent(self, frame: bytes) -> None:
+        self._sent_count += 1
+        self._sent.append(frame)
+
+    def _forget_sent(self) -> None:
+        self._sent_count = 0
+        self._sent.clear()
+        self._read_by_broker = None
+
+    def _unread(self) -> list[bytes]:
+        """After a 1012: the frames sent after the ``read=<n>``-th, which the stopping
+        broker never acted on (docs/protocol.md, "A broker that stops")."""
+        if self._read_by_broker is None:
+            return []
+        unread = self._sent_count - self._read_by_broker
+        if unread <= 0:
+            return []
+        if unread > len(self._sent):
+            self._log.warning(
+                "channel %s: %d frames the broker did not read are past the %d kept",
+                self._channel_id,
+                unread - len(self._sent),
+                RESEND_WINDOW,
+            )
+        return list(self._sent)[-unread:]
 
     async def close(self) -> None:
         if self._websocket is not None:
@@ -500,3 +566,12 @@ async def _read(response: httpx.Response, limit: int) -> bytes:
             raise AgentError(f"a response is over the {limit}-byte limit")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _broker_read_count(closed: ConnectionClosed) -> int | None:
+    """The ``n`` of a stopping broker's close (1012, ``...; read=<n>``); None for any
+    other close."""
+    if closed.rcvd is None or closed.rcvd.code != CLOSE_SERVICE_RESTART:
+        return None
+    found = _READ.search(closed.rcvd.reason)
+    return None if found is None else int(found.group(1))

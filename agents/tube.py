@@ -227,6 +227,10 @@ class TubeSession:
         for pending in self._pending.values():
             if not pending.future.done():
                 pending.future.set_exception(ConnectionLost(reason))
+                # Its caller may be cancelled before it wakes (the link cancels the
+                # registration it started as the Tube closes): then nobody reads the
+                # exception, and asyncio reports it as never retrieved.
+                pending.future.exception()
         self._pending.clear()
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import anyio
 import pytest
 
 from agents import Backoff, ChannelEvent, ChannelEventKind, Reconnect, UserAgent
+from agents.errors import ChannelLost
 from tests.gateway.engines._broker_process import BrokerProcess, broker_process
 from tests.support import RedisServer, T, listen_port
 from tests.support.agents import install_echo, make_agent, make_credentials
@@ -77,6 +79,76 @@ async def test_a_user_agent_resumes_at_the_next_broker_at_once_when_its_broker_s
                 reconnecting = [e for e in events if e.kind is ChannelEventKind.RECONNECTING]
                 assert [e.delay for e in reconnecting] == [0.0]
                 assert (await ua.request("echo", b"after", timeout=5 * T)).body == b"after"
+
+
+async def test_requests_sent_while_the_broker_stops_are_each_answered_once(
+    tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Requests keep leaving at a steady pace while broker A drains: those A never
+    read (after ``read=<n>`` of its 1012) are sent again at B, in order, and every
+    request gets its own answer once (none fails, none times out)."""
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "echo")
+    caplog.set_level(logging.INFO, logger="asbp.user_agent")
+    back = asyncio.Event()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            back.set()
+
+    async with (
+        _start(tmp_path, redis_url, "broker-a") as a,
+        _start(tmp_path, redis_url, "broker-b") as b,
+    ):
+        agent = make_agent(
+            credentials, [a.url.replace("/asbp", "/tube"), b.url.replace("/asbp", "/tube")]
+        )
+        install_echo(agent)
+        async with agent:
+            await until_in_directory(redis_url, "name:echo", "broker-a")
+            await until_in_directory(redis_url, "name:echo", "broker-b")
+            ua = UserAgent.websocket([a.url, b.url], reconnect=SLOW, on_event=on_event)
+            async with ua:
+                answers: dict[int, bytes] = {}
+
+                refused = 0
+
+                async def ask(n: int) -> None:
+                    nonlocal refused
+                    while True:
+                        try:
+                            answer = await ua.request("echo", str(n).encode(), timeout=10 * T)
+                        except ChannelLost:  # checked before sending: never sent
+                            refused += 1
+                            await ua.wait_connected(10 * T)
+                            continue
+                        answers[n] = answer.body
+                        return
+
+                async with anyio.create_task_group() as group:
+                    n = 0
+                    stopped = False
+                    # Until 300 requests after the resume: a steady pace, not a
+                    # window, so frames are on the wire when A seals the Channel.
+                    after = None
+                    while after is None or n < after + 300:
+                        for _ in range(5):
+                            group.start_soon(ask, n)
+                            n += 1
+                        if n >= 200 and not stopped:
+                            a.process.send_signal(signal.SIGTERM)
+                            stopped = True
+                        if back.is_set() and after is None:
+                            after = n
+                        with anyio.fail_after(30 * T):
+                            await asyncio.sleep(0.001)  # the pace of sending, not a wait
+                assert ua.broker_id == "broker-b"
+                assert answers == {i: str(i).encode() for i in range(n)}
+                assert await a.process.wait() == 0
+    resent = [r.getMessage() for r in caplog.records if "sending again" in r.getMessage()]
+    print(f"{n} requests, all answered once ({refused} refused while reconnecting, then")
+    print(f"sent again by the test); frames the SDK sent again after the 1012: {resent}")
 
 
 def _start(
