@@ -80,6 +80,8 @@ class FaultCode(IntEnum):
     CHANNEL_RESUMED = 2112
     #: Extension: this broker does not resume Channels (resume off, or the bus unreachable).
     RESUME_UNAVAILABLE = 2113
+    #: Extension: the broker is serving as many handshakes as it may; retry later (HTTP 503).
+    BROKER_BUSY = 2114
 
     # 22xx: Courses, links between buses (extension; docs/courses.md).
     #: Extension: no Subject at this bus holds the Conversation-Address in ``r``.
@@ -154,6 +156,7 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.RESUME_GAP: "Commands lost before resuming",
     FaultCode.CHANNEL_RESUMED: "Channel resumed elsewhere",
     FaultCode.RESUME_UNAVAILABLE: "Resume unavailable",
+    FaultCode.BROKER_BUSY: "Broker busy",
     FaultCode.UNKNOWN_ADDRESS: "Unknown Conversation-Address",
     FaultCode.NO_COURSE: "No Course to the domain",
     FaultCode.COURSE_UNLISTED: "Course from an unlisted domain",

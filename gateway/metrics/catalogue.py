@@ -87,6 +87,13 @@ METRICS: Final = (
         "Tube handshakes refused with HTTP 429 (too many failed handshakes from one address).",
     ),
     Metric(
+        "asbp_busy_handshakes",
+        "counter",
+        (),
+        "WebSocket handshakes and HTTP Channel opens refused with HTTP 503 and fault 2114"
+        " (channels.max_handshakes being served already).",
+    ),
+    Metric(
         "asbp_event_log_dropped",
         "counter",
         (),

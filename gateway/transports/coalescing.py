@@ -53,6 +53,10 @@ websockets' generator-based reader cost about 3 µs a message, as much as the
 broker's own work on a publication (bench/README.md, and bench/frames.py for
 the two readers side by side).
 
+It also keeps the broker's bound on handshakes in flight
+(gateway/transports/handshakes.py): an upgrade request parsed past it is
+answered at once with 503, before the application runs.
+
 Enabled with ``uvicorn.Config(ws=CoalescingWebSocketProtocol)``.
 """
 
@@ -64,10 +68,13 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.http11 import Request
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from gateway.transports.connection_cycles import release_read_callback
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound
+from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
@@ -191,6 +198,8 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._current_size: int | None = None
         #: Refused a message (1009): dropping what comes until the client's close frame.
         self._lingering = False
+        #: The bound this connection's handshake counts against, until it is done.
+        self._handshake: HandshakeBound | None = None
         super().connection_made(self._coalescing)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -206,6 +215,7 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         try:
             super().connection_lost(exc)
         finally:
+            self._handshake_done()
             extensions = self.scope.get("extensions") if hasattr(self, "scope") else None
             if extensions:
                 extensions.pop(SEND_FRAME, None)
@@ -409,14 +419,57 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         super().shutdown()
 
     def handle_connect(self, event: Request) -> None:
+        bound: HandshakeBound | None = self.app_state.get(HANDSHAKES)
+        if bound is not None:
+            if not bound.enter():
+                self._refuse_busy(event, bound)
+                return
+            self._handshake = bound
         super().handle_connect(event)
-        if self.response.status_code == 101:  # the scope exists; its task has not run yet
+        if self.response.status_code != 101:
+            self._handshake_done()  # refused by websockets (a bad request): no app runs
+        else:  # the scope exists; its task has not run yet
             # Negotiated extensions (permessage-deflate) change what frames mean.
             self._extensions_negotiated = "Sec-WebSocket-Extensions" in self.response.headers
             # Uvicorn types the extensions as dicts of settings; ASGI leaves them open.
             extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
             extensions[SEND_FRAME] = self.send_frame
             extensions[RECEIVE_FRAMES] = self.on_frame
+
+    def _refuse_busy(self, event: Request, bound: HandshakeBound) -> None:
+        """Answer 503 with ``Retry-After`` and fault 2114, and close: the broker is
+        serving ``bound.limit`` handshakes already. As Uvicorn answers a request
+        websockets refused: no scope, no application task, websockets discards the rest."""
+        self.request = event
+        self.handshake_initiated = True
+        self.handshake_complete = True
+        self.close_sent = True
+        body = bound.body
+        headers = Headers(
+            [
+                ("Retry-After", str(RETRY_AFTER)),
+                ("Content-Type", "application/asbp"),
+                ("Content-Length", str(len(body))),
+                ("Connection", "close"),
+            ]
+        )
+        self.conn.send_response(Response(503, "Service Unavailable", headers, body))
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
+    def _handshake_done(self) -> None:
+        """This connection's handshake no longer counts against the bound."""
+        bound = self._handshake
+        if bound is not None:
+            self._handshake = None
+            bound.leave()
+
+    async def send(self, message: Any) -> None:
+        """Uvicorn's; the application's first message (accept, close or an HTTP
+        response) ends the handshake, as far as the bound is concerned."""
+        if self._handshake is not None:
+            self._handshake_done()
+        await super().send(message)
 
     def send_receive_event_to_app(self) -> None:
         """Uvicorn's, but a text message that is not UTF-8 fails with 1007 and a reason.
