@@ -171,7 +171,12 @@ async def _metrics(request: Request) -> Response:
 
     throttle: HandshakeThrottle = request.state.throttle
     bound: HandshakeBound = getattr(request.state, HANDSHAKES)
-    body = await render(request.state.broker, throttled=throttle.refused, busy=bound.refused)
+    body = await render(
+        request.state.broker,
+        throttled=throttle.refused,
+        busy=bound.refused,
+        abandoned=bound.abandoned,
+    )
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

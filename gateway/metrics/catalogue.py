@@ -94,6 +94,13 @@ METRICS: Final = (
         " (channels.max_handshakes being served already).",
     ),
     Metric(
+        "asbp_abandoned_handshakes",
+        "counter",
+        (),
+        "WebSocket handshakes not served because their client had closed its side before the"
+        " server read the upgrade request (it waited for longer than its client did).",
+    ),
+    Metric(
         "asbp_event_log_dropped",
         "counter",
         (),

@@ -69,15 +69,23 @@ class BrokerCollector(Collector):
             because a collector cannot await.
         throttled: Tube handshakes the throttle refused so far.
         busy: handshakes refused with 503 so far (``channels.max_handshakes``).
+        abandoned: handshakes not served because their client had gone.
     """
 
     def __init__(
-        self, broker: Broker, depths: Mapping[str, int], *, throttled: int, busy: int = 0
+        self,
+        broker: Broker,
+        depths: Mapping[str, int],
+        *,
+        throttled: int,
+        busy: int = 0,
+        abandoned: int = 0,
     ) -> None:
         self._broker = broker
         self._depths = depths
         self._throttled = throttled
         self._busy = busy
+        self._abandoned = abandoned
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker
@@ -114,6 +122,7 @@ class BrokerCollector(Collector):
             ("asbp_tubes_closed", broker.respondents.detached),
             ("asbp_throttled_handshakes", self._throttled),
             ("asbp_busy_handshakes", self._busy),
+            ("asbp_abandoned_handshakes", self._abandoned),
             (
                 "asbp_event_log_dropped",
                 broker.event_log.dropped if broker.event_log is not None else 0,
@@ -221,7 +230,8 @@ class BrokerCollector(Collector):
         yield total
 
 
-async def render(broker: Broker, *, throttled: int, busy: int = 0) -> bytes:
+async def render(broker: Broker, *, throttled: int, busy: int = 0, abandoned: int = 0) -> bytes:
     """The Prometheus text exposition of ``broker`` now."""
     depths = await broker.engine.depths()
-    return generate_latest(BrokerCollector(broker, depths, throttled=throttled, busy=busy))
+    collector = BrokerCollector(broker, depths, throttled=throttled, busy=busy, abandoned=abandoned)
+    return generate_latest(collector)

@@ -73,7 +73,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from gateway.transports.connection_cycles import release_read_callback
-from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, peer_gone
 from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
@@ -421,6 +421,14 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
     def handle_connect(self, event: Request) -> None:
         bound: HandshakeBound | None = self.app_state.get(HANDSHAKES)
         if bound is not None:
+            if peer_gone(self._coalescing.real_transport):
+                # Waited for longer than its client did: served, it would be work
+                # for nobody (gateway/transports/handshakes.py).
+                bound.abandoned += 1
+                self.request = event
+                self.handshake_initiated = self.handshake_complete = self.close_sent = True
+                self.transport.close()
+                return
             if not bound.enter():
                 self._refuse_busy(event, bound)
                 return

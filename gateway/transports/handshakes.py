@@ -21,6 +21,21 @@ application will get to soon. HTTP POSTs that would open a Channel consult the
 same bound (gateway/transports/http.py): while WebSocket handshakes pile up,
 an HTTP Channel is not opened either.
 
+A handshake whose client has already gone is not served at all: under
+overload a connection may wait in the kernel's accept queue longer than its
+client waits for it, and serving it (a Channel, a greeting, a close) would be
+work for nobody. When the server has parsed the upgrade request, one
+``getsockopt(TCP_INFO)`` (a microsecond or two, Linux) tells whether the
+client's FIN has arrived (the socket is in ``CLOSE_WAIT``); if so the
+connection is closed with no answer (:func:`peer_gone`, counted as
+``abandoned``). A client that half-closes before its handshake is answered
+cannot use a WebSocket anyway.
+
+The listening socket's backlog (the connections the kernel accepts before the
+broker takes them) is ``channels.max_handshakes`` too (gateway/ops/server.py):
+past both, a client's SYN waits in the kernel for its own retry instead of
+joining a queue the broker would serve too late.
+
 The bound lives in the lifespan state (``scope["state"]``, under
 :data:`STATE_KEY`), which both servers hand to their protocols, so the
 server-side code that refuses (gateway/transports/coalescing.py on Uvicorn,
@@ -30,12 +45,13 @@ broker. ``/metrics`` reports the refusals (``asbp_busy_handshakes``).
 
 from __future__ import annotations
 
-from typing import Final
+import socket
+from typing import Any, Final
 
 from asbp import FaultCode, encode
 from asbp.fault_commands import fault_command
 
-__all__ = ["RETRY_AFTER", "STATE_KEY", "HandshakeBound", "busy_body"]
+__all__ = ["RETRY_AFTER", "STATE_KEY", "HandshakeBound", "busy_body", "peer_gone"]
 
 #: Where the bound is kept in the lifespan state.
 STATE_KEY: Final = "handshakes"
@@ -45,6 +61,27 @@ STATE_KEY: Final = "handshakes"
 #: times over, and a client that spreads its retry over it (the SDKs' jitter)
 #: does not come back as one wave.
 RETRY_AFTER: Final = 1
+
+
+#: ``tcp_info.tcpi_state`` of a socket whose peer has closed its side (Linux ``TCP_CLOSE_WAIT``).
+_CLOSE_WAIT: Final = 8
+
+
+def peer_gone(transport: Any) -> bool:
+    """Whether the client of ``transport`` has closed its side already (its FIN came).
+
+    False where that cannot be known (no TCP socket, no ``TCP_INFO``): the
+    handshake is then served as before.
+    """
+    sock = transport.get_extra_info("socket")
+    option = getattr(socket, "TCP_INFO", None)
+    if sock is None or option is None:
+        return False
+    try:
+        info: bytes = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
+    except OSError:  # not TCP (a Unix socket)
+        return False
+    return bool(info) and info[0] == _CLOSE_WAIT
 
 
 def busy_body(limit: int) -> bytes:
@@ -60,7 +97,7 @@ class HandshakeBound:
         limit: handshakes served at once at most; 0 turns the bound off.
     """
 
-    __slots__ = ("_body", "in_flight", "limit", "refused")
+    __slots__ = ("_body", "abandoned", "in_flight", "limit", "refused")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -68,6 +105,8 @@ class HandshakeBound:
         self.in_flight = 0
         #: Handshakes refused so far (the ``asbp_busy_handshakes`` counter).
         self.refused = 0
+        #: Handshakes not served because their client had gone (:func:`peer_gone`).
+        self.abandoned = 0
         self._body = busy_body(limit)
 
     @property

@@ -93,7 +93,7 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from gateway.errors import LocalError
-from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, peer_gone
 from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 from gateway.transports.hypercorn_tcp import AsbpTCPServer
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
@@ -256,6 +256,14 @@ class AsbpWSStream(WSStream):
         elif isinstance(event, Request) and not self.closed:
             bound: HandshakeBound | None = event.state.get(HANDSHAKES)
             if bound is not None:
+                server = None if self._h2 else _tcp_server_of(self._stream_send)
+                if server is not None and peer_gone(server.writer.transport):
+                    # Waited for longer than its client did: served, it would be
+                    # work for nobody (gateway/transports/handshakes.py).
+                    bound.abandoned += 1
+                    self.closed = True
+                    await self.send(StreamClosed(stream_id=self.stream_id))
+                    return
                 if not bound.enter():
                     await self._refuse_busy(bound)
                     return

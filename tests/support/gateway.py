@@ -32,7 +32,7 @@ import email.policy
 import logging
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -127,6 +127,26 @@ class BrokerProbe:
 
         future = asyncio.run_coroutine_threadsafe(switch(), self._loop)
         await asyncio.wait_for(asyncio.wrap_future(future), 5 * T)
+
+    @contextlib.asynccontextmanager
+    async def loop_stopped(self) -> AsyncIterator[None]:
+        """Keep the server's event loop from running (it waits in a call of ours) while
+        the block runs, as a server far behind its work is: what clients send meanwhile
+        waits in the kernel, and is read all at once after the block."""
+        assert self._loop is not None, "the lifespan has not run"
+        stopped = threading.Event()
+        go_on = threading.Event()
+
+        def wait() -> None:
+            stopped.set()
+            go_on.wait(10 * T)
+
+        self._loop.call_soon_threadsafe(wait)
+        try:
+            assert await asyncio.to_thread(stopped.wait, 5 * T), "the server's loop is busy"
+            yield
+        finally:
+            go_on.set()
 
     async def call(self, function: Callable[[Broker], R]) -> R:
         """Run ``function(broker)`` in the server's event loop and return its result."""

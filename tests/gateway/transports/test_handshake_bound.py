@@ -193,3 +193,33 @@ def test_the_bound_counts_and_refuses() -> None:
     assert not off.turns_away()
     assert off.refused == 0
     assert_fault(decode(busy_body(2)), int(FaultCode.BROKER_BUSY))
+
+
+@pytest.mark.parametrize("server_name", SERVERS)
+async def test_a_handshake_whose_client_has_gone_is_not_served(
+    make_gateway: GatewayFactory, server_name: ServerName
+) -> None:
+    """Clients that gave up while their upgrade waited (here: while the server's loop
+    was held) get no Channel, no greeting and no answer; one still waiting is served."""
+    gateway = await make_gateway(server=server_name)
+    channels_before = await gateway.call(lambda broker: broker.channels.opened)
+    async with gateway.probe.loop_stopped():
+        gone = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection(gateway.server.host, gateway.server.port)
+            writer.write(UPGRADE)
+            await writer.drain()
+            writer.close()  # the client gives up before the server reads its request
+            await writer.wait_closed()
+            gone.append(reader)
+        waiting = await asyncio.open_connection(gateway.server.host, gateway.server.port)
+        waiting[1].write(UPGRADE)
+    answer = await asyncio.wait_for(waiting[0].readuntil(b"\r\n\r\n"), 5 * T)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    waiting[1].close()
+    await until_drained(gateway)
+    assert bound_of(gateway).abandoned == 3
+    assert await gateway.call(lambda broker: broker.channels.opened) == channels_before + 1
+    client = await gateway.http_client()
+    metrics = (await client.get(f"{gateway.server.http_url}/metrics")).text
+    assert re.search(r"^asbp_abandoned_handshakes_total 3\.0$", metrics, re.M), metrics
