@@ -101,6 +101,8 @@ class CoalescingTransport(asyncio.Transport):
         self._transport = transport
         self._loop = loop
         self._gathered: list[bytes] = []
+        #: The next scheduled flush waits one more loop turn (:meth:`defer_flush`).
+        self._deferred = False
 
     @property
     def real_transport(self) -> asyncio.Transport:
@@ -110,19 +112,35 @@ class CoalescingTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         gathered = self._gathered
         if not gathered:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._scheduled_flush)
         gathered.append(bytes(data))
 
     def write_frame(self, head: bytes, payload: bytes) -> None:
         """Gather a frame's header and its payload (bytes: kept as they are, not copied)."""
         gathered = self._gathered
         if not gathered:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._scheduled_flush)
         gathered += (head, payload)
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)
+
+    def defer_flush(self) -> None:
+        """Let the next scheduled flush wait one more loop turn, once.
+
+        For the handshake's response: the application's writer task, created in
+        the same turn, then sends its first frame (the broker's greeting) before
+        the flush, and both leave in one system call instead of two.
+        """
+        self._deferred = True
+
+    def _scheduled_flush(self) -> None:
+        if self._deferred:
+            self._deferred = False
+            self._loop.call_soon(self._scheduled_flush)
+            return
+        self.flush()
 
     def flush(self) -> None:
         """Write what was gathered now (the scheduled flush, or before a close)."""
@@ -477,6 +495,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         response) ends the handshake, as far as the bound is concerned."""
         if self._handshake is not None:
             self._handshake_done()
+            if message["type"] == "websocket.accept":
+                # The 101 and the greeting the application sends next, in one write.
+                self._coalescing.defer_flush()
         await super().send(message)
 
     def send_receive_event_to_app(self) -> None:
