@@ -601,6 +601,9 @@ class SoakResult:
     #: CPU seconds the broker and this load generator spent during the churn.
     broker_cpu: float
     client_cpu: float
+    #: The broker's CPU seconds per second for the traffic alone (pings, topic fan-out,
+    #: the server's keepalive pings), measured before the churn.
+    traffic_cpu: float = 0.0
 
 
 async def soak(
@@ -656,6 +659,23 @@ async def soak(
             "publication not accepted",
         )
 
+    # The traffic alone first: what the pings and the topic fan-out cost the broker a
+    # second. The churn's CPU less that is the CPU per connect proper, which does not
+    # depend on the rate reached (at 100 connects/s the traffic was most of it).
+    quiet = min(10.0, seconds / 4)
+    quiet_cpu = cpu_seconds(server.pid)
+    quiet_began = loop.time()
+    quiet_tick = 0
+    while loop.time() - quiet_began < quiet:
+        quiet_tick += 1
+        for channel in random.sample(churned, min(per_tick, len(churned))):
+            channel.ping()
+        publish(random.choice(churned), 1_000_000 + quiet_tick)
+        await asyncio.sleep(max(0.0, quiet_began + quiet_tick * TICK - loop.time()))
+    traffic_cpu = (cpu_seconds(server.pid) - quiet_cpu) / max(loop.time() - quiet_began, TICK)
+    cpu_start = cpu_seconds(server.pid), time.process_time()
+    began = loop.time()
+    last = 0.0, *cpu_start
     tick = 0
     while loop.time() - began < seconds:
         tick += 1
@@ -721,7 +741,15 @@ async def soak(
         channel.close()
     await load.drained(2 * ANSWER_TIMEOUT)
     return SoakResult(
-        tally, connects_in_time, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
+        tally,
+        connects_in_time,
+        elapsed,
+        rss_start,
+        rss_end,
+        len(subscribers),
+        received,
+        *cpu,
+        traffic_cpu=traffic_cpu,
     )
 
 
@@ -760,8 +788,11 @@ class SoakRow:
     errors: int
     p50: float
     p99: float
-    #: Broker CPU microseconds per connect, and its share of a core.
+    #: Broker CPU microseconds per connect (less the traffic's), and its share of a core
+    #: (the traffic's alone).
     cpu_per_connect: float
+    net_per_connect: float
+    traffic_share: float
     cpu_share: float
     load: tuple[float, float]
 
@@ -822,6 +853,11 @@ async def soak_once(args: argparse.Namespace, name: str, key: Path, repeat: int)
         f" and {tally.pings / max(1, result.connects):.1f} pings, and its share of the"
         f" topic traffic)"
     )
+    net = (result.broker_cpu - result.traffic_cpu * result.seconds) / max(1, result.connects)
+    print(
+        f"  the traffic alone (before the churn): broker {100 * result.traffic_cpu:.0f}% of a"
+        f" core; CPU per connect less the traffic: broker {1e6 * net:,.0f} us"
+    )
     print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
     print(f"  server log: {server.log_summary()}")
     return SoakRow(
@@ -830,6 +866,8 @@ async def soak_once(args: argparse.Namespace, name: str, key: Path, repeat: int)
         p50=percentile(shakes, 0.5) if shakes else 0.0,
         p99=percentile(shakes, 0.99) if shakes else 0.0,
         cpu_per_connect=per_connect * result.broker_cpu,
+        net_per_connect=1e6 * net,
+        traffic_share=result.traffic_cpu,
         cpu_share=result.broker_cpu / result.seconds,
         load=(load_before, load_after),
     )
@@ -838,22 +876,26 @@ async def soak_once(args: argparse.Namespace, name: str, key: Path, repeat: int)
 def soak_medians(rows: dict[str, list[SoakRow]]) -> None:
     """The medians of the soak runs per server, and the rate one whole core would take.
 
-    The machine may be shared: the broker's CPU per connect does not depend on the
-    share of a core it got (much), the rate reached does. ``1 s / CPU per connect``
-    is the rate a broker with a quiet core to itself would sustain.
+    The machine may be shared: the broker's CPU per connect less the traffic's does
+    not depend on the share of a core it got, nor on the rate reached; the rate
+    reached does. ``(1 s - the traffic's CPU) / CPU per connect`` is the rate a
+    broker with a quiet core to itself would sustain with the same traffic.
     """
     print(
-        "\nsoak medians                 reached/s  errors  p50 ms   p99 ms"
-        "  CPU/connect  core  one core"
+        "\nsoak medians            reached/s  errors  p50 ms   p99 ms  CPU/connect"
+        "  less traffic  traffic  core  one core"
     )
     for name, runs in rows.items():
         med = statistics.median
-        cpu = med(r.cpu_per_connect for r in runs)
+        net = med(r.net_per_connect for r in runs)
+        traffic = med(r.traffic_share for r in runs)
         print(
-            f"  broker/{name:<20} {med(r.reached for r in runs):>9,.0f}"
+            f"  broker/{name:<15} {med(r.reached for r in runs):>9,.0f}"
             f" {med(r.errors for r in runs):>7,.0f} {1000 * med(r.p50 for r in runs):>7,.0f}"
-            f" {1000 * med(r.p99 for r in runs):>8,.0f} {cpu:>9,.0f} us"
-            f" {100 * med(r.cpu_share for r in runs):>4.0f}% {1e6 / max(cpu, 1):>7,.0f}/s"
+            f" {1000 * med(r.p99 for r in runs):>8,.0f}"
+            f" {med(r.cpu_per_connect for r in runs):>9,.0f} us {net:>9,.0f} us"
+            f" {100 * traffic:>7.0f}% {100 * med(r.cpu_share for r in runs):>4.0f}%"
+            f" {1e6 * (1 - traffic) / max(net, 1):>7,.0f}/s"
         )
         loads = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in (r.load for r in runs))
         print(f"    runs: errors {[r.errors for r in runs]}, load average {loads}")
