@@ -26,7 +26,7 @@ overload a connection may wait in the kernel's accept queue longer than its
 client waits for it, and serving it (a Channel, a greeting, a close) would be
 work for nobody. When the server has parsed the upgrade request, one
 ``getsockopt(TCP_INFO)`` (a microsecond or two, Linux) tells whether the
-client's FIN has arrived (the socket is in ``CLOSE_WAIT``); if so the
+client's FIN (the socket is in ``CLOSE_WAIT``) or reset has arrived; if so the
 connection is closed with no answer (:func:`peer_gone`, counted as
 ``abandoned``). A client that half-closes before its handshake is answered
 cannot use a WebSocket anyway.
@@ -63,8 +63,10 @@ STATE_KEY: Final = "handshakes"
 RETRY_AFTER: Final = 1
 
 
-#: ``tcp_info.tcpi_state`` of a socket whose peer has closed its side (Linux ``TCP_CLOSE_WAIT``).
-_CLOSE_WAIT: Final = 8
+#: ``tcp_info.tcpi_state`` of an open connection (Linux ``TCP_ESTABLISHED``). Before the
+#: server has written or closed anything, any other state means the client is gone: its
+#: FIN came (``CLOSE_WAIT``) or its reset (``CLOSE``).
+_ESTABLISHED: Final = 1
 
 
 def peer_gone(transport: Any) -> bool:
@@ -81,7 +83,7 @@ def peer_gone(transport: Any) -> bool:
         info: bytes = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
     except OSError:  # not TCP (a Unix socket)
         return False
-    return bool(info) and info[0] == _CLOSE_WAIT
+    return bool(info) and info[0] != _ESTABLISHED
 
 
 def busy_body(limit: int) -> bytes:
