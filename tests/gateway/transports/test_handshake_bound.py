@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from typing import Final
 
 import httpx
@@ -20,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus
 
 from asbp import FaultCode
-from gateway.transports.handshakes import STATE_KEY, HandshakeBound, busy_body
+from gateway.transports.handshakes import STATE_KEY, HandshakeBound, busy_body, peer_gone
 from tests.support import ServerName, T
 from tests.support.gateway import SERVERS, Gateway, GatewayFactory, assert_fault, decode
 
@@ -223,3 +224,40 @@ async def test_a_handshake_whose_client_has_gone_is_not_served(
     client = await gateway.http_client()
     metrics = (await client.get(f"{gateway.server.http_url}/metrics")).text
     assert re.search(r"^asbp_abandoned_handshakes_total 3\.0$", metrics, re.M), metrics
+
+
+class _NoSocket:
+    """A transport that has no socket to tell (a test double of asyncio's interface)."""
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def test_without_a_tcp_socket_nobody_counts_as_gone() -> None:
+    assert not peer_gone(_NoSocket())
+    ours, theirs = socket.socketpair()  # Unix sockets: no TCP_INFO to ask
+    with ours, theirs:
+
+        class Unix(_NoSocket):
+            def get_extra_info(self, name: str, default: object = None) -> object:
+                return ours if name == "socket" else default
+
+        theirs.close()
+        assert not peer_gone(Unix())
+
+
+@pytest.mark.parametrize("server_name", SERVERS)
+async def test_an_invalid_upgrade_refused_by_the_server_leaves_the_bound(
+    make_gateway: GatewayFactory, server_name: ServerName
+) -> None:
+    gateway = await make_gateway(server=server_name)
+    no_key = UPGRADE.replace(b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", b"")
+    for _ in range(3):
+        reader, writer = await asyncio.open_connection(gateway.server.host, gateway.server.port)
+        writer.write(no_key)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5 * T)
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        writer.close()
+        await writer.wait_closed()
+    await until_drained(gateway)
+    assert bound_of(gateway).refused == 0
