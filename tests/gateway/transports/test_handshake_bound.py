@@ -15,6 +15,9 @@ import re
 import socket
 from typing import Final
 
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection
@@ -261,3 +264,61 @@ async def test_an_invalid_upgrade_refused_by_the_server_leaves_the_bound(
         await writer.wait_closed()
     await until_drained(gateway)
     assert bound_of(gateway).refused == 0
+
+
+def h2_upgrade(port: int) -> tuple[bytes, bytes]:
+    """A WebSocket upgrade to /asbp over HTTP/2 (RFC 8441, prior knowledge): the
+    response's status and body, once the server ends the stream."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5 * T)
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    status, body, ended, asked = b"", b"", False, False
+    try:
+        while not ended:
+            data = sock.recv(65536)
+            assert data, "the server closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+                elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                    raise AssertionError(f"the server failed the stream: {event}")
+            if not asked and conn.remote_settings.enable_connect_protocol:
+                asked = True
+                conn.send_headers(
+                    1,
+                    [
+                        (b":method", b"CONNECT"),
+                        (b":protocol", b"websocket"),
+                        (b":scheme", b"http"),
+                        (b":path", b"/asbp"),
+                        (b":authority", b"127.0.0.1"),
+                        (b"sec-websocket-version", b"13"),
+                    ],
+                )
+            sock.sendall(conn.data_to_send())
+        return status, body
+    finally:
+        sock.close()
+
+
+async def test_over_http2_past_the_bound_an_upgrade_gets_503_on_its_stream(
+    make_gateway: GatewayFactory,
+) -> None:
+    """The refusal ends the upgrade's stream only: the connection stays up (RFC 8441)."""
+    from gateway.config.model import ChannelLimits
+
+    gateway = await make_gateway(server="hypercorn", channels=ChannelLimits(max_handshakes=1))
+    held = await held_handshakes(gateway, 1)
+    status, body = await asyncio.to_thread(h2_upgrade, gateway.server.port)
+    assert status == b"503"
+    assert_fault(decode(body), int(FaultCode.BROKER_BUSY))
+    await gateway.probe.hold_websockets(False)
+    ws = await asyncio.wait_for(held[0], 5 * T)
+    assert decode(await asyncio.wait_for(ws.recv(), 5 * T)).name == "asbp.channel"
