@@ -22,7 +22,8 @@ their place (in ticks of 100 ms), and traffic flows: ``--rate`` ``asbp.ping``
 a second on random Channels, each answered by its ``asbp.pong``, and one topic
 message every tick from a random Channel to ``/soak``, which ``--subscribers``
 Channels (never churned) subscribe to and must each receive. Reported: errors
-(goal 0: a handshake that fails or gives no greeting within 10 s, a Channel
+(goal 0: a handshake that fails, a 503 from the broker's bound on handshakes
+in flight included, or gives no greeting within 10 s, a Channel
 closed by the broker, a ping without its pong within 10 s, any fault, a topic
 message a subscriber did not get), the handshake time (TCP connect to greeting)
 p50/p99, the connect rate reached, and the broker's memory before and after.
