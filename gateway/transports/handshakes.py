@@ -51,7 +51,7 @@ from typing import Any, Final
 from asbp import FaultCode, encode
 from asbp.fault_commands import fault_command
 
-__all__ = ["RETRY_AFTER", "STATE_KEY", "HandshakeBound", "busy_body", "peer_gone"]
+__all__ = ["RETRY_AFTER", "STATE_KEY", "HandshakeBound", "busy_body", "busy_message", "peer_gone"]
 
 #: Where the bound is kept in the lifespan state.
 STATE_KEY: Final = "handshakes"
@@ -86,10 +86,14 @@ def peer_gone(transport: Any) -> bool:
     return bool(info) and info[0] != _ESTABLISHED
 
 
+def busy_message(limit: int) -> str:
+    """What fault 2114 says, past a bound of ``limit``."""
+    return f"the broker is serving {limit} handshakes already; retry after {RETRY_AFTER} s"
+
+
 def busy_body(limit: int) -> bytes:
     """The body of the 503: an ``asbp.fault`` with code 2114, as an HTTP POST would get."""
-    message = f"the broker is serving {limit} handshakes already; retry after {RETRY_AFTER} s"
-    return encode(fault_command(FaultCode.BROKER_BUSY, message))
+    return encode(fault_command(FaultCode.BROKER_BUSY, busy_message(limit)))
 
 
 class HandshakeBound:

@@ -45,7 +45,7 @@ from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox
 from gateway.plane.base import PlaneUnavailable
 from gateway.routing.sniff import sniff_command_id
-from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, busy_message
 from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def _fault(
 def _busy(bound: HandshakeBound, command_id: int | None) -> Response:
     """``503`` with ``Retry-After`` and fault 2114: no Channel opened (gateway/transports/
     handshakes.py)."""
-    message = f"the broker is serving {bound.limit} handshakes already; retry after {RETRY_AFTER} s"
+    message = busy_message(bound.limit)
     response = _fault(FaultCode.BROKER_BUSY, message, command_id=command_id, status=503)
     response.headers["Retry-After"] = str(RETRY_AFTER)
     return response
