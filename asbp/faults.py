@@ -81,7 +81,7 @@ class FaultCode(IntEnum):
     #: Extension: this broker does not resume Channels (resume off, or the bus unreachable).
     RESUME_UNAVAILABLE = 2113
     #: Extension: the broker is serving as many handshakes as it may; retry later (HTTP 503).
-    BROKER_BUSY = 2114
+    BROKER_BUSY = 2115
 
     # 22xx: Courses, links between buses (extension; docs/courses.md).
     #: Extension: no Subject at this bus holds the Conversation-Address in ``r``.

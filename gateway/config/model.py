@@ -106,7 +106,7 @@ class ChannelLimits:
     http_opens_per_second: int = 20
     #: WebSocket handshakes (to ``/asbp`` and ``/tube``) the broker serves at
     #: once, from the parsed upgrade request to its accept or refusal; one more is
-    #: answered at once with ``503``, ``Retry-After`` and fault 2114, before any
+    #: answered at once with ``503``, ``Retry-After`` and fault 2115, before any
     #: Channel is made, and so is a POST that would open an HTTP Channel
     #: meanwhile. Past its capacity a broker that took them all served each after
     #: its client had given up. 0 turns the bound off.

@@ -90,7 +90,7 @@ METRICS: Final = (
         "asbp_busy_handshakes",
         "counter",
         (),
-        "WebSocket handshakes and HTTP Channel opens refused with HTTP 503 and fault 2114"
+        "WebSocket handshakes and HTTP Channel opens refused with HTTP 503 and fault 2115"
         " (channels.max_handshakes being served already).",
     ),
     Metric(

@@ -463,7 +463,7 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions[RECEIVE_FRAMES] = self.on_frame
 
     def _refuse_busy(self, event: Request, bound: HandshakeBound) -> None:
-        """Answer 503 with ``Retry-After`` and fault 2114, and close: the broker is
+        """Answer 503 with ``Retry-After`` and fault 2115, and close: the broker is
         serving ``bound.limit`` handshakes already. As Uvicorn answers a request
         websockets refused: no scope, no application task, websockets discards the rest."""
         self.request = event

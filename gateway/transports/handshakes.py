@@ -14,7 +14,7 @@ the moment the server has parsed the upgrade request (before the application
 runs, before any Channel is made) until the application accepts or refuses it,
 or the connection ends. Past ``channels.max_handshakes`` of them, a new one is
 answered at once by the server's protocol with ``503 Service Unavailable``,
-``Retry-After`` and fault 2114 in the body, and closed: no ASGI task, no
+``Retry-After`` and fault 2115 in the body, and closed: no ASGI task, no
 Channel, no greeting, no close handshake. Under overload the count rises where
 the broker falls behind: a loop turn that parses more requests than the
 application will get to soon. HTTP POSTs that would open a Channel consult the
@@ -87,12 +87,12 @@ def peer_gone(transport: Any) -> bool:
 
 
 def busy_message(limit: int) -> str:
-    """What fault 2114 says, past a bound of ``limit``."""
+    """What fault 2115 says, past a bound of ``limit``."""
     return f"the broker is serving {limit} handshakes already; retry after {RETRY_AFTER} s"
 
 
 def busy_body(limit: int) -> bytes:
-    """The body of the 503: an ``asbp.fault`` with code 2114, as an HTTP POST would get."""
+    """The body of the 503: an ``asbp.fault`` with code 2115, as an HTTP POST would get."""
     return encode(fault_command(FaultCode.BROKER_BUSY, busy_message(limit)))
 
 

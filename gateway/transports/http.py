@@ -75,7 +75,7 @@ def _fault(
 
 
 def _busy(bound: HandshakeBound, command_id: int | None) -> Response:
-    """``503`` with ``Retry-After`` and fault 2114: no Channel opened (gateway/transports/
+    """``503`` with ``Retry-After`` and fault 2115: no Channel opened (gateway/transports/
     handshakes.py)."""
     message = busy_message(bound.limit)
     response = _fault(FaultCode.BROKER_BUSY, message, command_id=command_id, status=503)

@@ -43,7 +43,7 @@ choose another. Three things about it needed changing (issues 16 and 17):
   ``send`` is used.
 * **Handshakes in flight.** The broker's bound on them
   (gateway/transports/handshakes.py): an upgrade request past it is answered
-  here with 503, ``Retry-After`` and fault 2114, before the application's task
+  here with 503, ``Retry-After`` and fault 2115, before the application's task
   is spawned (as Hypercorn answers an invalid handshake with 400).
 
 Upstream: the close frame on failure is a small fix to ``WSStream._handle_events``
@@ -278,7 +278,7 @@ class AsbpWSStream(WSStream):
                 self._release_extensions()
 
     async def _refuse_busy(self, bound: HandshakeBound) -> None:
-        """Answer 503 with ``Retry-After`` and fault 2114, and end the stream: the
+        """Answer 503 with ``Retry-After`` and fault 2115, and end the stream: the
         broker is serving ``bound.limit`` handshakes already. As Hypercorn answers an
         invalid handshake: no scope is served, no application task spawned."""
         body = bound.body
