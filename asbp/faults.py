@@ -82,6 +82,8 @@ class FaultCode(IntEnum):
     RESUME_UNAVAILABLE = 2113
     #: Extension: the broker stops (a rolling restart); resume the Channel at another one.
     BROKER_RESTARTING = 2114
+    #: Extension: the broker is serving as many handshakes as it may; retry later (HTTP 503).
+    BROKER_BUSY = 2115
 
     # 22xx: Courses, links between buses (extension; docs/courses.md).
     #: Extension: no Subject at this bus holds the Conversation-Address in ``r``.
@@ -157,6 +159,7 @@ _DESCRIPTIONS: dict[FaultCode, str] = {
     FaultCode.CHANNEL_RESUMED: "Channel resumed elsewhere",
     FaultCode.RESUME_UNAVAILABLE: "Resume unavailable",
     FaultCode.BROKER_RESTARTING: "Broker restarting: resume elsewhere",
+    FaultCode.BROKER_BUSY: "Broker busy",
     FaultCode.UNKNOWN_ADDRESS: "Unknown Conversation-Address",
     FaultCode.NO_COURSE: "No Course to the domain",
     FaultCode.COURSE_UNLISTED: "Course from an unlisted domain",

@@ -125,12 +125,16 @@ def bare_relay_app() -> Any:
 # -- servers -----------------------------------------------------------------
 
 
-async def run_hypercorn(app: Any, sock: socket.socket, ready: Ready, stop: asyncio.Event) -> None:
+async def run_hypercorn(
+    app: Any, sock: socket.socket, ready: Ready, stop: asyncio.Event, *, backlog: int | None = None
+) -> None:
     from hypercorn.asyncio.run import worker_serve
     from hypercorn.config import Config, Sockets
     from hypercorn.utils import wrap_app
 
     config = Config()
+    if backlog is not None:
+        config.backlog = backlog
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = 1.0
@@ -152,7 +156,13 @@ async def run_hypercorn(app: Any, sock: socket.socket, ready: Ready, stop: async
 
 
 async def run_uvicorn(
-    app: Any, sock: socket.socket, ready: Ready, stop: asyncio.Event, *, ws: Any = None
+    app: Any,
+    sock: socket.socket,
+    ready: Ready,
+    stop: asyncio.Event,
+    *,
+    ws: Any = None,
+    backlog: int | None = None,
 ) -> None:
     """Serve ``app`` on Uvicorn, with ``ws`` as its WebSocket protocol.
 
@@ -180,6 +190,7 @@ async def run_uvicorn(
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=1,
+        **({} if backlog is None else {"backlog": backlog}),
     )
     server = Server(config)
 
@@ -251,6 +262,11 @@ async def _main(args: argparse.Namespace) -> None:
     if args.target != "broker":
         await run(bare_relay_app(), sock, _announce, stop)
         return
+    # As gateway/ops/server.py listens: a backlog as long as the bound on handshakes.
+    from gateway.config.model import GatewayConfig
+    from gateway.ops.server import listen_backlog
+
+    app_config = GatewayConfig()
     # The event log's files go to a private directory, gone with the server.
     with tempfile.TemporaryDirectory(prefix="asbp-bench-") as data_dir:
         app = broker_app(
@@ -271,7 +287,14 @@ async def _main(args: argparse.Namespace) -> None:
             from gateway.transports.coalescing import CoalescingWebSocketProtocol
 
             tune_collector()
-            await run_uvicorn(app, sock, _announce, stop, ws=CoalescingWebSocketProtocol)
+            await run_uvicorn(
+                app,
+                sock,
+                _announce,
+                stop,
+                ws=CoalescingWebSocketProtocol,
+                backlog=listen_backlog(app_config),
+            )
         else:
             # As gateway/ops/server.py serves the broker: our WebSocket stream (the bare
             # relay runs on Hypercorn's own, as any other application would).
@@ -280,7 +303,7 @@ async def _main(args: argparse.Namespace) -> None:
 
             install()
             tune_collector()
-            await run(app, sock, _announce, stop)
+            await run_hypercorn(app, sock, _announce, stop, backlog=listen_backlog(app_config))
 
 
 def main() -> None:

@@ -22,10 +22,15 @@ their place (in ticks of 100 ms), and traffic flows: ``--rate`` ``asbp.ping``
 a second on random Channels, each answered by its ``asbp.pong``, and one topic
 message every tick from a random Channel to ``/soak``, which ``--subscribers``
 Channels (never churned) subscribe to and must each receive. Reported: errors
-(goal 0: a handshake that fails or gives no greeting within 10 s, a Channel
+(goal 0: a handshake that fails, a 503 from the broker's bound on handshakes
+in flight included, or gives no greeting within 10 s, a Channel
 closed by the broker, a ping without its pong within 10 s, any fault, a topic
 message a subscriber did not get), the handshake time (TCP connect to greeting)
 p50/p99, the connect rate reached, and the broker's memory before and after.
+With ``--repeats``, the soak runs too are interleaved over the servers and a
+table of medians ends the report, with the broker's CPU per connect (robust to
+a shared machine, unlike the rate reached) and the rate a broker with a quiet
+core to itself would sustain (one second divided by it).
 
 Connections come from 127.0.0.2 and on, one source address per 500 of them:
 the broker limits open Channels per client address (``max_per_address``,
@@ -597,6 +602,9 @@ class SoakResult:
     #: CPU seconds the broker and this load generator spent during the churn.
     broker_cpu: float
     client_cpu: float
+    #: The broker's CPU seconds per second for the traffic alone (pings, topic fan-out,
+    #: the server's keepalive pings), measured before the churn.
+    traffic_cpu: float = 0.0
 
 
 async def soak(
@@ -652,6 +660,23 @@ async def soak(
             "publication not accepted",
         )
 
+    # The traffic alone first: what the pings and the topic fan-out cost the broker a
+    # second. The churn's CPU less that is the CPU per connect proper, which does not
+    # depend on the rate reached (at 100 connects/s the traffic was most of it).
+    quiet = min(10.0, seconds / 4)
+    quiet_cpu = cpu_seconds(server.pid)
+    quiet_began = loop.time()
+    quiet_tick = 0
+    while loop.time() - quiet_began < quiet:
+        quiet_tick += 1
+        for channel in random.sample(churned, min(per_tick, len(churned))):
+            channel.ping()
+        publish(random.choice(churned), 1_000_000 + quiet_tick)
+        await asyncio.sleep(max(0.0, quiet_began + quiet_tick * TICK - loop.time()))
+    traffic_cpu = (cpu_seconds(server.pid) - quiet_cpu) / max(loop.time() - quiet_began, TICK)
+    cpu_start = cpu_seconds(server.pid), time.process_time()
+    began = loop.time()
+    last = 0.0, *cpu_start
     tick = 0
     while loop.time() - began < seconds:
         tick += 1
@@ -717,7 +742,15 @@ async def soak(
         channel.close()
     await load.drained(2 * ANSWER_TIMEOUT)
     return SoakResult(
-        tally, connects_in_time, elapsed, rss_start, rss_end, len(subscribers), received, *cpu
+        tally,
+        connects_in_time,
+        elapsed,
+        rss_start,
+        rss_end,
+        len(subscribers),
+        received,
+        *cpu,
+        traffic_cpu=traffic_cpu,
     )
 
 
@@ -748,6 +781,127 @@ async def memory_table(args: argparse.Namespace, key: Path) -> None:
         print(f"  ratio {label} / raw-websockets: {ratio:.2f} (goal <= 2.5: {verdict})")
 
 
+@dataclass
+class SoakRow:
+    """One soak run's figures, for the medians."""
+
+    reached: float
+    errors: int
+    p50: float
+    p99: float
+    #: Broker CPU microseconds per connect (less the traffic's), and its share of a core
+    #: (the traffic's alone).
+    cpu_per_connect: float
+    net_per_connect: float
+    traffic_share: float
+    cpu_share: float
+    load: tuple[float, float]
+
+
+async def soak_once(args: argparse.Namespace, name: str, key: Path, repeat: int) -> SoakRow:
+    """One soak run on a fresh broker, printed as it ends."""
+    load_before = os.getloadavg()[0]
+    server = Server("broker", name, key)
+    await server.start()
+    try:
+        result = await soak(
+            server,
+            args.channels,
+            args.rate,
+            args.seconds,
+            args.subscribers,
+            progress=args.seconds >= 20,
+            max_handshakes=args.max_handshakes,
+        )
+    finally:
+        await server.stop()
+    load_after = os.getloadavg()[0]
+    tally = result.tally
+    errors = sum(tally.errors.values())
+    shakes = tally.handshakes
+    loop_kind = (
+        f", at most {args.max_handshakes:,} handshakes in flight" if args.max_handshakes else ""
+    )
+    run_label = f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+    print(
+        f"\nsoak broker/{name}{run_label}: {args.channels:,} Channels held for"
+        f" {result.seconds:.1f} s{loop_kind}; load average {load_before:.1f} -> {load_after:.1f}"
+    )
+    print(
+        f"  connects {result.connects:,} ({result.connects / result.seconds:,.0f}/s of"
+        f" {args.rate:,}/s asked), pings answered {tally.pings:,},"
+        f" topic messages {len(tally.published):,} x {result.subscribers} subscribers"
+        f" ({result.received:,} received)"
+    )
+    print(
+        f"  handshake p50 {1000 * percentile(shakes, 0.5):.1f} ms,"
+        f" p99 {1000 * percentile(shakes, 0.99):.1f} ms (n={len(shakes):,})"
+    )
+    print(
+        f"  broker RSS {result.rss_start / 1024:,.0f} MiB at the start of the churn,"
+        f" {result.rss_end / 1024:,.0f} MiB at its end"
+    )
+    print(
+        f"  CPU during the churn: broker {result.broker_cpu:.1f} s"
+        f" ({100 * result.broker_cpu / result.seconds:.0f}% of a core),"
+        f" load generator {result.client_cpu:.1f} s"
+        f" ({100 * result.client_cpu / result.seconds:.0f}%)"
+    )
+    per_connect = 1e6 / max(1, result.connects)
+    print(
+        f"  CPU per connect: broker {per_connect * result.broker_cpu:,.0f} us,"
+        f" load generator {per_connect * result.client_cpu:,.0f} us (each with a close"
+        f" and {tally.pings / max(1, result.connects):.1f} pings, and its share of the"
+        f" topic traffic)"
+    )
+    net = (result.broker_cpu - result.traffic_cpu * result.seconds) / max(1, result.connects)
+    print(
+        f"  the traffic alone (before the churn): broker {100 * result.traffic_cpu:.0f}% of a"
+        f" core; CPU per connect less the traffic: broker {1e6 * net:,.0f} us"
+    )
+    print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
+    print(f"  server log: {server.log_summary()}")
+    return SoakRow(
+        reached=result.connects / result.seconds,
+        errors=errors,
+        p50=percentile(shakes, 0.5) if shakes else 0.0,
+        p99=percentile(shakes, 0.99) if shakes else 0.0,
+        cpu_per_connect=per_connect * result.broker_cpu,
+        net_per_connect=1e6 * net,
+        traffic_share=result.traffic_cpu,
+        cpu_share=result.broker_cpu / result.seconds,
+        load=(load_before, load_after),
+    )
+
+
+def soak_medians(rows: dict[str, list[SoakRow]]) -> None:
+    """The medians of the soak runs per server, and the rate one whole core would take.
+
+    The machine may be shared: the broker's CPU per connect less the traffic's does
+    not depend on the share of a core it got, nor on the rate reached; the rate
+    reached does. ``(1 s - the traffic's CPU) / CPU per connect`` is the rate a
+    broker with a quiet core to itself would sustain with the same traffic.
+    """
+    print(
+        "\nsoak medians            reached/s  errors  p50 ms   p99 ms  CPU/connect"
+        "  less traffic  traffic  core  one core"
+    )
+    for name, runs in rows.items():
+        med = statistics.median
+        net = med(r.net_per_connect for r in runs)
+        traffic = med(r.traffic_share for r in runs)
+        print(
+            f"  broker/{name:<15} {med(r.reached for r in runs):>9,.0f}"
+            f" {med(r.errors for r in runs):>7,.0f} {1000 * med(r.p50 for r in runs):>7,.0f}"
+            f" {1000 * med(r.p99 for r in runs):>8,.0f}"
+            f" {med(r.cpu_per_connect for r in runs):>9,.0f} us {net:>9,.0f} us"
+            f" {100 * traffic:>7.0f}% {100 * med(r.cpu_share for r in runs):>4.0f}%"
+            f" {1e6 * (1 - traffic) / max(net, 1):>7,.0f}/s"
+        )
+        loads = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in (r.load for r in runs))
+        print(f"    runs: errors {[r.errors for r in runs]}, load average {loads}")
+
+
 # -- main ------------------------------------------------------------------------------
 
 
@@ -770,63 +924,14 @@ async def run(args: argparse.Namespace) -> int:
         key.write_text(public_pem)
         if "memory" in args.phases:
             await memory_table(args, key)
-        for name in args.server if "soak" in args.phases else ():
-            server = Server("broker", name, key)
-            await server.start()
-            try:
-                result = await soak(
-                    server,
-                    args.channels,
-                    args.rate,
-                    args.seconds,
-                    args.subscribers,
-                    progress=args.seconds >= 20,
-                    max_handshakes=args.max_handshakes,
-                )
-            finally:
-                await server.stop()
-            tally = result.tally
-            errors = sum(tally.errors.values())
-            failed = failed or errors > 0
-            shakes = tally.handshakes
-            loop_kind = (
-                f", at most {args.max_handshakes:,} handshakes in flight"
-                if args.max_handshakes
-                else ""
-            )
-            print(
-                f"\nsoak broker/{name}: {args.channels:,} Channels held for"
-                f" {result.seconds:.1f} s{loop_kind}"
-            )
-            print(
-                f"  connects {result.connects:,} ({result.connects / result.seconds:,.0f}/s of"
-                f" {args.rate:,}/s asked), pings answered {tally.pings:,},"
-                f" topic messages {len(tally.published):,} x {result.subscribers} subscribers"
-                f" ({result.received:,} received)"
-            )
-            print(
-                f"  handshake p50 {1000 * percentile(shakes, 0.5):.1f} ms,"
-                f" p99 {1000 * percentile(shakes, 0.99):.1f} ms (n={len(shakes):,})"
-            )
-            print(
-                f"  broker RSS {result.rss_start / 1024:,.0f} MiB at the start of the churn,"
-                f" {result.rss_end / 1024:,.0f} MiB at its end"
-            )
-            print(
-                f"  CPU during the churn: broker {result.broker_cpu:.1f} s"
-                f" ({100 * result.broker_cpu / result.seconds:.0f}% of a core),"
-                f" load generator {result.client_cpu:.1f} s"
-                f" ({100 * result.client_cpu / result.seconds:.0f}%)"
-            )
-            per_connect = 1e6 / max(1, result.connects)
-            print(
-                f"  CPU per connect: broker {per_connect * result.broker_cpu:,.0f} us,"
-                f" load generator {per_connect * result.client_cpu:,.0f} us (each with a close"
-                f" and {tally.pings / max(1, result.connects):.1f} pings, and its share of the"
-                f" topic traffic)"
-            )
-            print(f"  errors: {errors}" + (f" {tally.errors}" if errors else ""))
-            print(f"  server log: {server.log_summary()}")
+        rows: dict[str, list[SoakRow]] = {}
+        for repeat in range(args.repeats if "soak" in args.phases else 0):
+            for name in args.server:
+                row = await soak_once(args, name, key, repeat)
+                rows.setdefault(name, []).append(row)
+                failed = failed or row.errors > 0
+        if args.repeats > 1:
+            soak_medians(rows)
     return 1 if failed else 0
 
 

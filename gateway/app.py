@@ -19,7 +19,9 @@ The Broker is built in the lifespan, inside the serving event loop, and
 reaches handlers through the lifespan state (``scope["state"]``): no
 module-level globals, so several apps can run side by side in one process.
 The state also holds the :class:`~gateway.auth.throttle.HandshakeThrottle` that
-counts failed Tube handshakes per client address.
+counts failed Tube handshakes per client address, and the
+:class:`~gateway.transports.handshakes.HandshakeBound` on the handshakes served at
+once (the servers' protocols refuse past it, before the application runs).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from gateway.console.oidc import ConsoleSignIn, auth_route
 from gateway.ops import demo_page
 from gateway.routing.http_bus import HttpBus
 from gateway.transports import cors, http, websocket
+from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
+from gateway.transports.handshakes import HandshakeBound
 
 __all__ = ["create_app"]
 
@@ -167,7 +171,13 @@ async def _metrics(request: Request) -> Response:
     from gateway.metrics.collector import CONTENT_TYPE_LATEST, render
 
     throttle: HandshakeThrottle = request.state.throttle
-    body = await render(request.state.broker, throttled=throttle.refused)
+    bound: HandshakeBound = getattr(request.state, HANDSHAKES)
+    body = await render(
+        request.state.broker,
+        throttled=throttle.refused,
+        busy=bound.refused,
+        abandoned=bound.abandoned,
+    )
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -256,6 +266,7 @@ def create_app(config: GatewayConfig, *, log: logging.Logger | None = None) -> S
             yield {
                 "broker": broker,
                 "throttle": HandshakeThrottle(config.failed_handshakes_per_minute),
+                HANDSHAKES: HandshakeBound(config.channels.max_handshakes),
                 "courses": courses,
                 "resume": resume,
             }

@@ -104,6 +104,13 @@ class ChannelLimits:
     #: a burst (a token bucket); past it ``429`` with ``Retry-After`` and fault
     #: 2108. 0 turns the limit off.
     http_opens_per_second: int = 20
+    #: WebSocket handshakes (to ``/asbp`` and ``/tube``) the broker serves at
+    #: once, from the parsed upgrade request to its accept or refusal; one more is
+    #: answered at once with ``503``, ``Retry-After`` and fault 2115, before any
+    #: Channel is made, and so is a POST that would open an HTTP Channel
+    #: meanwhile. Past its capacity a broker that took them all served each after
+    #: its client had given up. 0 turns the bound off.
+    max_handshakes: int = 500
     #: Seconds a publisher (Channel or Tube) is held back by flow control at most
     #: while a destination's outbox is over half full (WebSocket: its next message
     #: is not read; HTTP: ``429`` with fault 2109). A destination that has not

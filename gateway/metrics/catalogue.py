@@ -87,6 +87,20 @@ METRICS: Final = (
         "Tube handshakes refused with HTTP 429 (too many failed handshakes from one address).",
     ),
     Metric(
+        "asbp_busy_handshakes",
+        "counter",
+        (),
+        "WebSocket handshakes and HTTP Channel opens refused with HTTP 503 and fault 2115"
+        " (channels.max_handshakes being served already).",
+    ),
+    Metric(
+        "asbp_abandoned_handshakes",
+        "counter",
+        (),
+        "WebSocket handshakes not served because their client had closed its side before the"
+        " server read the upgrade request (it waited for longer than its client did).",
+    ),
+    Metric(
         "asbp_event_log_dropped",
         "counter",
         (),

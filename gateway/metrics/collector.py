@@ -68,12 +68,24 @@ class BrokerCollector(Collector):
         depths: every queue's depth (``Engine.depths``), fetched before the scrape
             because a collector cannot await.
         throttled: Tube handshakes the throttle refused so far.
+        busy: handshakes refused with 503 so far (``channels.max_handshakes``).
+        abandoned: handshakes not served because their client had gone.
     """
 
-    def __init__(self, broker: Broker, depths: Mapping[str, int], *, throttled: int) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        depths: Mapping[str, int],
+        *,
+        throttled: int,
+        busy: int = 0,
+        abandoned: int = 0,
+    ) -> None:
         self._broker = broker
         self._depths = depths
         self._throttled = throttled
+        self._busy = busy
+        self._abandoned = abandoned
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker
@@ -109,6 +121,8 @@ class BrokerCollector(Collector):
             ("asbp_tubes_opened", broker.respondents.attached),
             ("asbp_tubes_closed", broker.respondents.detached),
             ("asbp_throttled_handshakes", self._throttled),
+            ("asbp_busy_handshakes", self._busy),
+            ("asbp_abandoned_handshakes", self._abandoned),
             (
                 "asbp_event_log_dropped",
                 broker.event_log.dropped if broker.event_log is not None else 0,
@@ -216,7 +230,8 @@ class BrokerCollector(Collector):
         yield total
 
 
-async def render(broker: Broker, *, throttled: int) -> bytes:
+async def render(broker: Broker, *, throttled: int, busy: int = 0, abandoned: int = 0) -> bytes:
     """The Prometheus text exposition of ``broker`` now."""
     depths = await broker.engine.depths()
-    return generate_latest(BrokerCollector(broker, depths, throttled=throttled))
+    collector = BrokerCollector(broker, depths, throttled=throttled, busy=busy, abandoned=abandoned)
+    return generate_latest(collector)

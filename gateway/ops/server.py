@@ -69,6 +69,7 @@ __all__ = [
     "Endpoints",
     "ServerError",
     "bind_socket",
+    "listen_backlog",
     "serve",
 ]
 
@@ -81,6 +82,9 @@ TUBE_PATH: Final = "/tube"
 HEALTH_PATH: Final = "/healthz"
 
 _STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+#: The listen backlog with ``channels.max_handshakes`` off (Uvicorn's default).
+_DEFAULT_BACKLOG: Final = 2048
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +206,19 @@ async def serve(
     logger.info("stopped", extra={"server": config.server})
 
 
+def listen_backlog(config: GatewayConfig) -> int:
+    """The listening socket's backlog: ``channels.max_handshakes`` (or 2,048, Uvicorn's
+    default, with the bound off).
+
+    Connections the kernel has accepted wait there until the broker takes them, and
+    past its capacity the broker would take each after its client had given up; a
+    queue as long as the bound on handshakes in flight keeps that wait short. Past
+    it the kernel holds a client's SYN for the client's own retry, which costs the
+    broker nothing (gateway/transports/handshakes.py).
+    """
+    return config.channels.max_handshakes or _DEFAULT_BACKLOG
+
+
 async def bind_socket(host: str, port: int) -> socket.socket:
     """Bind a TCP socket to ``host``:``port`` (0: any free port); not yet listening.
 
@@ -306,6 +323,7 @@ async def _run_hypercorn(
     # Assigned, never mutated: Hypercorn's defaults are class-level lists.
     hypercorn_config.alpn_protocols = ["h2", "http/1.1"]
     hypercorn_config.websocket_max_message_size = max_message_bytes(config.limits)
+    hypercorn_config.backlog = listen_backlog(config)
     # As Uvicorn's ws_per_message_deflate below (our stream reads it; Hypercorn has none).
     configure_compression(hypercorn_config, config.websocket_compression)
     if config.tls is None:
@@ -388,6 +406,7 @@ async def _run_uvicorn(
             # The same limit as Hypercorn's: websockets refuses a longer message (1009).
             ws_max_size=max_message_bytes(config.limits),
             ws_per_message_deflate=config.websocket_compression,
+            backlog=listen_backlog(config),
             timeout_graceful_shutdown=math.ceil(GRACEFUL_TIMEOUT),
             ssl_certfile=None if config.tls is None else config.tls.certfile,
             ssl_keyfile=None if config.tls is None else config.tls.keyfile,

@@ -53,6 +53,10 @@ websockets' generator-based reader cost about 3 µs a message, as much as the
 broker's own work on a publication (bench/README.md, and bench/frames.py for
 the two readers side by side).
 
+It also keeps the broker's bound on handshakes in flight
+(gateway/transports/handshakes.py): an upgrade request parsed past it is
+answered at once with 503, before the application runs.
+
 Enabled with ``uvicorn.Config(ws=CoalescingWebSocketProtocol)``.
 """
 
@@ -64,10 +68,13 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.http11 import Request
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 from websockets.protocol import State
 
 from gateway.transports.connection_cycles import release_read_callback
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, peer_gone
+from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
 
@@ -94,6 +101,8 @@ class CoalescingTransport(asyncio.Transport):
         self._transport = transport
         self._loop = loop
         self._gathered: list[bytes] = []
+        #: The next scheduled flush waits one more loop turn (:meth:`defer_flush`).
+        self._deferred = False
 
     @property
     def real_transport(self) -> asyncio.Transport:
@@ -103,19 +112,35 @@ class CoalescingTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         gathered = self._gathered
         if not gathered:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._scheduled_flush)
         gathered.append(bytes(data))
 
     def write_frame(self, head: bytes, payload: bytes) -> None:
         """Gather a frame's header and its payload (bytes: kept as they are, not copied)."""
         gathered = self._gathered
         if not gathered:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._scheduled_flush)
         gathered += (head, payload)
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)
+
+    def defer_flush(self) -> None:
+        """Let the next scheduled flush wait one more loop turn, once.
+
+        For the handshake's response: the application's writer task, created in
+        the same turn, then sends its first frame (the broker's greeting) before
+        the flush, and both leave in one system call instead of two.
+        """
+        self._deferred = True
+
+    def _scheduled_flush(self) -> None:
+        if self._deferred:
+            self._deferred = False
+            self._loop.call_soon(self._scheduled_flush)
+            return
+        self.flush()
 
     def flush(self) -> None:
         """Write what was gathered now (the scheduled flush, or before a close)."""
@@ -191,6 +216,8 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         self._current_size: int | None = None
         #: Refused a message (1009): dropping what comes until the client's close frame.
         self._lingering = False
+        #: The bound this connection's handshake counts against, until it is done.
+        self._handshake: HandshakeBound | None = None
         super().connection_made(self._coalescing)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -206,6 +233,7 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         try:
             super().connection_lost(exc)
         finally:
+            self._handshake_done()
             extensions = self.scope.get("extensions") if hasattr(self, "scope") else None
             if extensions:
                 extensions.pop(SEND_FRAME, None)
@@ -409,14 +437,68 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
         super().shutdown()
 
     def handle_connect(self, event: Request) -> None:
+        bound: HandshakeBound | None = self.app_state.get(HANDSHAKES)
+        if bound is not None:
+            if peer_gone(self._coalescing.real_transport):
+                # Waited for longer than its client did: served, it would be work
+                # for nobody (gateway/transports/handshakes.py).
+                bound.abandoned += 1
+                self.request = event
+                self.handshake_initiated = self.handshake_complete = self.close_sent = True
+                self.transport.close()
+                return
+            if not bound.enter():
+                self._refuse_busy(event, bound)
+                return
+            self._handshake = bound
         super().handle_connect(event)
-        if self.response.status_code == 101:  # the scope exists; its task has not run yet
+        if self.response.status_code != 101:
+            self._handshake_done()  # refused by websockets (a bad request): no app runs
+        else:  # the scope exists; its task has not run yet
             # Negotiated extensions (permessage-deflate) change what frames mean.
             self._extensions_negotiated = "Sec-WebSocket-Extensions" in self.response.headers
             # Uvicorn types the extensions as dicts of settings; ASGI leaves them open.
             extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
             extensions[SEND_FRAME] = self.send_frame
             extensions[RECEIVE_FRAMES] = self.on_frame
+
+    def _refuse_busy(self, event: Request, bound: HandshakeBound) -> None:
+        """Answer 503 with ``Retry-After`` and fault 2115, and close: the broker is
+        serving ``bound.limit`` handshakes already. As Uvicorn answers a request
+        websockets refused: no scope, no application task, websockets discards the rest."""
+        self.request = event
+        self.handshake_initiated = True
+        self.handshake_complete = True
+        self.close_sent = True
+        body = bound.body
+        headers = Headers(
+            [
+                ("Retry-After", str(RETRY_AFTER)),
+                ("Content-Type", "application/asbp"),
+                ("Content-Length", str(len(body))),
+                ("Connection", "close"),
+            ]
+        )
+        self.conn.send_response(Response(503, "Service Unavailable", headers, body))
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
+    def _handshake_done(self) -> None:
+        """This connection's handshake no longer counts against the bound."""
+        bound = self._handshake
+        if bound is not None:
+            self._handshake = None
+            bound.leave()
+
+    async def send(self, message: Any) -> None:
+        """Uvicorn's; the application's first message (accept, close or an HTTP
+        response) ends the handshake, as far as the bound is concerned."""
+        if self._handshake is not None:
+            self._handshake_done()
+            if message["type"] == "websocket.accept":
+                # The 101 and the greeting the application sends next, in one write.
+                self._coalescing.defer_flush()
+        await super().send(message)
 
     def send_receive_event_to_app(self) -> None:
         """Uvicorn's, but a text message that is not UTF-8 fails with 1007 and a reason.

@@ -45,6 +45,8 @@ from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox
 from gateway.plane.base import PlaneUnavailable
 from gateway.routing.sniff import sniff_command_id
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, busy_message
+from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -70,6 +72,15 @@ def _fault(
     frame = asbp.encode(fault_command(code, message, command_id=command_id))
     status_code = _STATUS.get(code, 400) if status is None else status
     return Response(frame, status_code=status_code, media_type=MEDIA_TYPE)
+
+
+def _busy(bound: HandshakeBound, command_id: int | None) -> Response:
+    """``503`` with ``Retry-After`` and fault 2115: no Channel opened (gateway/transports/
+    handshakes.py)."""
+    message = busy_message(bound.limit)
+    response = _fault(FaultCode.BROKER_BUSY, message, command_id=command_id, status=503)
+    response.headers["Retry-After"] = str(RETRY_AFTER)
+    return response
 
 
 def _unfinished(status: int, message: str) -> Response:
@@ -241,6 +252,10 @@ async def post(request: Request) -> Response:
         )
     channel_id = command.channel_id
     if channel_id is None:
+        bound: HandshakeBound | None = getattr(request.state, HANDSHAKES, None)
+        if bound is not None and bound.turns_away():
+            # The broker is past its handshakes in flight: open nothing now.
+            return _busy(bound, command_id)
         client = request.client
         remote = f"{client.host}:{client.port}" if client else ""
         try:

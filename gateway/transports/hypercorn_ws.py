@@ -41,6 +41,10 @@ choose another. Three things about it needed changing (issues 16 and 17):
   (as gateway.transports.coalescing does for Uvicorn). On HTTP/2 a message
   must go through h2's flow control, so SEND_FRAME declines there and ASGI
   ``send`` is used.
+* **Handshakes in flight.** The broker's bound on them
+  (gateway/transports/handshakes.py): an upgrade request past it is answered
+  here with 503, ``Retry-After`` and fault 2115, before the application's task
+  is spawned (as Hypercorn answers an invalid handshake with 400).
 
 Upstream: the close frame on failure is a small fix to ``WSStream._handle_events``
 (answer a ``CloseConnection`` the peer did not send with one of our own, then
@@ -68,7 +72,16 @@ import hypercorn.asyncio.run
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.protocol.events import Body, Data, EndBody, EndData, Event, StreamClosed
+from hypercorn.protocol.events import (
+    Body,
+    Data,
+    EndBody,
+    EndData,
+    Event,
+    Request,
+    Response,
+    StreamClosed,
+)
 from hypercorn.protocol.ws_stream import (
     ASGIWebsocketState,
     FrameTooLargeError,
@@ -80,6 +93,8 @@ from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
 from gateway.errors import LocalError
+from gateway.transports.handshakes import RETRY_AFTER, HandshakeBound, peer_gone
+from gateway.transports.handshakes import STATE_KEY as HANDSHAKES
 from gateway.transports.hypercorn_tcp import AsbpTCPServer
 from gateway.transports.plain_frames import OTHER, TEXT, PlainFrameReader, too_big_reason
 from gateway.transports.websocket import RECEIVE_FRAMES, SEND_FRAME
@@ -219,6 +234,8 @@ class AsbpWSStream(WSStream):
         )
         #: HTTP/2, failed: what the client still sends on the stream is dropped.
         self._discarding = False
+        #: The bound this stream's handshake counts against, until it is done.
+        self._handshake: HandshakeBound | None = None
 
     # -- reading
 
@@ -236,10 +253,53 @@ class AsbpWSStream(WSStream):
         if reader is not None and isinstance(event, (Body, Data)) and not self.closed:
             reader.feed(event.data)
             await self._read_frames(reader)
+        elif isinstance(event, Request) and not self.closed:
+            bound: HandshakeBound | None = event.state.get(HANDSHAKES)
+            if bound is not None:
+                server = None if self._h2 else _tcp_server_of(self._stream_send)
+                if server is not None and peer_gone(server.writer.transport):
+                    # Waited for longer than its client did: served, it would be
+                    # work for nobody (gateway/transports/handshakes.py).
+                    bound.abandoned += 1
+                    self.closed = True
+                    await self.send(StreamClosed(stream_id=self.stream_id))
+                    return
+                if not bound.enter():
+                    await self._refuse_busy(bound)
+                    return
+                self._handshake = bound
+            await super().handle(event)
+            if self.app_put is None:  # refused by Hypercorn (404, 400): no app runs
+                self._handshake_done()
         else:
             await super().handle(event)
             if self.closed:
+                self._handshake_done()
                 self._release_extensions()
+
+    async def _refuse_busy(self, bound: HandshakeBound) -> None:
+        """Answer 503 with ``Retry-After`` and fault 2115, and end the stream: the
+        broker is serving ``bound.limit`` handshakes already. As Hypercorn answers an
+        invalid handshake: no scope is served, no application task spawned."""
+        body = bound.body
+        headers = [
+            (b"retry-after", str(RETRY_AFTER).encode()),
+            (b"content-type", b"application/asbp"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if not self._h2:  # HTTP/2 forbids connection-specific headers (RFC 9113 §8.2.2)
+            headers.append((b"connection", b"close"))
+        self.closed = True
+        await self.send(Response(stream_id=self.stream_id, status_code=503, headers=headers))
+        await self.send(Body(stream_id=self.stream_id, data=body))
+        await self.send(EndBody(stream_id=self.stream_id))
+
+    def _handshake_done(self) -> None:
+        """This stream's handshake no longer counts against the bound."""
+        bound = self._handshake
+        if bound is not None:
+            self._handshake = None
+            bound.leave()
 
     def _release_extensions(self) -> None:
         """Take this stream's bound methods out of the scope, once the stream is closed.
@@ -398,6 +458,10 @@ class AsbpWSStream(WSStream):
             self.task_group.spawn(self.send, StreamClosed(stream_id=self.stream_id))
 
     async def app_send(self, message: Any) -> None:
+        if self._handshake is not None:
+            # The application's first message (accept, close or an HTTP response)
+            # ends the handshake, as far as the bound is concerned.
+            self._handshake_done()
         if message is None and self._discarding and not self.closed:
             return  # the stream ends when the client's side does (see _fail)
         await super().app_send(message)

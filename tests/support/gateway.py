@@ -32,7 +32,7 @@ import email.policy
 import logging
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -75,6 +75,8 @@ class BrokerProbe:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_request: Callable[[Scope], None] | None = None
         self._on_finish: Callable[[Scope], None] | None = None
+        #: Set: WebSocket requests wait on it before the app sees them (hold_websockets).
+        self._hold: asyncio.Event | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -84,6 +86,9 @@ class BrokerProbe:
             return
         if self._on_request is not None:
             self._on_request(scope)
+        hold = self._hold
+        if hold is not None and scope["type"] == "websocket":
+            await hold.wait()
         try:
             await self._app(scope, receive, send)
         finally:
@@ -101,6 +106,47 @@ class BrokerProbe:
         frame the client sent before closing has been handed to the router by then.
         """
         self._on_finish = callback
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The lifespan state (what the app's handlers find in ``scope["state"]``)."""
+        assert self._state is not None, "the lifespan has not run"
+        return self._state
+
+    async def hold_websockets(self, held: bool) -> None:
+        """Hold WebSocket requests (True) before the app sees them, so that their
+        handshakes stay in flight in the server, or let every held one go (False)."""
+        assert self._loop is not None, "the lifespan has not run"
+
+        async def switch() -> None:
+            if held:
+                self._hold = self._hold or asyncio.Event()
+            elif self._hold is not None:
+                self._hold.set()
+                self._hold = None
+
+        future = asyncio.run_coroutine_threadsafe(switch(), self._loop)
+        await asyncio.wait_for(asyncio.wrap_future(future), 5 * T)
+
+    @contextlib.asynccontextmanager
+    async def loop_stopped(self) -> AsyncIterator[None]:
+        """Keep the server's event loop from running (it waits in a call of ours) while
+        the block runs, as a server far behind its work is: what clients send meanwhile
+        waits in the kernel, and is read all at once after the block."""
+        assert self._loop is not None, "the lifespan has not run"
+        stopped = threading.Event()
+        go_on = threading.Event()
+
+        def wait() -> None:
+            stopped.set()
+            go_on.wait(10 * T)
+
+        self._loop.call_soon_threadsafe(wait)
+        try:
+            assert await asyncio.to_thread(stopped.wait, 5 * T), "the server's loop is busy"
+            yield
+        finally:
+            go_on.set()
 
     async def call(self, function: Callable[[Broker], R]) -> R:
         """Run ``function(broker)`` in the server's event loop and return its result."""

@@ -78,6 +78,28 @@ async def test_writes_of_one_turn_leave_together_in_order() -> None:
         assert received(peer) == b"four,five"
 
 
+async def test_a_deferred_flush_takes_what_the_next_turn_writes_too() -> None:
+    """The handshake's 101 waits one turn, so that the greeting, written by a task
+    the application starts in the same turn, leaves with it in one write."""
+    async with socket_pair() as (transport, peer):
+        sent_before_greeting = []
+
+        def greet() -> None:  # the writer task's first step, queued after the flush
+            sent_before_greeting.append(received(peer))
+            transport.write(b"greeting")
+
+        transport.defer_flush()
+        transport.write(b"101,")
+        asyncio.get_running_loop().call_soon(greet)
+        await next_turn()
+        await next_turn()
+        assert sent_before_greeting == [b""]  # the 101 waited for the greeting
+        assert received(peer) == b"101,greeting"
+        transport.write(b"then as before")  # deferred once only
+        await next_turn()
+        assert received(peer) == b"then as before"
+
+
 async def test_close_writes_what_was_gathered_first() -> None:
     async with socket_pair() as (transport, peer):
         transport.write(b"last words")
