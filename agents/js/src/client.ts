@@ -35,7 +35,11 @@
  * everything else. They fail with ConnectionLost only when it is not resumed
  * (a new Channel: 2110, 2113), when the Client is closed, or at their own
  * timeout. On long-poll they fail at once. They are never repeated, since the
- * Client cannot know whether they ran.
+ * Client cannot know whether they ran, with one exception: a broker that stops
+ * (a rolling restart: close 1012, fault 2114) says how many frames it acted on
+ * (`read=<n>`), and the Client resumes at once, without the backoff delay, and
+ * sends the ones after the n-th again there, first and in order (it keeps the
+ * last 4,096 frames sent on a connection for that).
  */
 
 import { Command, DEFAULT_LIMITS, MAX_COMMAND_ID, type HeaderInput, type Limits } from "./codec.js";
@@ -314,6 +318,9 @@ export class Client {
    * received after its greeting. */
   private secret: string | undefined;
   private received = 0;
+  /** Frames a stopping broker did not act on (its 1012 said `read=<n>`), sent first
+   * where the Channel resumes. */
+  private unread: Uint8Array<ArrayBuffer>[] = [];
   private opening: { resolve: () => void; reject: (e: Error) => void }[] = [];
 
   /**
@@ -427,9 +434,12 @@ export class Client {
           this.receive(frame);
         }
       },
-      close: (_ever: boolean, reason: string, refused?: boolean) => {
+      close: (_ever: boolean, reason: string, refused?: boolean, unread?: Uint8Array<ArrayBuffer>[]) => {
         clearTimeout(guard);
         if (this.current !== transport && opened) return; // replaced by an upgrade
+        // Its broker is stopping (1012): what it did not read goes first where the
+        // Channel resumes, and that is tried at once, without the backoff delay.
+        if (unread !== undefined) this.unread = unread;
         if (refused && this.wanted) {
           // No Channel to resume: a new one, at once.
           this.secret = undefined;
@@ -446,7 +456,7 @@ export class Client {
         // A WebSocket Channel that can resume keeps its requests: their answers
         // come with the replay (or they fail when a new Channel opens instead).
         this.lost(reason, kind === "websocket" && this.wanted && this.secret !== undefined);
-        if (this.wanted) this.retry();
+        if (this.wanted) this.retry(unread !== undefined);
       },
     };
     try {
@@ -469,10 +479,10 @@ export class Client {
     return this.fetchImpl;
   }
 
-  private retry(): void {
+  private retry(now = false): void {
     const { initial, max } = this.options.backoff;
-    const delay = this.options.random() * Math.min(max, initial * 2 ** this.attempt);
-    this.attempt = Math.min(this.attempt + 1, 30);
+    const delay = now ? 0 : this.options.random() * Math.min(max, initial * 2 ** this.attempt);
+    this.attempt = now ? this.attempt : Math.min(this.attempt + 1, 30);
     this.setState("reconnecting");
     this.timer = setTimeout(() => {
       if (this.wanted) this.start();
@@ -506,6 +516,10 @@ export class Client {
       this.restore(resumed ? (info?.kept ?? []) : [], resumed ? (info?.subjects ?? []) : []);
     }
     this.everOpened = true;
+    // What the stopping broker did not read, before anything else; for that Channel
+    // only: on a new one their requests have failed above.
+    const unread = this.unread.splice(0);
+    if (resumed && transport.sendFrame) for (const frame of unread) transport.sendFrame(frame);
     const queued = this.outbox.splice(0);
     for (const make of queued) this.write(make());
     for (const { resolve } of this.opening.splice(0)) resolve();

@@ -43,15 +43,26 @@ export interface TransportEvents {
   /** One frame (one Command) from the broker. */
   frame(frame: Uint8Array): void;
   /** The transport is gone; `opened` says whether it ever opened; `refused`: the
-   * broker could not resume the Channel (2110, 2113): open a new one. */
-  close(opened: boolean, reason: string, refused?: boolean): void;
+   * broker could not resume the Channel (2110, 2113): open a new one; `unread`: the
+   * broker is stopping (close 1012, fault 2114) and said how many frames it acted
+   * on: these are the ones it did not, to send again first where the Channel resumes. */
+  close(opened: boolean, reason: string, refused?: boolean, unread?: Uint8Array<ArrayBuffer>[]): void;
 }
 
 export interface Transport {
   readonly kind: "websocket" | "long-poll";
   send(command: Command): void;
+  /** Send a frame already encoded (what a stopping broker did not read): WebSocket only. */
+  sendFrame?(frame: Uint8Array<ArrayBuffer>): void;
   close(): void;
 }
+
+/** How many frames sent on a WebSocket are kept, to send again those a stopping
+ * broker did not act on (docs/protocol.md, "A broker that stops"): it leaves unread
+ * only what was in flight, far fewer. */
+export const RESEND_WINDOW = 4096;
+/** A stopping broker's close: "Service Restart", with how many frames it read. */
+const SERVICE_RESTART = 1012;
 
 /** The WebSocket constructor's shape: the browser's, React Native's and Node 22's all fit. */
 export type WebSocketLike = new (url: string, protocols?: string | string[]) => WebSocket;
@@ -69,15 +80,27 @@ export function openWebSocket(
   let opened = false;
   let closed = false;
   let lost = 0;
+  // Frames sent since the greeting, counted as the broker counts them (`read=<n>`),
+  // the last RESEND_WINDOW kept.
+  let sentCount = 0;
+  const sent: Uint8Array<ArrayBuffer>[] = [];
   const target = resume ? `${url}${url.includes("?") ? "&" : "?"}resume=${resume.channelId}` : url;
   const socket = new Impl(target, ["asbp"]);
   // Frames arrive as text or binary (docs/protocol.md): ArrayBuffer, never Blob,
   // so both are read synchronously and in order.
   socket.binaryType = "arraybuffer";
-  const finish = (reason: string, refused = false): void => {
+  const finish = (reason: string, refused = false, unread?: Uint8Array<ArrayBuffer>[]): void => {
     if (closed) return;
     closed = true;
-    events.close(opened, reason, refused);
+    events.close(opened, reason, refused, unread);
+  };
+  const write = (frame: Uint8Array<ArrayBuffer>): void => {
+    // Counted even once the socket is closing (it drops the frame): past `read=<n>`,
+    // it goes again where the Channel resumes.
+    sentCount += 1;
+    sent.push(frame);
+    if (sent.length > RESEND_WINDOW) sent.shift();
+    socket.send(frame);
   };
   if (resume) {
     socket.onopen = () => {
@@ -128,7 +151,13 @@ export function openWebSocket(
     }
     events.frame(frame);
   };
-  socket.onclose = (event: CloseEvent) => finish(`WebSocket closed (${event.code}${event.reason ? ` ${event.reason}` : ""})`);
+  socket.onclose = (event: CloseEvent) => {
+    const reason = `WebSocket closed (${event.code}${event.reason ? ` ${event.reason}` : ""})`;
+    const read = event.code === SERVICE_RESTART ? /\bread=(\d+)/.exec(event.reason) : null;
+    if (read === null || !opened) return finish(reason);
+    const unread = Math.max(0, sentCount - Number(read[1]));
+    finish(reason, false, sent.slice(sent.length - Math.min(unread, sent.length)));
+  };
   socket.onerror = () => {
     if (closed) return;
     // Finished first: some runtimes (Node's undici) fire error again from close().
@@ -143,7 +172,10 @@ export function openWebSocket(
   return {
     kind: "websocket",
     send(command) {
-      socket.send(encode(command, limits));
+      write(encode(command, limits));
+    },
+    sendFrame(frame) {
+      write(frame);
     },
     close() {
       if (closed) return;
