@@ -55,7 +55,7 @@ def test_a_quick_http2_run_prints_both_courses_beside_one_bus() -> None:
         "c.test->a.test HTTP/2"
     ) in run.stdout
     for line in (
-        r"^two-buses-h2 +\d+ +\d+\.\d$",
+        r"^two-buses-h2 +\d+ +\d+\.\d +\d+\.\d$",  # trips/s, CPU and bench us/trip
         r"^  ratio two-buses / one-bus .+: \d+\.\d\d$",
         r"^  ratio two-buses over HTTP/2 / one-bus .+: \d+\.\d\d$",
         r"^  ratio HTTP/2 Course / HTTP/1.1 Course .+: \d+\.\d\d$",
