@@ -39,7 +39,9 @@ DIRECTORY = directory_prefix(PREFIX)
 
 def client_for(redis_url: str) -> Client:
     """A client for one Redis or a Redis Cluster (``redis+cluster://``)."""
-    return connect_redis(redis_url, connect_timeout=T, command_timeout=5 * T)
+    # 5 s to connect: a test process driving a thousand Channels stalls its loop for
+    # a second or more under load, and a loopback connect then seemed to time out.
+    return connect_redis(redis_url, connect_timeout=5 * T, command_timeout=5 * T)
 
 
 async def flush(redis_url: str) -> None:
@@ -54,8 +56,11 @@ async def flush(redis_url: str) -> None:
         await client.aclose()
 
 
-async def until_in_directory(redis_url: str, key: str, field: str, present: bool = True) -> None:
-    """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``."""
+async def until_in_directory(
+    redis_url: str, key: str, field: str, present: bool = True, timeout: float = 5 * T
+) -> None:
+    """Wait until the plane's Redis holds (or no longer holds) ``field`` of ``key``,
+    ``timeout`` seconds at most."""
     client = client_for(redis_url)
     full_key = DIRECTORY + key
     pubsub: Any
@@ -73,7 +78,7 @@ async def until_in_directory(redis_url: str, key: str, field: str, present: bool
         db = client.connection_pool.connection_kwargs.get("db", 0)
     try:
         await pubsub.subscribe(f"__keyspace@{db}__:{full_key}")
-        with anyio.fail_after(5 * T):
+        with anyio.fail_after(timeout):
             while bool(await client.hexists(full_key, field)) != present:
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
     finally:

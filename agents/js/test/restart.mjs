@@ -32,8 +32,14 @@ await client.request("echo", "warm", { timeout: 30_000 });
 console.log("ready");
 const pending = [];
 const deadline = Date.now() + 60_000;
+// At most 100 awaiting an answer (the broker allows 256 per Channel: max_in_flight).
+let inFlight = 0;
+const paced = (n) => {
+  inFlight += 1;
+  return ask(n).finally(() => (inFlight -= 1));
+};
 while ((resumedAt < 0 || sent < resumedAt + 300) && Date.now() < deadline) {
-  for (let k = 0; k < 5; k++) pending.push(ask(sent++));
+  for (let k = 0; k < 5 && inFlight < 100; k++) pending.push(paced(sent++));
   await new Promise((resolve) => setTimeout(resolve, 1)); // the pace of sending, not a wait
 }
 await Promise.all(pending);

@@ -266,7 +266,9 @@ async def loaded_bus(
 async def back_in_service(bus: Bus, broker_id: str) -> None:
     """Started again on its port, and its echo agent's Tube there registered."""
     await bus.start(broker_id)
-    await until_in_directory(bus.redis_url, "name:echo", broker_id)
+    # The agent dials the restarted broker again after its backoff, in a test process
+    # driving a thousand Channels: longer than a lone registration takes.
+    await until_in_directory(bus.redis_url, "name:echo", broker_id, timeout=30 * T)
 
 
 def report(title: str, tally: Tally, senders: list[Sender]) -> tuple[int, int, int]:
