@@ -327,7 +327,12 @@ class RedisEngine:
                 # Topics on sharded pub/sub (a classic PUBLISH is repeated to every
                 # node); notices and wake-ups, published inside the queue scripts,
                 # stay classic.
-                sharded = ShardedSubscriber(client, self._on_message, self._on_reconnect)
+                sharded = ShardedSubscriber(
+                    client,
+                    self._on_message,
+                    self._on_reconnect,
+                    health_interval=self._pubsub_health_interval,
+                )
                 self._sharded = sharded
                 await subscriber.start([notices])
                 await sharded.start(self._topic_channels)

@@ -26,6 +26,16 @@ clients got exactly this wrong (StackExchange.Redis#2969, node-redis#3098): a
 subscriber that treats an unannounced ``sunsubscribe`` as final goes silent for
 good. What was published while a channel was being moved is lost, as for any
 pub/sub subscriber that is offline.
+
+*Idle channels.* A shard channel may carry nothing for a long time. Each link
+reads with a float timeout of ``health_interval`` (redis-py then returns None
+and keeps any partial reply buffered), PINGs after that much silence (PING is
+allowed in subscribed mode; its reply is ``[b"pong", b""]``), and counts the
+connection lost only when the PING gets no reply for as long again: the
+policy of :class:`gateway.engines.redis.pubsub.Subscriber`. Without a timeout
+of its own, a read falls back to the connection's ``socket_timeout`` (the
+command timeout) and raised on every idle channel, which dropped and placed
+the link again, losing what was published meanwhile.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from redis.exceptions import ResponseError
 
 from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
+from gateway.engines.redis.pubsub import HEALTH_INTERVAL
 from gateway.tasks import cancel_and_wait
 
 __all__ = ["ShardedSubscriber", "shard_channels", "shard_of", "spread"]
@@ -116,6 +127,11 @@ class _NodeLink:
         await asyncio.shield(confirming)
         self.channels.add(channel)
 
+    async def ping(self, connection: AbstractConnection) -> None:
+        # Under the lock: a PING must not interleave with an SSUBSCRIBE being written.
+        async with self.lock:
+            await connection.send_command("PING", check_health=False)
+
     async def unsubscribe(self, channel: bytes) -> None:
         self.channels.discard(channel)
         async with self.lock:
@@ -141,15 +157,26 @@ class _NodeLink:
                 future.exception()  # each waiter gets its own raise
 
     async def _read(self, connection: AbstractConnection) -> None:
+        interval = self.owner.health_interval
+        pinged = False  # a PING is pending: the next silence is a lost connection
         try:
             while True:
                 try:
-                    reply: Any = await connection.read_response(push_request=True)
+                    # A float timeout: None after that much silence, never a
+                    # TimeoutError from the connection's socket_timeout.
+                    reply: Any = await connection.read_response(timeout=interval, push_request=True)
                 except ResponseError as exc:
                     # MOVED to an SSUBSCRIBE: the slot map was stale. Its joiner hears
                     # it and places the channel again (after reloading the map).
                     self._fail_confirming(exc)
                     continue
+                if reply is None:
+                    if pinged:
+                        raise ConnectionError(f"no reply to PING for {interval:g} seconds")
+                    pinged = True
+                    await self.ping(connection)  # any reply proves the connection alive
+                    continue
+                pinged = False
                 if not isinstance(reply, list) or not reply:
                     continue
                 kind = reply[0]
@@ -182,6 +209,8 @@ class ShardedSubscriber:
         client: the cluster client (its slot map, reloaded as slots move).
         on_message: called with ``(channel, data)`` for every message.
         on_reconnect: called after channels were subscribed again somewhere else.
+        health_interval: seconds of silence on a primary's connection before a
+            PING, and then before the connection counts as lost.
     """
 
     def __init__(
@@ -189,8 +218,11 @@ class ShardedSubscriber:
         client: RedisCluster,
         on_message: Callable[[bytes, bytes], None],
         on_reconnect: Callable[[], None],
+        *,
+        health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         self._client = client
+        self.health_interval = health_interval
         self._on_message = on_message
         self._on_reconnect = on_reconnect
         self._wanted: dict[bytes, int] = {}

@@ -9,7 +9,11 @@ another broker would; each test waits on the messages themselves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -152,3 +156,99 @@ async def test_a_subscription_survives_its_primary_failing_over(tmp_path: Path) 
                     assert inbox.reconnects >= 1
                 finally:
                     await subscriber.close()
+
+
+class _Lost(logging.Handler):
+    """Records the sharded subscriber's warnings; sets ``event`` on the first."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.event.set()
+
+
+@contextlib.contextmanager
+def sharded_warnings() -> Iterator[_Lost]:
+    handler = _Lost()
+    log = logging.getLogger("gateway.engines.redis.sharded")
+    log.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+
+
+async def test_an_idle_subscription_outlives_the_command_timeout(
+    redis_cluster: RedisCluster,
+) -> None:
+    """A shard channel silent for longer than the connection's socket_timeout (the
+    command timeout) stays subscribed: before, the read fell back to that timeout,
+    raised, and the link was dropped and placed again, losing what came meanwhile."""
+    command_timeout = 0.2 * T
+    (channel,) = shard_channels("test:idle", 1)
+    quiet, pinging = Inbox(), Inbox()
+    client = connect(redis_cluster.url, connect_timeout=T, command_timeout=command_timeout)
+    assert isinstance(client, ClusterClient)
+    # One never PINGs within the idle period (the default interval); the other
+    # PINGs several times in it and hears each ``pong``.
+    subscribers = [
+        ShardedSubscriber(client, quiet.on_message, quiet.on_reconnect),
+        ShardedSubscriber(
+            client, pinging.on_message, pinging.on_reconnect, health_interval=command_timeout / 2
+        ),
+    ]
+    with sharded_warnings() as lost:
+        async for publisher in cluster_client(redis_cluster.url):
+            try:
+                for subscriber in subscribers:
+                    await subscriber.start([channel])
+                # The idle period is the scenario under test, not a synchronisation:
+                # nothing happens in it unless the links time out.
+                await asyncio.sleep(5 * command_timeout)
+                assert lost.messages == []
+                assert [s.replaced for s in subscribers] == [0, 0]
+                # Both still subscribed where they were: the first SPUBLISH reaches both.
+                assert await publisher.execute_command("SPUBLISH", channel, b"after") == 2
+                await quiet.wait_count(1)
+                await pinging.wait_count(1)
+                assert quiet.messages == pinging.messages == [(channel, b"after")]
+                assert quiet.reconnects == pinging.reconnects == 0
+            finally:
+                for subscriber in subscribers:
+                    await subscriber.close()
+                await client.aclose()
+
+
+async def test_a_primary_that_stops_answering_pings_is_left(tmp_path: Path) -> None:
+    """A primary that is there but silent (SIGSTOP): after one interval of silence
+    and one unanswered PING the link counts as lost, and the channel is placed again
+    once the primary answers."""
+    with RedisCluster(tmp_path) as cluster:
+        (channel,) = shard_channels("test:silent", 1)
+        primary = cluster.server(cluster.primary_of(key_slot(channel)).port)
+        inbox = Inbox()
+        async for client in cluster_client(cluster.url):
+            subscriber = ShardedSubscriber(
+                client, inbox.on_message, inbox.on_reconnect, health_interval=0.1 * T
+            )
+            async for publisher in cluster_client(cluster.url):
+                with sharded_warnings() as lost:
+                    try:
+                        await subscriber.start([channel])
+                        await inbox.until(channel, b"before", publisher)
+                        os.kill(primary.pid, signal.SIGSTOP)
+                        try:
+                            await asyncio.wait_for(lost.event.wait(), 10 * T)
+                        finally:
+                            os.kill(primary.pid, signal.SIGCONT)
+                        assert "no reply to PING" in lost.messages[0]
+                        await asyncio.to_thread(cluster.wait_ready)
+                        await publisher.nodes_manager.initialize()
+                        await inbox.until(channel, b"after", publisher)
+                        assert inbox.reconnects >= 1
+                    finally:
+                        await subscriber.close()
