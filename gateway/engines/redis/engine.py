@@ -19,6 +19,7 @@ Keys (``Q`` is a queue's name, a virtual queue's being ``name@pattern``)::
     asbp:q:Q:wt              string  set while a consumer waits for Q
     {asbp:vqueues}:expiry    zset    queues by when they next need the sweep
     channels: asbp:topics, asbp:notices:<broker id>, asbp:wake:Q
+              (on a Redis Cluster: asbp:{q<j>}:notices:<broker id>, asbp:{q<j>}:wake:Q)
 
 Every suffix has two characters, so no two queues' keys can collide whatever
 ``:`` their names hold.
@@ -28,7 +29,9 @@ each script touches one slot (:mod:`gateway.engines.redis.layout`): a queue's
 keys are ``asbp:{q<j>}:q:Q:*``, ``j`` its shard (one of 64, by a hash of its
 name), beside the shard's own expiry index ``asbp:{q<j>}:expiry``; the registry
 is ``{asbp:vqueues}:queues``, in the virtual queues' slot; topics go to 16
-shard channels ``asbp:topics:{n}`` (``SPUBLISH``), a topic always to the same.
+shard channels ``asbp:topics:{n}`` (``SPUBLISH``), a topic always to the same;
+notices and wake-ups go out with ``SPUBLISH`` on their queue's shard channel
+(``asbp:{q<j>}:notices:<broker id>``, ``asbp:{q<j>}:wake:Q``).
 
 *A queue* is ten streams, one per priority, each with one consumer group. A
 message is a stream entry (fields ``h`` header, ``p`` payload, ``x`` expiration,
@@ -139,8 +142,11 @@ registered once per engine before its first enqueue there
 virtual-queue version, then copies with one script call per shard its virtual
 queues live in and publishes on its shard channel, which every engine holds
 with ``SSUBSCRIBE`` (:mod:`gateway.engines.redis.sharded`, following slot moves
-and failovers); notices and wake-ups stay classic ``PUBLISH`` from inside the
-scripts. Each enqueue and copy is followed by ``WAIT 1 1000`` on its primary,
+and failovers); the scripts publish notices and wake-ups with ``SPUBLISH`` on
+their shard's channels (a classic ``PUBLISH`` is repeated to every node,
+redis/redis#2672): each broker holds its notice channel of every shard, a
+waiting consumer its queue's wake-up channel, all on the sharded subscriber.
+Each enqueue and copy is followed by ``WAIT 1 1000`` on its primary,
 so an accepted message is on a replica too (or a second passed without one:
 docs/kubernetes.md, "Durability on a cluster").
 """
@@ -173,7 +179,6 @@ from gateway.engines.redis.calls import (
     TOPICS,
     VQ_VERSION,
     VQUEUES,
-    WAKE,
     CommandCall,
     CopyCall,
     EnqueueCall,
@@ -221,7 +226,6 @@ CONNECT_TIMEOUT: Final = 5.0
 COMMAND_TIMEOUT: Final = 10.0
 
 _TOPICS_BYTES: Final = TOPICS.encode()
-_WAKE_BYTES: Final = WAKE.encode()
 _PRIORITIES: Final = range(10)
 
 T = TypeVar("T")
@@ -312,21 +316,14 @@ class RedisEngine:
         self._loop = asyncio.get_running_loop()
         self._client = client
         self._batcher = batcher(client, SCRIPTS)
-        subscriber = Subscriber(
-            self._new_connection,
-            self._on_message,
-            self._on_reconnect,
-            health_interval=self._pubsub_health_interval,
-        )
-        self._subscriber = subscriber
-        self._wakeups = Wakeups(subscriber, lambda queue: self._keys(queue).wake.encode())
-        notices = (NOTICES + self._broker_id).encode()
+        notices = self._layout.notice_channels(self._broker_id)
         try:
             await self._batcher.load_scripts()
             if isinstance(client, RedisCluster):
-                # Topics on sharded pub/sub (a classic PUBLISH is repeated to every
-                # node); notices and wake-ups, published inside the queue scripts,
-                # stay classic.
+                # Everything on sharded pub/sub: a classic PUBLISH is repeated to
+                # every node. The scripts SPUBLISH notices and wake-ups on their
+                # shard's channels (layout.py), so a broker holds its notice
+                # channel of every shard and a waiter its queue's wake-up channel.
                 sharded = ShardedSubscriber(
                     client,
                     self._on_message,
@@ -334,10 +331,18 @@ class RedisEngine:
                     health_interval=self._pubsub_health_interval,
                 )
                 self._sharded = sharded
-                await subscriber.start([notices])
-                await sharded.start(self._topic_channels)
+                self._wakeups = Wakeups(sharded, self._layout.wake_channel)
+                await sharded.start([*self._topic_channels, *notices])
             else:
-                await subscriber.start([_TOPICS_BYTES, notices])
+                subscriber = Subscriber(
+                    self._new_connection,
+                    self._on_message,
+                    self._on_reconnect,
+                    health_interval=self._pubsub_health_interval,
+                )
+                self._subscriber = subscriber
+                self._wakeups = Wakeups(subscriber, self._layout.wake_channel)
+                await subscriber.start([_TOPICS_BYTES, *notices])
         except BaseException:
             await self.close()
             raise
@@ -755,9 +760,10 @@ class RedisEngine:
         return broadcast_connection(self._client, self._pubsub_attempts)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
-        if channel.startswith(_WAKE_BYTES):
+        woken = self._layout.woken_queue(channel)
+        if woken is not None:
             assert self._wakeups is not None
-            self._wakeups.wake(channel[len(_WAKE_BYTES) :].decode())
+            self._wakeups.wake(woken)
         elif channel in self._topic_channels:
             origin, message = unpack_topic(data)
             if origin != self._origin:

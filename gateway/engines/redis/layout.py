@@ -25,6 +25,15 @@ What crosses shards is split out of the per-message scripts:
   (one per slot), and publishes on a shard channel (``SPUBLISH``, spread over
   :data:`TOPIC_SHARDS` slots; :mod:`gateway.engines.redis.sharded`).
 
+Notices and wake-ups are published from inside the queue scripts, and a
+script may ``SPUBLISH`` only in its own slot: on a cluster a channel
+``asbp:<rest>`` (a queue's wake-up channel ``asbp:wake:<Q>``, a broker's notice
+channel ``asbp:notices:<b>``) goes out on its shard's ``asbp:{q<j>}:<rest>``
+(:meth:`KeyLayout.shard_channel`, the rule the scripts' ``publish`` helper
+follows). A waiter subscribes to its queue's one; a broker holds its notice
+channel of every shard (64 ``SSUBSCRIBE``s, spread over the primaries with the
+shards). On one Redis both stay classic ``PUBLISH`` under their plain names.
+
 On one Redis there are no slots: one shard, the key names of before (queues
 under ``asbp:q:``, the index ``{asbp:vqueues}:expiry``, the registry
 ``asbp:queues``), and a publication stays one script call that checks the
@@ -38,7 +47,16 @@ from typing import Final
 
 from redis.crc import key_slot
 
-from gateway.engines.redis.calls import EXPIRY, KEY_PREFIX, REGISTRY, TOPICS, VQUEUES, QueueKeys
+from gateway.engines.redis.calls import (
+    EXPIRY,
+    KEY_PREFIX,
+    NOTICES,
+    REGISTRY,
+    TOPICS,
+    VQUEUES,
+    WAKE,
+    QueueKeys,
+)
 from gateway.engines.redis.sharded import shard_channels, spread
 
 __all__ = [
@@ -60,6 +78,10 @@ TOPIC_SHARDS: Final = 16
 #: script writes together with it.
 CLUSTER_REGISTRY: Final = "{" + VQUEUES + "}:queues"
 
+_WAKE: Final = WAKE.encode()
+_WAKE_REST: Final = WAKE.removeprefix(KEY_PREFIX).encode()
+_TAGGED: Final = (KEY_PREFIX + "{").encode()
+
 
 @dataclass(frozen=True, slots=True)
 class KeyLayout:
@@ -71,6 +93,7 @@ class KeyLayout:
         prefixes: per shard, the prefix of its queues' keys.
         expiries: per shard, its index of queues by next sweep.
         topic_channels: the shard channels of topic publications (cluster only).
+        tags: per shard, its hash tag (cluster only).
     """
 
     cluster: bool
@@ -78,6 +101,7 @@ class KeyLayout:
     prefixes: tuple[str, ...]
     expiries: tuple[str, ...]
     topic_channels: tuple[bytes, ...] = ()
+    tags: tuple[str, ...] = ()
 
     def shard(self, queue: str) -> int:
         """The shard ``queue`` lives in (always 0 on one Redis)."""
@@ -85,6 +109,33 @@ class KeyLayout:
         if shards == 1:
             return 0
         return spread(queue, shards)
+
+    def shard_channel(self, channel: str, shard: int) -> bytes:
+        """Where the scripts of ``shard`` publish ``channel`` (an ``asbp:`` name)."""
+        if not self.cluster:
+            return channel.encode()
+        return f"{KEY_PREFIX}{self.tags[shard]}:{channel.removeprefix(KEY_PREFIX)}".encode()
+
+    def wake_channel(self, queue: str) -> bytes:
+        """The channel ``queue``'s wake-ups arrive on."""
+        return self.shard_channel(WAKE + queue, self.shard(queue))
+
+    def notice_channels(self, broker_id: str) -> tuple[bytes, ...]:
+        """The channels a broker's notices arrive on: one per shard."""
+        return tuple(
+            self.shard_channel(NOTICES + broker_id, shard) for shard in range(len(self.prefixes))
+        )
+
+    def woken_queue(self, channel: bytes) -> str | None:
+        """The queue whose wake-up channel ``channel`` is; None if it is none."""
+        if self.cluster:
+            # asbp:{q<j>}:wake:<Q>: the tag holds no '}', so the first '}:' ends it.
+            if not channel.startswith(_TAGGED):
+                return None
+            end = channel.find(b"}:")
+            rest = channel[end + 2 :] if end >= 0 else b""
+            return rest[len(_WAKE_REST) :].decode() if rest.startswith(_WAKE_REST) else None
+        return channel[len(_WAKE) :].decode() if channel.startswith(_WAKE) else None
 
     def queue_keys(self, queue: str) -> QueueKeys:
         """``queue``'s keys: in its shard's slot, with its shard's expiry index."""
@@ -129,4 +180,5 @@ def cluster_layout(shards: int = CLUSTER_SHARDS, topic_shards: int = TOPIC_SHARD
         prefixes=tuple(f"{KEY_PREFIX}{tag}:q:" for tag in tags),
         expiries=tuple(f"{KEY_PREFIX}{tag}:expiry" for tag in tags),
         topic_channels=tuple(shard_channels(TOPICS + ":", topic_shards)),
+        tags=tuple(tags),
     )

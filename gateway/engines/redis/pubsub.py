@@ -21,6 +21,10 @@ wakes every waiting consumer, since wake-ups may have been lost meanwhile).
 Pub/sub keeps nothing for a disconnected subscriber: topic messages and
 notices published while the connection was down are lost, as topic messages
 are for a subscriber that is offline.
+
+On a Redis Cluster the engine holds no such connection: topics, notices and
+wake-ups all go by sharded pub/sub (:mod:`gateway.engines.redis.sharded`), and
+:class:`Wakeups` works over either (:class:`Channels`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Final, Protocol
 
 from redis.asyncio.connection import AbstractConnection
 
@@ -37,7 +41,7 @@ from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.batch import CONNECTION_ERRORS, unavailable
 from gateway.tasks import cancel_and_wait
 
-__all__ = ["HEALTH_INTERVAL", "Subscriber", "Wakeups"]
+__all__ = ["HEALTH_INTERVAL", "Channels", "Subscriber", "Wakeups"]
 
 _log = logging.getLogger(__name__)
 
@@ -50,6 +54,16 @@ HEALTH_INTERVAL: Final = 10.0
 
 _MESSAGE: Final = b"message"
 _SUBSCRIBE: Final = b"subscribe"
+
+
+class Channels(Protocol):
+    """What :class:`Wakeups` needs of a subscriber: confirmed, counted subscriptions."""
+
+    async def join(self, channel: bytes, *, timeout: float = 0.0) -> None:
+        """Hold a subscription; returns once Redis confirmed it."""
+
+    def leave(self, channel: bytes) -> None:
+        """Drop one reference."""
 
 
 class Subscriber:
@@ -263,11 +277,11 @@ class Wakeups:
     """Consumers waiting in ``fetch``, per queue, and their wake-up channels.
 
     Args:
-        subscriber: holds the channel subscriptions.
+        subscriber: holds the channel subscriptions (classic, or sharded on a cluster).
         channel_of: the wake-up channel of a queue.
     """
 
-    def __init__(self, subscriber: Subscriber, channel_of: Callable[[str], bytes]) -> None:
+    def __init__(self, subscriber: Channels, channel_of: Callable[[str], bytes]) -> None:
         self._subscriber = subscriber
         self._channel_of = channel_of
         self._waiting: dict[str, set[asyncio.Event]] = {}

@@ -85,11 +85,26 @@ local GROUP = '"""
     + GROUP
     + """'
 
+-- Notices and wake-ups. On one Redis: a classic PUBLISH on the channel named.
+-- On a Redis Cluster every key of a queue script opens with its shard's hash
+-- tag, KEYS[1] included (asbp:{q<j>}:...): a classic PUBLISH would be repeated
+-- to every node (redis/redis#2672), and a script may SPUBLISH only in its own
+-- slot, so 'asbp:<rest>' goes out as SPUBLISH on 'asbp:{q<j>}:<rest>', where
+-- the engines subscribe (gateway/engines/redis/layout.py, shard_channel).
+local function publish(channel, data)
+  local shard = string.match(KEYS[1], '^asbp:(%b{}):')
+  if shard then
+    redis.call('SPUBLISH', 'asbp:' .. shard .. string.sub(channel, 5), data)
+  else
+    redis.call('PUBLISH', channel, data)
+  end
+end
+
 local function notice(n, letter, event, queue, now)
   if not n or n == '' then return end
   local spec = cjson.decode(n)
   if string.find(spec[1], letter, 1, true) then
-    redis.call('PUBLISH', spec[2], cjson.encode({event, now, queue, spec[3], spec[4]}))
+    publish(spec[2], cjson.encode({event, now, queue, spec[3], spec[4]}))
   end
 end
 
@@ -242,7 +257,7 @@ end
 local function wake(b, channel)
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
     redis.call('DEL', KEYS[b + 1])
-    redis.call('PUBLISH', channel, '')
+    publish(channel, '')
   end
 end
 """

@@ -116,7 +116,14 @@ class _NodeLink:
         async with self.lock:
             if self.connection is None:
                 connection = self.node.connection_class(**self.node.connection_kwargs)
-                await connection.connect()  # type: ignore[no-untyped-call]  # upstream
+                try:
+                    await connection.connect()  # type: ignore[no-untyped-call]  # upstream
+                except BaseException:
+                    # A connect that failed or was cancelled after the socket opened
+                    # (a primary silent mid-handshake) must not leave it to the GC.
+                    with contextlib.suppress(*CONNECTION_ERRORS):
+                        await connection.disconnect()
+                    raise
                 self.connection = connection
                 self.reader = asyncio.get_running_loop().create_task(self._read(connection))
             confirming = self.confirming.get(channel)
@@ -133,8 +140,12 @@ class _NodeLink:
             await connection.send_command("PING", check_health=False)
 
     async def unsubscribe(self, channel: bytes) -> None:
-        self.channels.discard(channel)
+        # The lock orders this after any SSUBSCRIBE being written; a channel
+        # joined again meanwhile stays.
         async with self.lock:
+            if self.owner.wants(channel):
+                return
+            self.channels.discard(channel)
             if self.connection is not None:
                 with contextlib.suppress(*CONNECTION_ERRORS):
                     await self.connection.send_command("SUNSUBSCRIBE", channel, check_health=False)
@@ -183,9 +194,15 @@ class _NodeLink:
                 if kind == _SMESSAGE:
                     self.owner._deliver(reply[1], reply[2])
                 elif kind == _SSUBSCRIBE:
-                    confirming = self.confirming.pop(reply[1], None)
+                    channel = reply[1]
+                    # Held here from now on, even if its joiner gave up waiting (a
+                    # fetch cancelled), so that a leave finds it and unsubscribes.
+                    self.channels.add(channel)
+                    confirming = self.confirming.pop(channel, None)
                     if confirming is not None and not confirming.done():
                         confirming.set_result(None)
+                    if not self.owner.wants(channel):
+                        self.owner._spawn(self.unsubscribe(channel))
                 elif kind == _SUNSUBSCRIBE:
                     channel = reply[1]
                     # Ours (leave) or the slot's (it moved): only a wanted one goes back.
@@ -255,6 +272,16 @@ class ShardedSubscriber:
         """
         self._wanted[channel] = self._wanted.get(channel, 0) + 1
         if self._wanted[channel] > 1 and channel not in self._moving:
+            # Joined already: wait for the SSUBSCRIBE in flight, if any, so that
+            # this joiner too returns only once the channel is confirmed (a
+            # wake-up published after join returns cannot be missed).
+            confirming = self._confirming(channel)
+            if confirming is not None:
+                try:
+                    await asyncio.shield(confirming)
+                except BaseException:
+                    self._release(channel)
+                    raise
             return
         try:
             await self._place(channel)
@@ -280,6 +307,13 @@ class ShardedSubscriber:
         links, self._links = self._links, {}
         for link in links.values():
             await link.close()
+
+    def _confirming(self, channel: bytes) -> asyncio.Future[None] | None:
+        for link in self._links.values():
+            confirming = link.confirming.get(channel)
+            if confirming is not None:
+                return confirming
+        return None
 
     def _release(self, channel: bytes) -> bool:
         count = self._wanted.get(channel, 0) - 1
