@@ -41,7 +41,14 @@ from agents.broker_agent import BrokerAgent
 from agents.credentials import AgentCredentialSource, generate_agent_key
 from agents.discovery import BrokerDiscovery, HostsFileResolver
 from agents.dispatch import HANDLER_FAILED
-from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
+from agents.errors import (
+    AgentError,
+    BrokerBusy,
+    ChannelLost,
+    ConnectionLost,
+    FaultError,
+    NotConnected,
+)
 from agents.intermediary import Downstream, IntermediaryAgent, forward_to
 from agents.reconnect import ChannelEvent, ChannelEventKind, Reconnect
 from agents.respondent import Handler, Reply, Request
@@ -55,6 +62,7 @@ __all__ = [
     "ApplicationAgent",
     "Backoff",
     "BrokerAgent",
+    "BrokerBusy",
     "BrokerDiscovery",
     "ChannelEvent",
     "ChannelEventKind",

@@ -12,8 +12,9 @@ Both speak to the broker's ``/asbp`` endpoint (docs/protocol.md,
   open. ``after`` is the highest ``ASBP-Seq`` read so far, which also
   acknowledges it; the broker resends anything not acknowledged, so a
   response lost on the way costs nothing, and a repeated ``ASBP-Seq`` is
-  dropped here. Failed polls are retried with backoff; a Channel the broker
-  no longer knows (404 or 410 with a fault) ends the transport.
+  dropped here. Failed polls are retried with backoff (at least the
+  ``Retry-After`` of a 503 or 429: :mod:`agents.retry_after`); a Channel the
+  broker no longer knows (404 or 410 with a fault) ends the transport.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from typing import Final, Protocol
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.typing import Subprotocol
 
 import asbp
 from agents import control
 from agents.backoff import Backoff
-from agents.errors import AgentError, ConnectionLost, FaultError
+from agents.errors import AgentError, BrokerBusy, ConnectionLost, FaultError
 from agents.multipart import MEDIA_TYPE, boundary_of, parse_parts
+from agents.retry_after import RETRY_STATUSES, retry_after_in, retry_after_of, wait_before
 from asbp import ChannelId, Command, FaultCode, ProtocolError
 from asbp.names import RESUME, RESUMED, SECRET_HEADER, SECRET_KEY
 
@@ -180,13 +182,26 @@ class WebSocketChannel:
         self._read_by_broker: int | None = None
 
     async def _connect(self, url: str) -> ClientConnection:
-        return await connect(
-            url,
-            subprotocols=[_SUBPROTOCOL],
-            ssl=self._ssl if url.startswith("wss:") else None,
-            open_timeout=self._timeout,
-            close_timeout=self._timeout,
-        )
+        try:
+            return await connect(
+                url,
+                subprotocols=[_SUBPROTOCOL],
+                ssl=self._ssl if url.startswith("wss:") else None,
+                open_timeout=self._timeout,
+                close_timeout=self._timeout,
+            )
+        except InvalidStatus as exc:
+            # 503 past the broker's handshakes in flight (2115), 429 past a rate:
+            # its Retry-After comes with the error, for the reconnect loop to honour.
+            response = exc.response
+            status = response.status_code
+            if status not in RETRY_STATUSES:
+                raise
+            retry_after = retry_after_in(response.headers, status)
+            body = bytes(response.body or b"")
+            raise BrokerBusy.from_response(
+                status, body, retry_after, default=FaultCode.BROKER_BUSY
+            ) from exc
 
     def elsewhere(self) -> None:
         """Use the next URL of :attr:`urls` from now on (one URL: that one again)."""
@@ -197,7 +212,7 @@ class WebSocketChannel:
         for _ in self.urls[1:]:
             try:
                 return await self._connect(self.url)
-            except (OSError, InvalidHandshake, TimeoutError) as exc:
+            except (OSError, InvalidHandshake, TimeoutError, BrokerBusy) as exc:
                 self._log.info("channel %s: not reachable (%s); the next URL", self.url, exc)
                 self.elsewhere()
         return await self._connect(self.url)
@@ -485,6 +500,11 @@ class HttpChannel:
                 body = await _read(response, _MAX_ANSWER_BYTES)
         except httpx.HTTPError as exc:
             raise ConnectionLost(f"POST {self.url} failed: {exc}") from exc
+        status = response.status_code
+        if status in RETRY_STATUSES:
+            # Not now (2115, 2108, 2109): a FaultError that says when to come back.
+            retry_after = retry_after_in(response.headers, status)
+            raise BrokerBusy.from_response(status, body, retry_after, default=FaultCode.BROKER_BUSY)
         try:
             return asbp.decode(body)
         except ProtocolError as exc:
@@ -503,7 +523,7 @@ class HttpChannel:
                     error = exc.__cause__ or exc
                     return
                 except (httpx.HTTPError, AgentError) as exc:
-                    delay = self._backoff.delay(attempt)
+                    delay = wait_before(retry_after_of(exc), self._backoff.delay(attempt))
                     attempt += 1
                     self._log.warning(
                         "channel %s: long-poll failed (%s); retrying in %.2f s",
@@ -546,6 +566,12 @@ class HttpChannel:
                 except ProtocolError:
                     fault = FaultError(2104, f"HTTP {status}")
                 raise _Gone(str(fault)) from fault
+            if status in RETRY_STATUSES:
+                body = await _read(response, _MAX_ANSWER_BYTES)
+                retry_after = retry_after_in(response.headers, status)
+                raise BrokerBusy.from_response(
+                    status, body, retry_after, default=FaultCode.ENGINE_UNAVAILABLE
+                )
             if status != 200:
                 raise AgentError(f"long-poll answered HTTP {status}")
             boundary = boundary_of(response.headers.get("content-type", ""))

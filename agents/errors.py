@@ -5,8 +5,10 @@
     asbp.AsbpError               the one root (asbp/errors.py draws the rest)
      └── AgentError              anything the SDK raises on purpose
           ├── FaultError         the peer answered with ``asbp.fault``
-          │                      .code: int  .fault: FaultCode | None
-          │                      .message  .command_id  .cause
+          │    │                 .code: int  .fault: FaultCode | None
+          │    │                 .message  .command_id  .cause
+          │    └── BrokerBusy    HTTP 503 or 429: not now (2115, 2108, 2109)
+          │                      .retry_after: seconds the broker asked for, or None
           ├── ConnectionLost     the Tube or Channel closed before the answer came
           │    └── ChannelLost   (agents.user_agent) the broker lost the Channel;
           │                      the UserAgent reconnects
@@ -30,10 +32,17 @@ not sent, and the code of a lost connection would only mislead.
 
 from __future__ import annotations
 
-from asbp import AsbpError, Command, FaultCode
+from asbp import AsbpError, Command, FaultCode, ProtocolError, decode
 from asbp.fault_commands import read_fault
 
-__all__ = ["AgentError", "ChannelLost", "ConnectionLost", "FaultError", "NotConnected"]
+__all__ = [
+    "AgentError",
+    "BrokerBusy",
+    "ChannelLost",
+    "ConnectionLost",
+    "FaultError",
+    "NotConnected",
+]
 
 
 class AgentError(AsbpError):
@@ -97,6 +106,45 @@ class FaultError(AgentError):
         """Read an ``asbp.fault`` Command; a missing or bad ``code`` reads as 0."""
         report = read_fault(command)
         return cls(report.code, report.message, command_id=report.command_id, cause=report.cause)
+
+
+class BrokerBusy(FaultError):
+    """The broker turned the attempt away for now (HTTP 503 or 429) and may have
+    said when to come back (``Retry-After``; see :mod:`agents.retry_after`).
+
+    Attributes:
+        retry_after: seconds to wait at least before trying again (capped at
+            ``agents.retry_after.MAX_RETRY_AFTER``), or None if it did not say.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        command_id: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        super().__init__(code, message, command_id=command_id, cause=cause)
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_response(
+        cls, status: int, body: bytes, retry_after: float | None, *, default: int
+    ) -> BrokerBusy:
+        """From a refusal's body (an ``asbp.fault``, or anything else: code ``default``)."""
+        try:
+            fault = FaultError.from_command(decode(body))
+        except ProtocolError:
+            return cls(default, f"HTTP {status}", retry_after=retry_after)
+        return cls(
+            fault.code,
+            fault.message,
+            retry_after=retry_after,
+            command_id=fault.command_id,
+            cause=fault.cause,
+        )
 
 
 class ConnectionLost(AgentError):

@@ -9,7 +9,7 @@ link lives and dies on its own). Its task loops::
     mint a fresh credential ─► dial ─► read the asbp.tube greeting
         ─► on_open(session)            (the agent registers its Respondents)
         ─► read Commands until the connection ends
-        ─► wait backoff.delay(attempt) ─► dial again
+        ─► wait backoff.delay(attempt) (after any Retry-After) ─► dial again
 
 A credential is good for one handshake (the broker refuses a replayed
 ``jti``), so every attempt mints a new one. A refused handshake (HTTP 401 or
@@ -55,6 +55,7 @@ from agents import control
 from agents.backoff import Backoff
 from agents.credentials import AgentCredentialSource
 from agents.errors import AgentError, ConnectionLost, FaultError
+from agents.retry_after import retry_after_in, wait_before
 from asbp import Command, ProtocolError
 
 __all__ = ["Greeting", "TubeLink", "TubeSession"]
@@ -330,9 +331,12 @@ class TubeLink:
         attempt = 0
         while not self._stopping.is_set():
             opened = self.sessions_opened
+            retry_after: float | None = None
             try:
                 await self._connect_once()
             except InvalidStatus as exc:
+                # A broker busy (503, fault 2115) says when to come back: not before.
+                retry_after = retry_after_in(exc.response.headers, exc.response.status_code)
                 self._log_refusal(exc)
             except _Refused as exc:
                 self._log_refused(str(exc))
@@ -350,7 +354,7 @@ class TubeLink:
                 attempt = 0  # it was greeted: the next failure starts a new series
             if self._stopping.is_set():
                 break
-            delay = self._backoff.delay(attempt)
+            delay = wait_before(retry_after, self._backoff.delay(attempt))
             attempt += 1
             self._log.info("tube %s: reconnecting in %.2f s", self.url, delay)
             with contextlib.suppress(TimeoutError):

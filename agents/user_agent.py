@@ -58,6 +58,7 @@ from agents.channel import ChannelTransport, HttpChannel, ResumeRefused, WebSock
 from agents.errors import AgentError, ChannelLost, ConnectionLost, FaultError, NotConnected
 from agents.messaging import DestinationType
 from agents.reconnect import DEFAULT_RECONNECT, ChannelEvent, ChannelEventKind, Reconnect
+from agents.retry_after import retry_after_of, wait_before
 from asbp import ChannelId, Command, HeaderInput
 from asbp.names import SUBSCRIBE, UNSUBSCRIBE
 
@@ -536,7 +537,12 @@ class UserAgent:
         # no reason to wait, and every other broker is ready for it.
         restarting = self._transport.restarting
         while True:
-            delay = 0.0 if restarting and attempt == 0 else settings.backoff.delay(attempt)
+            delay = (
+                0.0
+                if restarting and attempt == 0
+                # At least what a broker that turned the last attempt away asked for.
+                else wait_before(retry_after_of(error), settings.backoff.delay(attempt))
+            )
             self._emit(
                 ChannelEvent(
                     ChannelEventKind.RECONNECTING,
