@@ -69,6 +69,8 @@ class Param:
     max_length: int | None = None
     #: A path parameter that may hold ``/`` (queue names do).
     slashes: bool = False
+    #: Said after "must be at most <maximum>": what to use instead.
+    beyond: str = ""
 
     def schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = {"type": self.kind}
@@ -101,7 +103,7 @@ class Param:
         if self.minimum is not None and value < self.minimum:
             raise ApiError(400, f"{self.name} must be at least {self.minimum}")
         if self.maximum is not None and value > self.maximum:
-            raise ApiError(400, f"{self.name} must be at most {self.maximum}")
+            raise ApiError(400, f"{self.name} must be at most {self.maximum}{self.beyond}")
         return value
 
 

@@ -60,7 +60,7 @@ from gateway.errors import LocalError
 from gateway.plane.base import ChannelListing, Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.census import BrokerCard
 
-__all__ = ["OPERATIONS", "version"]
+__all__ = ["MAX_CHANNEL_OFFSET", "OPERATIONS", "version"]
 
 #: Items per page at most.
 MAX_PAGE: Final = 1000
@@ -71,7 +71,18 @@ _PURGER: Final = "asbp-management-purge"
 #: Bytes of each payload a peek shows.
 _PEEK_BYTES: Final = 1024
 
+#: The largest ``offset`` of the Channels page: on a bus the page walks the
+#: directory's sorted set from the start to the offset inside one Redis script,
+#: so a huge one would hold Redis for every broker. ``after`` costs the page only.
+MAX_CHANNEL_OFFSET: Final = 10_000
+
 _OFFSET = Param("offset", "query", "integer", "Items to skip.", minimum=0, default=0)
+_CHANNEL_OFFSET = Param(
+    "offset", "query", "integer",
+    f"Items to skip, at most {MAX_CHANNEL_OFFSET:,}: page further with `after`.",
+    minimum=0, maximum=MAX_CHANNEL_OFFSET, default=0,
+    beyond="; page with after=<next_after of the page before> instead",
+)  # fmt: skip
 _LIMIT = Param(
     "limit", "query", "integer", "Items per page.", minimum=1, maximum=MAX_PAGE, default=100
 )
@@ -527,8 +538,8 @@ OPERATIONS: Final = (
     Operation("GET", "/broker", "getBroker", "The broker answering, and the bus it sees",
               "broker", "read", BusInfo, get_broker, errors=(503,)),
     Operation("GET", "/channels", "listChannels", "Open Channels, a page at a time",
-              "channels", "read", ChannelPage, list_channels, params=(_OFFSET, _LIMIT, _AFTER),
-              errors=(400, 503)),
+              "channels", "read", ChannelPage, list_channels,
+              params=(_CHANNEL_OFFSET, _LIMIT, _AFTER), errors=(400, 503)),
     Operation("GET", "/channels/{channel_id}", "getChannel", "One open Channel",
               "channels", "read", ChannelInfo, get_channel, params=(_CHANNEL_ID,),
               errors=(400, 404, 503)),

@@ -205,6 +205,15 @@ async def test_channels_are_listed_and_paged_across_the_bus_from_either_broker(
         # The offset pages the same list.
         response = await api(gateway, "GET", "/channels", params={"offset": 4, "limit": 2})
         assert [item["id"] for item in response.json()["items"]] == [sorted(expected)[4]]
+        # Up to 10,000 (a walk of the directory's sorted set inside one script);
+        # past it 400, pointing to the cursor, and Redis is never asked.
+        response = await api(gateway, "GET", "/channels", params={"offset": 10_000})
+        assert (response.status_code, response.json()["items"]) == (200, [])
+        response = await api(gateway, "GET", "/channels", params={"offset": 10**12})
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert "at most 10000" in response.json()["detail"]
+        assert "after=" in response.json()["detail"]
 
 
 async def test_a_channel_at_the_other_broker_is_found_and_closed_there(

@@ -19,6 +19,7 @@ from asbp import Command
 from gateway.acl import load_acl
 from gateway.api.access import ManagementAccess
 from gateway.api.declare import ApiError
+from gateway.api.operations import MAX_CHANNEL_OFFSET
 from gateway.config.model import GatewayConfig, ManagementConfig, MessagingLimits
 from tests.support import T
 from tests.support.gateway import BROKER_ID, Gateway, GatewayFactory
@@ -79,6 +80,35 @@ async def test_channels_are_listed_paged_and_closed_with_the_reason_logged(
     assert missing.status_code == 404
     assert missing.headers["content-type"] == "application/problem+json"
     assert missing.json()["status"] == 404
+
+
+async def test_the_channels_page_offset_is_capped_and_points_to_the_cursor(
+    make_gateway: GatewayFactory,
+) -> None:
+    gateway = await make_gateway()
+    await gateway.channel()
+    document = (await api(gateway, "GET", "/openapi.json")).json()
+    [offset] = [
+        p
+        for p in document["paths"]["/api/v1/channels"]["get"]["parameters"]
+        if p["name"] == "offset"
+    ]
+    assert offset["schema"]["maximum"] == MAX_CHANNEL_OFFSET == 10_000
+    assert "after" in offset["description"]
+
+    fine = await api(gateway, "GET", "/channels", params={"offset": MAX_CHANNEL_OFFSET})
+    assert (fine.status_code, fine.json()["items"], fine.json()["total"]) == (200, [], 1)
+    for beyond in (MAX_CHANNEL_OFFSET + 1, 10**18):
+        refused = await api(gateway, "GET", "/channels", params={"offset": beyond})
+        assert refused.status_code == 400
+        assert refused.headers["content-type"] == "application/problem+json"
+        problem = refused.json()
+        assert problem["status"] == 400
+        assert problem["detail"] == (
+            "offset must be at most 10000; page with after=<next_after of the page before> instead"
+        )
+    # Other pages keep their own offsets (the queues page sorts a list in memory).
+    assert (await api(gateway, "GET", "/queues", params={"offset": 10**6})).status_code == 200
 
 
 async def test_agents_show_their_tubes_and_what_they_serve(make_gateway: GatewayFactory) -> None:
