@@ -105,13 +105,13 @@ def socketio_app() -> Any:
 
     sio = socketio.AsyncServer(async_mode="asgi", logger=False, engineio_logger=False)
 
-    @sio.event
+    @sio.event  # type: ignore[untyped-decorator]  # python-socketio ships no types
     async def connect(sid: str, environ: dict[str, Any], auth: Any = None) -> None:
         if isinstance(auth, dict) and auth.get("role") == "sub":
             # Before the server's CONNECT reply: a subscriber that has it is in the room.
             await sio.enter_room(sid, "subs")
 
-    @sio.on("pub")
+    @sio.on("pub")  # type: ignore[untyped-decorator]  # python-socketio ships no types
     async def pub(sid: str, data: Any) -> None:
         await sio.emit("m", data, room="subs")
 

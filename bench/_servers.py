@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import logging
 import os
 import signal
@@ -40,9 +41,14 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the bench's processes import the gateway only when they serve it
+    from gateway.config.model import BusBalance, EventLogMode, ResumeMode
 
 HOST = "127.0.0.1"
+#: Uvicorn's own default listen backlog, for a server not told another.
+_UVICORN_BACKLOG = 2048
 
 Ready = Callable[[int], None]
 
@@ -56,11 +62,11 @@ def broker_app(
     broker_id: str,
     *,
     data_dir: Path,
-    event_log: str = "on",
+    event_log: EventLogMode = "on",
     metrics: str = "on",
     redis_url: str | None = None,
-    bus_balance: str = "in_flight",
-    resume: str = "auto",
+    bus_balance: BusBalance = "in_flight",
+    resume: ResumeMode = "auto",
 ) -> Any:
     from gateway.app import create_app
     from gateway.config.model import ChannelLimits, EventLogConfig, GatewayConfig, MetricsConfig
@@ -77,12 +83,13 @@ def broker_app(
         event_log=EventLogConfig(mode=event_log),
         # On by default, as a broker runs; off to measure what the counting costs.
         metrics=MetricsConfig(enabled=metrics == "on"),
-        # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
-        **({"engine": "redis", "redis_url": redis_url} if redis_url is not None else {}),
         bus_balance=bus_balance,
         # Resumable WebSocket Channels (bench/resume.py measures what they cost).
         channels=ChannelLimits(resume=resume),  # auto, on or off: checked by argparse
     )
+    if redis_url is not None:
+        # A Redis URL: the redis engine and, with it, the bus-wide routing plane.
+        config = dataclasses.replace(config, engine="redis", redis_url=redis_url)
     return create_app(config)
 
 
@@ -190,7 +197,7 @@ async def run_uvicorn(
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=1,
-        **({} if backlog is None else {"backlog": backlog}),
+        backlog=_UVICORN_BACKLOG if backlog is None else backlog,
     )
     server = Server(config)
 

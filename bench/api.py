@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import functools
 import statistics
 import sys
 import tempfile
@@ -66,7 +67,7 @@ async def fill(client: redis.asyncio.Redis, start: int, stop: int) -> None:
 
 async def baseline_page(client: redis.asyncio.Redis, after: str, limit: int) -> list[str]:
     """The page as main read it: the whole ``ch`` hash, every lease, one sort."""
-    held = {k.decode(): v.decode() for k, v in (await client.hgetall(f"{D}ch")).items()}
+    held = {_text(k): _text(v) for k, v in (await client.hgetall(f"{D}ch")).items()}
     others = sorted(set(held.values()))
     async with client.pipeline(transaction=False) as pipe:
         for broker_id in others:
@@ -77,6 +78,12 @@ async def baseline_page(client: redis.asyncio.Redis, after: str, limit: int) -> 
     if after:
         ids = ids[bisect.bisect_right(ids, after) :]
     return ids[: limit + 1]
+
+
+def _text(value: object) -> str:
+    """A reply of a client made without ``decode_responses``: bytes."""
+    assert isinstance(value, bytes)
+    return value.decode()
 
 
 async def timed(call: Callable[[], Awaitable[object]]) -> float:
@@ -120,7 +127,7 @@ async def run(args: argparse.Namespace) -> None:
                 for size in sizes:
                     await fill(client, filled, size)
                     filled = max(filled, size)
-                    ids = sorted(k.decode() for k in await client.zrange(f"{D}chz", 0, -1))
+                    ids = sorted(_text(k) for k in await client.zrange(f"{D}chz", 0, -1))
                     middle = ids[len(ids) // 2] if ids else ""
                     listing = await plane.channel_page(middle, 0, args.limit + 1)
                     expected = await baseline_page(client, middle, args.limit)
@@ -135,10 +142,14 @@ async def run(args: argparse.Namespace) -> None:
                         samples["ours"].append(ours)
                         samples["base"].append(base)
                         samples["ours-mid"].append(
-                            await timed(lambda m=middle: plane.channel_page(m, 0, args.limit + 1))
+                            await timed(
+                                functools.partial(plane.channel_page, middle, 0, args.limit + 1)
+                            )
                         )
                         samples["base-mid"].append(
-                            await timed(lambda m=middle: baseline_page(client, m, args.limit))
+                            await timed(
+                                functools.partial(baseline_page, client, middle, args.limit)
+                            )
                         )
                         samples["api"].append(await asyncio.to_thread(timed_get, http, url))
                         ratios.append(base / ours)

@@ -263,7 +263,7 @@ async def measure_http(urls: list[str], args: argparse.Namespace) -> dict[str, f
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         user = HttpUser(client, urls)
         await user.open()
-        latencies: list[float] = []
+        latencies: list[int] = []
         for u in range(args.warmup + args.http_trips):
             started = time.perf_counter_ns()
             await user.post(u)
@@ -273,7 +273,7 @@ async def measure_http(urls: list[str], args: argparse.Namespace) -> dict[str, f
                 latencies.append(time.perf_counter_ns() - started)
         latencies.sort()
         total = args.http_requests
-        started = time.perf_counter()
+        began = time.perf_counter()
 
         async def send() -> None:
             for u in range(total):
@@ -284,7 +284,7 @@ async def measure_http(urls: list[str], args: argparse.Namespace) -> dict[str, f
         while received < total:
             received += await user.poll()
         await sender
-        seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - began
     return {
         "p50_us": _percentile(latencies, 0.5) / 1000,
         "p99_us": _percentile(latencies, 0.99) / 1000,

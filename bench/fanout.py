@@ -71,7 +71,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -628,8 +628,29 @@ async def close_subscribers(subscribers: list[Subscriber]) -> None:
             subscriber.abort()
 
 
+class Measured(Protocol):
+    """A server whose CPU a phase measures (ours, or a peer's: bench/peers.py)."""
+
+    def schedstat(self) -> tuple[float, float]:
+        """Seconds on the CPU and waiting for it, so far."""
+        ...
+
+
+class Publishing(Protocol):
+    """What a phase publishes through (ours, or a peer's client: bench/peers.py)."""
+
+    @property
+    def publish(self) -> Callable[[int], Awaitable[None]]:
+        """Sends message ``seq`` (a method, or a callable returning an awaitable)."""
+        ...
+
+    def check(self) -> None:
+        """Raise what the server refused so far."""
+        ...
+
+
 async def run_phase(
-    server: ServerProcess, publisher: Publisher, tally: Tally, first: int, count: int, window: int
+    server: Measured, publisher: Publishing, tally: Tally, first: int, count: int, window: int
 ) -> Phase:
     """Publish messages ``first`` .. ``first + count - 1``, ``window`` undelivered at most."""
     clock = time.perf_counter_ns

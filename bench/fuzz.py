@@ -509,7 +509,7 @@ class WebSocketDriver:
         self._task = None
 
     async def _open(self) -> None:
-        self._inbox = inbox = asyncio.Queue()
+        self._inbox = inbox = asyncio.Queue[dict[str, Any]]()
         self._waiting = waiting = asyncio.Event()
         self._closed = None
         inbox.put_nowait({"type": "websocket.connect"})
@@ -546,6 +546,7 @@ class WebSocketDriver:
             await self._open()
         mode, body = (data[0], data[1:]) if data else (0, b"")
         self._waiting.clear()
+        message: dict[str, Any]
         if mode & 1:
             message = {"type": "websocket.receive", "text": body.decode("utf-8", "replace")}
         else:

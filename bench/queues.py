@@ -680,15 +680,15 @@ def main() -> None:
     if redis_cpu:
         print(
             "redis-server: median "
-            + ", ".join(f"{n} {statistics.median(seen):.1f} us" for n, seen in redis_cpu.items())
+            + ", ".join(f"{n} {statistics.median(per):.1f} us" for n, per in redis_cpu.items())
             + " of CPU per message"
         )
         raw_cpu = redis_cpu.get("raw", [])
-        for name, seen in redis_cpu.items():
-            if name == "raw" or len(seen) != len(raw_cpu):
+        for name, per_message in redis_cpu.items():
+            if name == "raw" or len(per_message) != len(raw_cpu):
                 continue
             # Within each repeat, as the throughput ratios are: the same minute, the same load.
-            ratios = [ours / raw for ours, raw in zip(seen, raw_cpu, strict=True) if raw > 0]
+            ratios = [ours / raw for ours, raw in zip(per_message, raw_cpu, strict=True) if raw > 0]
             if not ratios:
                 continue
             ratio = statistics.median(ratios)

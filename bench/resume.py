@@ -127,11 +127,13 @@ async def replay_once(
     began = time.perf_counter()
     after, seen = "-", 0
     while True:
-        entries = await client.xrange(stream, min=after, max="+", count=PAGE)
+        entries = await client.xrange(stream, min=after, max="+", count=PAGE) or []
         seen += len(entries)
         if len(entries) < PAGE:
             break
-        last = entries[-1][0].decode()
+        last = entries[-1][0]
+        assert isinstance(last, bytes)  # a client without decode_responses
+        last = last.decode()
         after = "(" + last
     xrange_s = time.perf_counter() - began
     if seen != count:

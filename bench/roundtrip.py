@@ -77,7 +77,7 @@ class Target:
     metrics: str = "on"  # the broker's [metrics] enabled
 
 
-TARGETS = (
+TARGETS: tuple[Target, ...] = (
     Target("broker/hypercorn", "broker", "hypercorn"),
     Target("bare-starlette/hypercorn", "bare", "hypercorn"),
     Target("broker/uvicorn", "broker", "uvicorn"),
@@ -338,7 +338,7 @@ class Ratio:
 HC_BROKER, HC_BARE = "broker/hypercorn", "bare-starlette/hypercorn"
 UV_BROKER, UV_BARE = "broker/uvicorn", "bare-starlette/uvicorn"
 RAW = "raw-websockets"
-RATIOS = (
+RATIOS: tuple[Ratio, ...] = (
     # Latency: bare / broker, so that higher is better here too.
     Ratio("hypercorn: broker/bare p50 latency (bare_p50 / broker_p50)", HC_BARE, HC_BROKER,
           "p50_us", 0.70),
