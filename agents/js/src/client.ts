@@ -14,7 +14,10 @@
  * HTTP long-poll at once, and from there tries a WebSocket again every
  * `upgradeInterval`. A lost connection is retried after an exponential
  * backoff with full jitter (a delay drawn from 0 to min(max, initial·2^n),
- * the scheme centrifuge-js uses, 0.5 to 20 s by default).
+ * the scheme centrifuge-js uses, 0.5 to 20 s by default). A long-poll attempt
+ * the broker turned away with 503 or 429 waits its `Retry-After` (capped at a
+ * minute) before that delay; a WebSocket attempt cannot: a browser's WebSocket API
+ * shows neither the status nor the headers of a refused handshake.
  *
  * A WebSocket Channel is resumed when the connection comes back
  * (docs/protocol.md, "Resuming a Channel"): the Client opens `/asbp?resume=<i>`
@@ -434,7 +437,13 @@ export class Client {
           this.receive(frame);
         }
       },
-      close: (_ever: boolean, reason: string, refused?: boolean, unread?: Uint8Array<ArrayBuffer>[]) => {
+      close: (
+        _ever: boolean,
+        reason: string,
+        refused?: boolean,
+        unread?: Uint8Array<ArrayBuffer>[],
+        retryAfter?: number,
+      ) => {
         clearTimeout(guard);
         if (this.current !== transport && opened) return; // replaced by an upgrade
         // Its broker is stopping (1012): what it did not read goes first where the
@@ -456,7 +465,7 @@ export class Client {
         // A WebSocket Channel that can resume keeps its requests: their answers
         // come with the replay (or they fail when a new Channel opens instead).
         this.lost(reason, kind === "websocket" && this.wanted && this.secret !== undefined);
-        if (this.wanted) this.retry(unread !== undefined);
+        if (this.wanted) this.retry(unread !== undefined, retryAfter);
       },
     };
     try {
@@ -479,9 +488,12 @@ export class Client {
     return this.fetchImpl;
   }
 
-  private retry(now = false): void {
+  private retry(now = false, retryAfter = 0): void {
     const { initial, max } = this.options.backoff;
-    const delay = now ? 0 : this.options.random() * Math.min(max, initial * 2 ** this.attempt);
+    // A broker that turned the attempt away (long-poll: 503, 429) said when to come
+    // back: at least that, with the jittered backoff on top so that its clients do
+    // not all return at the same instant.
+    const delay = now ? 0 : retryAfter + this.options.random() * Math.min(max, initial * 2 ** this.attempt);
     this.attempt = now ? this.attempt : Math.min(this.attempt + 1, 30);
     this.setState("reconnecting");
     this.timer = setTimeout(() => {

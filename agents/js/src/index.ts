@@ -12,5 +12,5 @@ export type {
   State,
   TransportKind,
 } from "./client.js";
-export { parseMultipart } from "./transports.js";
+export { MAX_RETRY_AFTER, parseMultipart, retryAfterMs } from "./transports.js";
 export type { FetchLike, WebSocketLike } from "./transports.js";

@@ -45,8 +45,37 @@ export interface TransportEvents {
   /** The transport is gone; `opened` says whether it ever opened; `refused`: the
    * broker could not resume the Channel (2110, 2113): open a new one; `unread`: the
    * broker is stopping (close 1012, fault 2114) and said how many frames it acted
-   * on: these are the ones it did not, to send again first where the Channel resumes. */
-  close(opened: boolean, reason: string, refused?: boolean, unread?: Uint8Array<ArrayBuffer>[]): void;
+   * on: these are the ones it did not, to send again first where the Channel resumes;
+   * `retryAfter`: the broker turned the attempt away (503, 429) and said when to come
+   * back, in milliseconds (long-poll only: see retryAfterMs). */
+  close(
+    opened: boolean,
+    reason: string,
+    refused?: boolean,
+    unread?: Uint8Array<ArrayBuffer>[],
+    retryAfter?: number,
+  ): void;
+}
+
+/** The longest wait a `Retry-After` asks for that the client honours (ms). */
+export const MAX_RETRY_AFTER = 60_000;
+
+/**
+ * The wait a 503 or 429 asks for, in milliseconds: its `Retry-After` (whole seconds
+ * or an HTTP date, RFC 9110 §10.2.3), capped at MAX_RETRY_AFTER; undefined for any
+ * other status or a header that is neither form. Only a fetch response shows it: a
+ * browser's WebSocket API reports a refused handshake as a bare `error` event, with
+ * neither status nor headers, so a WebSocket attempt backs off as for any failure.
+ */
+export function retryAfterMs(response: Response, now: number = Date.now()): number | undefined {
+  if (response.status !== 503 && response.status !== 429) return undefined;
+  const value = response.headers.get("retry-after")?.trim();
+  if (!value) return undefined;
+  if (/^\d+$/.test(value)) return Math.min(Number(value) * 1000, MAX_RETRY_AFTER);
+  // An HTTP date names its zone (GMT); anything Date cannot read is ignored.
+  const when = /GMT$/.test(value) ? Date.parse(value) : NaN;
+  if (Number.isNaN(when)) return undefined;
+  return Math.min(Math.max(when - now, 0), MAX_RETRY_AFTER);
 }
 
 export interface Transport {
@@ -239,11 +268,11 @@ export function openLongPoll(
   // (messaging answers and stores them in that order).
   let sending: Promise<void> = Promise.resolve();
   const stop = new AbortController();
-  const finish = (reason: string): void => {
+  const finish = (reason: string, retryAfter?: number): void => {
     if (closed) return;
     closed = true;
     stop.abort();
-    events.close(opened, reason);
+    events.close(opened, reason, undefined, undefined, retryAfter);
   };
   const proof = (): Record<string, string> => (secret === undefined ? {} : { "asbp-secret": secret });
   const post = async (frame: Uint8Array<ArrayBuffer>): Promise<Response> =>
@@ -273,7 +302,7 @@ export function openLongPoll(
       }
       const body = new Uint8Array(await response.arrayBuffer());
       if (!response.ok) {
-        finish(`long-poll answered ${response.status}`);
+        finish(`long-poll answered ${response.status}`, retryAfterMs(response));
         return;
       }
       for (const part of parseMultipart(body, response.headers.get("content-type") ?? "")) {
@@ -289,7 +318,12 @@ export function openLongPoll(
   (async () => {
     const response = await post(new TextEncoder().encode("c=asbp.channel;"));
     const body = new Uint8Array(await response.arrayBuffer());
-    if (!response.ok) throw new Error(`opening an HTTP Channel answered ${response.status}`);
+    if (!response.ok) {
+      // 503 past the broker's handshakes in flight (2115), 429 past the address's rate
+      // of opens (2108): not before its Retry-After.
+      finish(`opening an HTTP Channel answered ${response.status}`, retryAfterMs(response));
+      return;
+    }
     const accepted = decode(body, limits);
     channelId = accepted.get("i");
     secret = accepted.get("secret");
