@@ -134,10 +134,14 @@ class Busy:
 
 @contextlib.asynccontextmanager
 async def busy_broker(
-    tmp_path: Path, *, opens_per_second: int = 20, identities: tuple[str, ...] = ()
+    tmp_path: Path,
+    *,
+    opens_per_second: int = 20,
+    identities: tuple[str, ...] = (),
+    broker_id: str = "broker-a",
 ) -> AsyncIterator[Busy]:
     limits = ChannelLimits(max_handshakes=1, http_opens_per_second=opens_per_second)
-    config = dataclasses.replace(broker_config(tmp_path, identities=identities), channels=limits)
+    config = dataclasses.replace(broker_config(tmp_path, broker_id, identities), channels=limits)
     probe = BrokerProbe(create_app(config))
     async with serve_app_async(probe, server="hypercorn") as server:
         yield Busy(server, probe)
@@ -255,3 +259,22 @@ async def test_an_http_channel_past_the_open_rate_gets_its_retry_after(tmp_path:
         finally:
             await second.close()
             await first.close()
+
+
+async def test_a_websocket_user_agent_turned_away_opens_at_the_next_broker(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with (
+        busy_broker(tmp_path / "a") as busy,
+        busy_broker(tmp_path / "b", broker_id="broker-b") as free,
+        busy.full(),
+    ):
+        agent = UserAgent.websocket([busy.ws_url, free.ws_url], timeout=5 * T, reconnect=None)
+        try:
+            await agent.connect()  # the busy one's 503 is one more URL not reachable
+            assert agent.connected
+            assert agent.broker_id == "broker-b"
+        finally:
+            await agent.close()
