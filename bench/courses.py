@@ -59,10 +59,14 @@ from pathlib import Path
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from agents.credentials import generate_agent_key, mint_agent_token
-from tests.support.tls import TlsFiles, client_ssl_context, generate_tls_files
-
 ROOT = Path(__file__).resolve().parents[1]
+# Run as ``python bench/courses.py``, Python puts bench/ first on the path, not the
+# checkout: tests.support (the TLS files, free ports, a private Redis) is found only
+# from here, and agents from this checkout rather than any other one installed.
+sys.path.insert(0, str(ROOT))
+from agents.credentials import generate_agent_key, mint_agent_token  # noqa: E402
+from tests.support.tls import TlsFiles, client_ssl_context, generate_tls_files  # noqa: E402
+
 START_TIMEOUT = 30.0
 
 
