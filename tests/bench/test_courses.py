@@ -53,10 +53,11 @@ def test_a_quick_http2_run_prints_both_courses_beside_one_bus() -> None:
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "on TLS" in run.stdout
-    # From the brokers' own course.up records: b.test is told never, c.test auto.
+    # From the brokers' own course.up records: b.test is told never, c.test auto, and the
+    # drains' d.test and e.test (through the relay, only receiving) the same.
     assert (
-        "Courses: a.test->b.test HTTP/1.1, a.test->c.test HTTP/2, b.test->a.test HTTP/1.1, "
-        "c.test->a.test HTTP/2"
+        "Courses: a.test->b.test HTTP/1.1, a.test->c.test HTTP/2, a.test->d.test HTTP/1.1, "
+        "a.test->e.test HTTP/2, b.test->a.test HTTP/1.1, c.test->a.test HTTP/2"
     ) in run.stdout
     for line in (
         r"^two-buses-h2 +\d+ +\d+\.\d +\d+\.\d$",  # trips/s, CPU and bench us/trip
