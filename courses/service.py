@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import asbp
@@ -354,6 +354,67 @@ class Courses:
         if not await self.seen.claim(peer, crossing_id):
             self.duplicates += 1
             return False
+        waits: list[asyncio.Future[Any]] = []
+        self._accept_claimed(peer, command, frame, located, waits)
+        for wait in waits:
+            # Stored for the next Course (or refused, and then faulted): accepted.
+            await asyncio.gather(wait, return_exceptions=True)
+        return True
+
+    async def accept_batch(
+        self,
+        peer: str,
+        crossings: Sequence[tuple[str, Command, bytes | None]],
+        *,
+        located: Located | None = None,
+    ) -> None:
+        """:meth:`accept` for the crossings of one message from ``peer``, each as
+        (``course.id``, Command, its bytes), in order: one claim for them all
+        (:meth:`Seen.claim_many`: one Redis round trip, not one per crossing).
+
+        The batch is claimed before any of it is delivered, and all of it is handed to
+        outboxes and to the other brokers' streams with no await after the claim, so
+        a receiver killed mid-batch has either claimed nothing (the peer sends it
+        all again) or lost the Channels it was delivering to as well, as one claim
+        per crossing does (docs/courses.md, "Store and forward").
+
+        Returns once all are accepted (delivered here, or stored for the next
+        Course), when the peer may be acknowledged.
+        """
+        if not crossings:
+            return
+        own = [
+            address
+            for _, command, _ in crossings
+            for address in split_by_domain(command.recipients).get(self.domain, ())
+        ]
+        if (
+            own
+            and self._plane is not None
+            and (located is None or any(address not in located for address in own))
+        ):
+            located = await self._locate(dict.fromkeys(own))
+        claims = await self.seen.claim_many(peer, [crossing_id for crossing_id, _, _ in crossings])
+        waits: list[asyncio.Future[Any]] = []
+        for (_, command, frame), claimed in zip(crossings, claims, strict=True):
+            if claimed:
+                self._accept_claimed(peer, command, frame, located, waits)
+            else:
+                self.duplicates += 1
+        for wait in waits:
+            # Stored for the next Course (or refused, and then faulted): accepted.
+            await asyncio.gather(wait, return_exceptions=True)
+
+    def _accept_claimed(
+        self,
+        peer: str,
+        command: Command,
+        frame: bytes | None,
+        located: Located | None,
+        waits: list[asyncio.Future[Any]],
+    ) -> None:
+        """A crossing claimed: delivered or passed on, with no await (the futures of
+        what must be stored first are added to ``waits``)."""
         via = via_of(command)
         name = command.name or ""
         publisher = command.publisher
@@ -369,9 +430,8 @@ class Courses:
                 extra={"peer": peer, "publisher": publisher, "via": ",".join(via)},
             )
             self.spoofed += 1
-            return True
+            return
         bare = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
-        waits: list[asyncio.Future[Any]] = []
 
         def refuse(code: FaultCode, message: str) -> None:
             self._log.info(
@@ -410,11 +470,7 @@ class Courses:
                 located=located,
                 received=(frame, command) if frame is not None else None,
             )
-        for wait in waits:
-            # Stored for the next Course (or refused, and then faulted): accepted.
-            await asyncio.gather(wait, return_exceptions=True)
         self.accepted += 1
-        return True
 
     # -- both ---------------------------------------------------------------------------
 
