@@ -269,9 +269,10 @@ class Courses:
         outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
         outbound = outbound.with_keys(p=subject.address)
         may_cross = self._may_cross
+        by_domain = split_by_domain(outbound.recipients)
         if may_cross is not None:
             access = subject.access
-            for domain in split_by_domain(outbound.recipients):
+            for domain in by_domain:
                 if domain != self.domain and not may_cross(access, domain):
                     # Checked before anything is sent, so a refusal sends nothing at all.
                     refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
@@ -282,6 +283,7 @@ class Courses:
             came_from=None,
             refuse=refuse,
             sent=(frame, command) if frame is not None else None,
+            by_domain=by_domain,
         )
 
     # -- from other brokers of this bus ---------------------------------------------------
@@ -383,17 +385,15 @@ class Courses:
         """
         if not crossings:
             return
-        own = [
-            address
-            for _, command, _ in crossings
-            for address in split_by_domain(command.recipients).get(self.domain, ())
-        ]
-        if (
-            own
-            and self._plane is not None
-            and (located is None or any(address not in located for address in own))
-        ):
-            located = await self._locate(dict.fromkeys(own))
+        if self._plane is not None:
+            # Off a bus (one broker) there is nothing to look up: not even the split.
+            own = [
+                address
+                for _, command, _ in crossings
+                for address in split_by_domain(command.recipients).get(self.domain, ())
+            ]
+            if own and (located is None or any(address not in located for address in own)):
+                located = await self._locate(dict.fromkeys(own))
         claims = await self.seen.claim_many(peer, [crossing_id for crossing_id, _, _ in crossings])
         waits: list[asyncio.Future[Any]] = []
         for (_, command, frame), claimed in zip(crossings, claims, strict=True):
@@ -485,15 +485,19 @@ class Courses:
         located: Located | None = None,
         received: tuple[bytes, Command] | None = None,
         sent: tuple[bytes, Command] | None = None,
+        by_domain: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """``command`` to each of its recipients: this bus's Subjects (``located``:
         the other brokers holding them, if already looked up) or one copy per domain.
         ``received``: the crossing's bytes and Command, to splice from; ``sent``:
         the bytes and Command a User-Agent sent, which ``command`` is made from
-        (its own keys removed, ``p`` stamped), to splice crossings from."""
+        (its own keys removed, ``p`` stamped), to splice crossings from;
+        ``by_domain``: its recipients split by domain, if the caller already did."""
         name = command.name or ""
         recipients = command.recipients
-        for domain, addresses in split_by_domain(recipients).items():
+        if by_domain is None:
+            by_domain = split_by_domain(recipients)
+        for domain, addresses in by_domain.items():
             if domain == self.domain:
                 if self._plane is None or located is not None:
                     self._deliver_here(
