@@ -15,7 +15,7 @@ a credential seen before                    401   2205
 
 Accepted, the peer gets ``c=asbp.course,domain=<ours>;<signed answer>``
 (courses.credential), then sends crossings; each is handed to
-:meth:`courses.service.Courses.accept` in the order received and acknowledged once
+:meth:`courses.service.Courses.accept_batch` in the order received and acknowledged once
 accepted, the acknowledgements of a burst batched into one ``asbp.course.ack``
 whose ``course.id`` lists them.
 """

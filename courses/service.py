@@ -19,7 +19,7 @@ Subject's ``s``) reaches the router, which hands it here (:meth:`Courses.route`)
    domain gets one copy (``r`` narrowed to its recipients) in the queue of the
    Course that reaches it (2202 if none does; 2211 if the peer's policy refuses
    it; 2209 if the queue is full), sent by courses.link.
-3. The receiving bus (courses.endpoint, :meth:`Courses.accept`) drops a copy it has
+3. The receiving bus (courses.endpoint, :meth:`Courses.accept_batch`) drops a copy it has
    seen, refuses a loop (its domain in ``course.via``, 2208) or a hop too many
    (2207), delivers to its Subjects or passes it on to a further domain (never back
    to the one it came from), remembers the id and acknowledges it.
@@ -307,7 +307,7 @@ class Courses:
 
     async def locate(self, commands: Iterable[Command]) -> Located | None:
         """Where this bus's recipients of ``commands`` are, in one round of lookups
-        (a batch of crossings: :meth:`accept` then needs none); None off a bus.
+        (a batch of crossings: :meth:`accept_batch` then needs none); None off a bus.
 
         Raises:
             PlaneUnavailable: the bus cannot be reached.
@@ -320,49 +320,6 @@ class Courses:
                 wanted[address] = None
         return await self._locate(wanted) if wanted else {}
 
-    async def accept(
-        self,
-        peer: str,
-        command: Command,
-        frame: bytes | None = None,
-        *,
-        located: Located | None = None,
-    ) -> bool:
-        """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
-
-        ``frame``: the bytes it arrived in, from which recipients' frames are spliced
-        (courses.wire.with_subject) rather than encoded again. ``located``: from
-        :meth:`locate`, made before this crossing's claim; None: looked up here.
-
-        Returns once it is accepted (delivered here, or stored for the next Course),
-        when the peer may be acknowledged.
-        """
-        crossing_id = command.get(ID_KEY)
-        if not isinstance(crossing_id, str):
-            return False
-        # Looked up before the claim, so that between the claim and handing the
-        # Command to outboxes and to the other brokers' streams there is no await.
-        own = split_by_domain(command.recipients).get(self.domain, ())
-        if (
-            own
-            and self._plane is not None
-            and (located is None or any(address not in located for address in own))
-        ):
-            located = await self._locate(own)
-        # Claimed before delivery, with no await between the claim and handing the
-        # Command to the Channels' outboxes: a receiver killed after the claim has
-        # lost those Channels too, while one that delivered has always claimed, so a
-        # copy resent after a crash is never delivered twice (docs/courses.md).
-        if not await self.seen.claim(peer, crossing_id):
-            self.duplicates += 1
-            return False
-        waits: list[asyncio.Future[Any]] = []
-        self._accept_claimed(peer, command, frame, located, waits)
-        for wait in waits:
-            # Stored for the next Course (or refused, and then faulted): accepted.
-            await asyncio.gather(wait, return_exceptions=True)
-        return True
-
     async def accept_batch(
         self,
         peer: str,
@@ -370,9 +327,14 @@ class Courses:
         *,
         located: Located | None = None,
     ) -> None:
-        """:meth:`accept` for the crossings of one message from ``peer``, each as
-        (``course.id``, Command, its bytes), in order: one claim for them all
+        """The crossings of one message from ``peer``, each as (``course.id``,
+        Command, the bytes it arrived in), in order: each delivered or passed on,
+        or dropped if it is a repeat; one claim for them all
         (:meth:`Seen.claim_many`: one Redis round trip, not one per crossing).
+
+        The bytes are what recipients' frames are spliced from
+        (courses.wire.with_subject) rather than encoded again. ``located``: from
+        :meth:`locate`, made before the claim; None: looked up here.
 
         The batch is claimed before any of it is delivered, and all of it is handed to
         outboxes and to the other brokers' streams with no await after the claim, so
@@ -386,7 +348,9 @@ class Courses:
         if not crossings:
             return
         if self._plane is not None:
-            # Off a bus (one broker) there is nothing to look up: not even the split.
+            # Looked up before the claim, so that between the claim and handing the
+            # Commands to outboxes and to the other brokers' streams there is no
+            # await. Off a bus (one broker) there is nothing to look up.
             own = [
                 address
                 for _, command, _ in crossings
@@ -394,6 +358,10 @@ class Courses:
             ]
             if own and (located is None or any(address not in located for address in own)):
                 located = await self._locate(dict.fromkeys(own))
+        # Claimed before delivery, with no await between the claim and handing the
+        # Commands to the Channels' outboxes: a receiver killed after the claim has
+        # lost those Channels too, while one that delivered has always claimed, so a
+        # copy resent after a crash is never delivered twice (docs/courses.md).
         claims = await self.seen.claim_many(peer, [crossing_id for crossing_id, _, _ in crossings])
         waits: list[asyncio.Future[Any]] = []
         for (_, command, frame), claimed in zip(crossings, claims, strict=True):
