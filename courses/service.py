@@ -266,10 +266,11 @@ class Courses:
                 "'r' needs 's' of a Subject signed in with a Conversation-Address",
             )
             return
-        outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
-        outbound = outbound.with_keys(p=subject.address)
+        address = subject.address
         may_cross = self._may_cross
-        by_domain = split_by_domain(outbound.recipients)
+        # Dropping the UA's own keys and stamping ``p`` changes none of ``c``, ``r``,
+        # ``x`` or ``notice``: they are read from the Command as it came.
+        by_domain = split_by_domain(command.recipients)
         if may_cross is not None:
             access = subject.access
             for domain in by_domain:
@@ -277,8 +278,33 @@ class Courses:
                     # Checked before anything is sent, so a refusal sends nothing at all.
                     refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
                     return
+        built: list[Command] = []
+
+        def stamped() -> Command:
+            """The Command as it goes on: the UA's own keys dropped, ``p`` stamped."""
+            if not built:
+                outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+                built.append(outbound.with_keys(p=address))
+            return built[0]
+
+        if frame is not None and self.domain not in by_domain:
+            # Every recipient is on other buses, and each crossing is spliced from the
+            # bytes the UA sent (courses.wire.crossing_from): the stamped Command is
+            # built only for a crossing that cannot be spliced, two copies of the
+            # Command saved per crossing in the common case.
+            self._send(
+                command,
+                via=(),
+                came_from=None,
+                refuse=refuse,
+                sent=(frame, command),
+                by_domain=by_domain,
+                publisher=address,
+                stamped=stamped,
+            )
+            return
         self._send(
-            outbound,
+            stamped(),
             via=(),
             came_from=None,
             refuse=refuse,
@@ -454,19 +480,28 @@ class Courses:
         received: tuple[bytes, Command] | None = None,
         sent: tuple[bytes, Command] | None = None,
         by_domain: Mapping[str, tuple[str, ...]] | None = None,
+        publisher: str | None = None,
+        stamped: Callable[[], Command] | None = None,
     ) -> None:
         """``command`` to each of its recipients: this bus's Subjects (``located``:
         the other brokers holding them, if already looked up) or one copy per domain.
         ``received``: the crossing's bytes and Command, to splice from; ``sent``:
         the bytes and Command a User-Agent sent, which ``command`` is made from
         (its own keys removed, ``p`` stamped), to splice crossings from;
-        ``by_domain``: its recipients split by domain, if the caller already did."""
+        ``by_domain``: its recipients split by domain, if the caller already did.
+
+        ``stamped``: given when ``command`` is the UA's Command as sent, every
+        recipient on other buses, and ``publisher`` the ``p`` to stamp: makes the
+        Command as it goes on, for a crossing that cannot be spliced."""
         name = command.name or ""
         recipients = command.recipients
         if by_domain is None:
             by_domain = split_by_domain(recipients)
+        if publisher is None:
+            publisher = command.publisher or ""
         for domain, addresses in by_domain.items():
             if domain == self.domain:
+                assert stamped is None, "a UA's Command as sent goes to other buses only"
                 if self._plane is None or located is not None:
                     self._deliver_here(
                         command,
@@ -506,7 +541,7 @@ class Courses:
                 crossing_from(
                     sent[0],
                     sent[1],
-                    command.publisher or "",
+                    publisher,
                     crossed,
                     crossing_id,
                     limits=_LIMITS,
@@ -522,7 +557,8 @@ class Courses:
                     # Narrowed to this domain's; when they are all of it (the common
                     # case), ``r`` stays as it was and is not checked a second time.
                     keys["r"] = list(addresses)
-                stored = link.submit(command.with_keys(keys), notify=notify)
+                outbound = command if stamped is None else stamped()
+                stored = link.submit(outbound.with_keys(keys), notify=notify)
             self._watch(stored, refuse, peer.domain)
             if waits is not None:
                 waits.append(stored)
