@@ -425,7 +425,15 @@ class Courses:
             )
             self.spoofed += 1
             return
-        bare = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+        built: list[Command] = []
+
+        def bare() -> Command:
+            """The Command without the crossing's keys: built only if it is encoded
+            (a recipient's frame that cannot be spliced, another broker, another
+            bus); delivered here, each frame is spliced from the crossing's bytes."""
+            if not built:
+                built.append(command.without_keys(*(k for k in _LOCAL_KEYS if k in command)))
+            return built[0]
 
         def refuse(code: FaultCode, message: str) -> None:
             self._log.info(
@@ -455,14 +463,16 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
+            # c, r, x, p and notice read the same on the crossing as on ``bare``.
             self._send(
-                bare,
+                command,
                 via=via,
                 came_from=peer,
                 refuse=refuse,
                 waits=waits,
                 located=located,
                 received=(frame, command) if frame is not None else None,
+                stamped=bare,
             )
         self.accepted += 1
 
@@ -490,9 +500,10 @@ class Courses:
         (its own keys removed, ``p`` stamped), to splice crossings from;
         ``by_domain``: its recipients split by domain, if the caller already did.
 
-        ``stamped``: given when ``command`` is the UA's Command as sent, every
-        recipient on other buses, and ``publisher`` the ``p`` to stamp: makes the
-        Command as it goes on, for a crossing that cannot be spliced."""
+        ``stamped``: given when ``command`` is not yet the Command as it goes on
+        (a UA's Command as sent, every recipient on other buses, with ``publisher``
+        the ``p`` to stamp; or a crossing as received, its keys still in): makes
+        that Command, called only where it must be encoded rather than spliced."""
         name = command.name or ""
         recipients = command.recipients
         if by_domain is None:
@@ -501,7 +512,6 @@ class Courses:
             publisher = command.publisher or ""
         for domain, addresses in by_domain.items():
             if domain == self.domain:
-                assert stamped is None, "a UA's Command as sent goes to other buses only"
                 if self._plane is None or located is not None:
                     self._deliver_here(
                         command,
@@ -510,9 +520,12 @@ class Courses:
                         located=located,
                         waits=waits,
                         received=received,
+                        stamped=stamped,
                     )
                 else:
-                    self._deliver_later(command, addresses, refuse)
+                    self._deliver_later(
+                        command if stamped is None else stamped(), addresses, refuse
+                    )
                 continue
             peer = self.settings.course_for(domain)
             if peer is None:
@@ -663,10 +676,11 @@ class Courses:
         waits: list[asyncio.Future[Any]] | None = None,
         unknown: tuple[FaultCode, str] | None = None,
         received: tuple[bytes, Command] | None = None,
+        stamped: Callable[[], Command] | None = None,
     ) -> None:
         """To the Subjects here holding ``addresses``, and to the brokers ``located``
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
-        address found nowhere (2201 by default)."""
+        address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`."""
         registry = self._subjects
         holders = {
             address: registry.holding(address) if registry is not None else []
@@ -677,7 +691,7 @@ class Courses:
             for broker_id in sorted((located or {}).get(address, ())):
                 elsewhere.setdefault(broker_id, []).append(address)
         if elsewhere:
-            self._forward(command, elsewhere, refuse, waits)
+            self._forward(command if stamped is None else stamped(), elsewhere, refuse, waits)
         delivered: set[str] = set()
         for address, subjects in holders.items():
             if not subjects:
@@ -703,8 +717,9 @@ class Courses:
                     else None
                 )
                 if frame is None:
+                    outbound = command if stamped is None else stamped()
                     try:
-                        frame = asbp.encode(command.with_keys(s=subject.id))
+                        frame = asbp.encode(outbound.with_keys(s=subject.id))
                     except ProtocolError as exc:
                         refuse(exc.code, exc.message)
                         return
