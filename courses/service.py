@@ -162,6 +162,11 @@ class Courses:
         self._plane = plane
         #: The last delivery awaiting a lookup: the next one is made after it.
         self._tail: asyncio.Future[None] | None = None
+        #: The deliveries asking for a lookup in this loop turn: looked up together
+        #: (each address once, in one round of calls) on the next.
+        self._batch: (
+            list[tuple[Command, tuple[str, ...], Callable[[FaultCode, str], None]]] | None
+        ) = None
         #: Deliveries awaiting a lookup, bounded by ``lookup_max_commands``.
         self.awaiting_lookup = 0
         self._may_cross = may_cross
@@ -633,33 +638,46 @@ class Courses:
             )
             return
         self.awaiting_lookup += 1
+        batch = self._batch
+        if batch is not None:
+            batch.append((command, addresses, refuse))
+            return
+        batch = self._batch = [(command, addresses, refuse)]
         previous = self._tail
 
         async def later() -> None:
+            # Started on the next loop turn: every delivery that asked for a lookup in
+            # this one is in ``batch``, and its addresses are looked up together (one
+            # pipeline on the redis plane, each address once however many Commands
+            # name it) rather than one lookup per Command.
+            self._batch = None
             located: Located | None
             try:
                 try:
-                    located = await self._locate(addresses)
+                    located = await self._locate(
+                        dict.fromkeys(a for _, addresses, _ in batch for a in addresses)
+                    )
                 except PlaneUnavailable:
                     located = None
                 if previous is not None:
                     await asyncio.wait([previous])
             finally:
-                self.awaiting_lookup -= 1
-            if located is None:
-                # This broker's Subjects still get it; the others cannot be found.
-                self._deliver_here(
-                    command,
-                    addresses,
-                    refuse,
-                    located={},
-                    unknown=(
-                        FaultCode.ENGINE_UNAVAILABLE,
-                        "the bus's address index cannot be reached",
-                    ),
-                )
-            else:
-                self._deliver_here(command, addresses, refuse, located=located)
+                self.awaiting_lookup -= len(batch)
+            for command, addresses, refuse in batch:
+                if located is None:
+                    # This broker's Subjects still get it; the others cannot be found.
+                    self._deliver_here(
+                        command,
+                        addresses,
+                        refuse,
+                        located={},
+                        unknown=(
+                            FaultCode.ENGINE_UNAVAILABLE,
+                            "the bus's address index cannot be reached",
+                        ),
+                    )
+                else:
+                    self._deliver_here(command, addresses, refuse, located=located)
 
         task = asyncio.ensure_future(later())
         self._tail = task
