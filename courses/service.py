@@ -14,8 +14,9 @@ Subject's ``s``) reaches the router, which hands it here (:meth:`Courses.route`)
    address nobody holds): this broker's Subjects from its registry's address
    index, the others' through the routing plane's (``address_brokers``), one
    ADDRESSED envelope per broker holding any of them. On a bus the lookup makes
-   delivery asynchronous, so the Commands awaiting one are chained: each is
-   delivered after the one before it, and a sender's order holds. Every other
+   delivery asynchronous, so the Commands awaiting one are chained: those that ask
+   in one loop turn are looked up together (each address once) on the next, each
+   batch is delivered after the one before it, and a sender's order holds. Every other
    domain gets one copy (``r`` narrowed to its recipients) in the queue of the
    Course that reaches it (2202 if none does; 2211 if the peer's policy refuses
    it; 2209 if the queue is full), sent by courses.link.
