@@ -1,13 +1,13 @@
 """Courses: a round trip across two buses beside the same round trip inside one, and a drain.
 
     python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
-                            [--http2 | --h2c]
+                            [--engine memory|redis] [--http2 | --h2c]
 
-Two brokers run as processes (``python -m gateway``, Hypercorn, the memory engine,
-each its own bus: ``a.test`` and ``b.test``), linked by a Course through a TCP relay
-in this process (so the bench can hold the Course down). Plain ``ws://`` on loopback
-behind the dev flag, as the baseline has no TLS either. Each bus has a sign-in agent
-(a bare Tube) that gives ``<name>*<domain>`` addresses.
+Brokers run as processes (``python -m gateway``, Hypercorn, each its own bus with
+its own engine: ``memory``, or with ``--engine redis`` a database each of one
+private ``redis-server``). Plain ``ws://`` on loopback behind the dev flag, as the
+baseline has no TLS either. Each bus has a sign-in agent (a bare Tube) that gives
+``<name>*<domain>`` addresses.
 
 =============  ================================================================
 one-bus        alice*a.test sends ``r=bob*a.test``; bob (on bus A) answers by
@@ -17,14 +17,24 @@ two-buses      alice*a.test sends ``r=bob*b.test``; bob (on bus B) answers by
                acknowledged by B; the answer crosses back the same way
 =============  ================================================================
 
-With ``--http2``, everything runs on TLS (a throwaway CA) and a third bus, ``c.test``,
-is linked to ``a.test`` by a Course over HTTP/2 (RFC 8441, ``http2 = "auto"`` against
-Hypercorn), while the Course to ``b.test`` is told ``http2 = "never"``: one more
-layout, ``two-buses-h2`` (bob on bus C), measured in the same repeats, so the HTTP/2
-Course and the HTTP/1.1 one are compared in one run, each against one bus on TLS;
-the drain is measured on both Courses too. ``--h2c`` is the same on plain text:
-the Course to ``c.test`` told ``http2 = "always"`` over ``ws://`` (HTTP/2 with prior
-knowledge, under the development flag), so the two HTTPs are compared without TLS.
+The round trips' Courses (a.test to b.test and back) dial the peer broker itself,
+as a deployment does: the comparison is UA -> Course -> agent -> back against
+UA -> agent, so nothing is on one path that the other lacks. (Until this was
+changed every Course went through a TCP relay in this process, there only so the
+bench could cut the link, and the two-bus round trip paid for it.) The relay is
+kept for what needs the link held down: the drain and the outage run to bob on a
+fourth bus, ``d.test``, which a.test reaches through the relay and which only
+receives (no Course back).
+
+With ``--http2``, everything runs on TLS (a throwaway CA) and one more bus,
+``c.test``, is linked to ``a.test`` by a Course over HTTP/2 (RFC 8441, ``http2 =
+"auto"`` against Hypercorn), while the Course to ``b.test`` is told ``http2 =
+"never"``: one more layout, ``two-buses-h2`` (bob on bus C), measured in the same
+repeats, so the HTTP/2 Course and the HTTP/1.1 one are compared in one run, each
+against one bus on TLS; the drain is measured over HTTP/2 too (to ``e.test``,
+through the relay). ``--h2c`` is the same on plain text: the Courses told ``http2
+= "always"`` over ``ws://`` (HTTP/2 with prior knowledge, under the development
+flag), so the two HTTPs are compared without TLS.
 
 With ``--outage 60 --rate 100`` (issue 13's figure), the Course is also held for 60
 s while alice sends 100 Commands/s, then let through: every Command must arrive once,
@@ -36,10 +46,10 @@ outstanding; the ratio two-buses / one-bus within each repeat, and its median
 Course is held down, then let through; Commands/s from the Course coming back to
 bob receiving the last (goal >= 10,000/s), median of the repeats.
 
-``CPU us/trip`` is the brokers' CPU per round trip (from /proc), ``bench us/trip``
-this process's: the UAs, and the relay every Course message goes through, on the
-round trip's path. Both are steadier than the rates on a shared machine; the load
-average is printed with them.
+``CPU us/trip`` is the brokers' CPU per round trip (from /proc; with ``--engine
+redis`` the redis-server's too), ``bench us/trip`` this process's (the UAs). Both
+are steadier than the rates on a shared machine; the load average is printed with
+them.
 """
 
 from __future__ import annotations
@@ -59,10 +69,16 @@ from pathlib import Path
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from agents.credentials import generate_agent_key, mint_agent_token
-from tests.support.tls import TlsFiles, client_ssl_context, generate_tls_files
-
 ROOT = Path(__file__).resolve().parents[1]
+# Run as ``python bench/courses.py``, Python puts bench/ first on the path, not the
+# checkout: tests.support (the TLS files, free ports, a private Redis) is found only
+# from here, and agents from this checkout rather than any other one installed.
+sys.path.insert(0, str(ROOT))
+from agents.credentials import generate_agent_key, mint_agent_token  # noqa: E402
+from tests.support.ports import listen_port  # noqa: E402
+from tests.support.redis import RedisServer  # noqa: E402
+from tests.support.tls import TlsFiles, client_ssl_context, generate_tls_files  # noqa: E402
+
 START_TIMEOUT = 30.0
 
 
@@ -175,9 +191,17 @@ class _Half(asyncio.Protocol):
 class Bus:
     """One bus: its files and its broker process."""
 
-    def __init__(self, root: Path, domain: str, server: str, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        domain: str,
+        server: str,
+        tls: TlsFiles | None = None,
+        redis_url: str | None = None,
+    ) -> None:
         self.domain = domain
         self.server = server
+        self.redis_url = redis_url
         self.tls = tls
         self.ssl = client_ssl_context(tls) if tls is not None else None
         self.directory = root / domain
@@ -188,18 +212,20 @@ class Bus:
         self.agent_private, agent_public = generate_agent_key()
         (self.directory / "signin.pem").write_text(agent_public)
         self.process: asyncio.subprocess.Process | None = None
-        self.port = 0
+        # Chosen before any broker starts: a peer dialled directly is told this port
+        # in its configuration, so the buses cannot each pick port 0 as they start.
+        self.port = listen_port()
         #: Per peer dialled: whether its Course came up on HTTP/2 (course.up).
         self.http2: dict[str, bool] = {}
 
-    def configure(
-        self, peer: Bus, url: str, *more: tuple[Bus, str, str], http2: str = "never"
-    ) -> None:
-        """Courses to ``peer`` at ``url`` with ``http2`` (on TLS), and to each of
-        ``more`` (peer, URL, ``http2``)."""
+    def configure(self, *peers: tuple[Bus, str | None, str]) -> None:
+        """A Course to each of ``peers``: (the peer, the URL this bus dials or None to
+        only answer it, ``http2``)."""
         tls = self.tls
-        text = (
-            'insecure_dev_tubes = true\nauthenticate_command = "login"\n'
+        text = 'insecure_dev_tubes = true\nauthenticate_command = "login"\n'
+        if self.redis_url is not None:
+            text += f'engine = "redis"\nredis_url = "{self.redis_url}"\n'
+        text += (
             '[event_log]\nmode = "off"\n'
             '[agents.signin]\npublic_key = "signin.pem"\nserves = ["login"]\n'
         )
@@ -212,13 +238,12 @@ class Bus:
         )
         if tls is not None:
             text += f'ca = "{tls.ca}"\n'
-        for other, other_url, mode in ((peer, url, http2), *more):
+        for other, other_url, mode in peers:
             key = f"{other.domain}.pub.pem"
             (self.directory / key).write_bytes((other.directory / "bus.pub.pem").read_bytes())
-            text += (
-                f'[courses."{other.domain}"]\nurls = ["{other_url}"]\npublic_key = "{key}"\n'
-                'names = ["chat.*"]\n'
-            )
+            text += f'[courses."{other.domain}"]\npublic_key = "{key}"\nnames = ["chat.*"]\n'
+            if other_url is not None:
+                text += f'urls = ["{other_url}"]\n'
             if tls is not None or mode != "never":
                 text += f'http2 = "{mode}"\n'
         (self.directory / "broker.toml").write_text(text)
@@ -229,7 +254,7 @@ class Bus:
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway",
             "--config", str(self.directory / "broker.toml"),
-            "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
+            "--host", "127.0.0.1", "--port", str(self.port), "--log-format", "json",
             "--server", self.server,
             "--data-dir", str(self.directory),
             cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -244,7 +269,6 @@ class Bus:
                 if line.startswith(b"{"):
                     event = json.loads(line)
                     if event.get("event") == "listening":
-                        self.port = int(str(event["url"]).rsplit(":", 1)[1].split("/")[0])
                         break
         stderr = self.process.stderr
 
@@ -265,11 +289,10 @@ class Bus:
     def url(self, path: str) -> str:
         return f"{'ws' if self.tls is None else 'wss'}://127.0.0.1:{self.port}{path}"
 
-    def cpu_seconds(self) -> float:
+    @property
+    def pid(self) -> int:
         assert self.process is not None
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return self.process.pid
 
 
 @contextlib.asynccontextmanager
@@ -400,11 +423,12 @@ async def outage(
     bob: ClientConnection,
     seconds: float,
     rate: float,
+    to: bytes,
 ) -> tuple[int, int, float]:
     """The Course held for ``seconds`` while alice sends ``rate`` Commands/s to bob, then
     let through: (sent, delivered once and in order, seconds to drain)."""
     relay.cut()
-    head = b"c=chat,r=bob*b.test,s=" + subject + b";"
+    head = b"c=chat,r=" + to + b",s=" + subject + b";"
     sent = 0
     began = time.perf_counter()
     while (elapsed := time.perf_counter() - began) < seconds:
@@ -432,102 +456,183 @@ async def outage(
     return sent, in_order, drained
 
 
+def _cpu_seconds(pid: int) -> float:
+    """A process's CPU seconds so far, user and system (from /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="asbp-courses-") as tmp:
         tls = generate_tls_files(Path(tmp) / "tls") if args.http2 else None
         scheme = "ws" if tls is None else "wss"
-        a = Bus(Path(tmp), "a.test", args.server, tls)
-        b = Bus(Path(tmp), "b.test", args.server, tls)
-        c = Bus(Path(tmp), "c.test", args.server, tls) if args.http2 or args.h2c else None
+        redis = RedisServer(Path(tmp) / "redis") if args.engine == "redis" else None
+        if redis is not None:
+            redis.start()
+        h2 = args.http2 or args.h2c
+        domains = ["a.test", "b.test", "d.test"] + (["c.test", "e.test"] if h2 else [])
+        # Separate engines for separate buses: one redis-server, a database each.
+        buses = {
+            domain: Bus(
+                Path(tmp),
+                domain,
+                args.server,
+                tls,
+                None if redis is None else f"redis://127.0.0.1:{redis.port}/{n}",
+            )
+            for n, domain in enumerate(domains)
+        }
+        a, b, d = buses["a.test"], buses["b.test"], buses["d.test"]
+        c, e = buses.get("c.test"), buses.get("e.test")
         # HTTP/2: "auto" finds it by ALPN on TLS; on plain text only "always" asks.
         h2_mode = "always" if args.h2c else "auto"
-        to_a, to_b, to_c = Relay(), Relay(), Relay()
-        for relay in (to_a, to_b, to_c):
+        to_d, to_e = Relay(), Relay()
+        for relay in (to_d, to_e):
             await relay.start()
-        buses = [a, b] if c is None else [a, b, c]
-        if c is None:
-            a.configure(b, f"ws://127.0.0.1:{to_b.port}/course")
-        else:
-            # b over HTTP/1.1 (http2 = "never"), c over HTTP/2 ("auto" against Hypercorn).
-            a.configure(
-                b, f"{scheme}://127.0.0.1:{to_b.port}/course",
-                (c, f"{scheme}://127.0.0.1:{to_c.port}/course", h2_mode),
-            )  # fmt: skip
-            c.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course", http2=h2_mode)
-        b.configure(a, f"{scheme}://127.0.0.1:{to_a.port}/course")
-        for bus in buses:
-            await bus.start()
-        to_a.target, to_b.target = a.port, b.port
-        if c is not None:
-            to_c.target = c.port
-        layouts = {"one-bus": b"bob*a.test", "two-buses": b"bob*b.test"}
-        if c is not None:
-            layouts["two-buses-h2"] = b"bob*c.test"
-        rows: dict[str, list[float]] = {layout: [] for layout in layouts}
-        cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
-        #: This process's CPU per round trip: the UAs, and the relay the Courses go
-        #: through (the same process, so on the round trip's critical path).
-        own: dict[str, list[float]] = {layout: [] for layout in layouts}
-        drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
-        drain_cpu: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
-        sent = in_order = 0
-        drained = 0.0
+
+        def direct(bus: Bus) -> str:
+            return f"{scheme}://127.0.0.1:{bus.port}/course"
+
+        def relayed(relay: Relay) -> str:
+            return f"{scheme}://127.0.0.1:{relay.port}/course"
+
+        # The round trips' Courses dial the peer bus itself, as a deployment does; the
+        # relay (which the bench holds down) is only on the Courses the drain and the
+        # outage use, to d.test (and e.test), which only receive.
+        from_a: list[tuple[Bus, str | None, str]] = [
+            (b, direct(b), "never"),
+            (d, relayed(to_d), "never"),
+        ]
+        if c is not None and e is not None:
+            from_a += [(c, direct(c), h2_mode), (e, relayed(to_e), h2_mode)]
+            c.configure((a, direct(a), h2_mode))
+            e.configure((a, None, h2_mode))
+        a.configure(*from_a)
+        b.configure((a, direct(a), "never"))
+        d.configure((a, None, "never"))
+        processes: list[int] = []
         try:
-            async with contextlib.AsyncExitStack() as agents:
-                for bus in buses:
-                    await agents.enter_async_context(signin_agent(bus))
-                alice, alice_s = await sign_in(a, "alice")
-                bobs = {"one-bus": await sign_in(a, "bob"), "two-buses": await sign_in(b, "bob")}
-                if c is not None:
-                    bobs["two-buses-h2"] = await sign_in(c, "bob")
-                echoes = [asyncio.create_task(echo_by_p(*bob)) for bob in bobs.values()]
-                # Warm up every path (and wait for the Courses to come up).
-                for to in layouts.values():
-                    await round_trips(alice, alice_s, to, args.requests // 10, args.window)
-                for _ in range(args.repeats):
-                    for layout, to in layouts.items():
-                        cpu0 = sum(bus.cpu_seconds() for bus in buses)
-                        own0 = time.process_time()
-                        seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
-                        used = sum(bus.cpu_seconds() for bus in buses) - cpu0
-                        own[layout].append((time.process_time() - own0) / args.requests * 1e6)
-                        rows[layout].append(args.requests / seconds)
-                        cpu[layout].append(used / args.requests * 1e6)
-                for task in echoes:
-                    task.cancel()
-                courses = [("two-buses", to_b, b, b"bob*b.test")]
-                if c is not None:
-                    courses.append(("two-buses-h2", to_c, c, b"bob*c.test"))
-
-                def brokers_cpu() -> float:
-                    return sum(bus.cpu_seconds() for bus in buses)
-
-                for _ in range(args.repeats):
-                    for layout, relay, bus, to in courses:
-                        rate, used = await drain(
-                            relay,
-                            bus.port,
-                            alice,
-                            alice_s,
-                            bobs[layout][0],
-                            args.backlog,
-                            brokers_cpu,
-                            to,
-                        )
-                        drains[layout].append(rate)
-                        drain_cpu[layout].append(used)
-                if args.outage:
-                    sent, in_order, drained = await outage(
-                        to_b, b.port, alice, alice_s, bobs["two-buses"][0], args.outage, args.rate
-                    )
+            await asyncio.gather(*(bus.start() for bus in buses.values()))
+            to_d.target = d.port
+            if e is not None:
+                to_e.target = e.port
+            processes = [bus.pid for bus in buses.values()]
+            if redis is not None:
+                processes.append(redis.pid)
+            results = await measure(args, a, b, c, d, e, to_d, to_e, processes)
         finally:
-            for bus in buses:
+            for bus in buses.values():
                 await bus.stop()
-            for relay in (to_a, to_b, to_c):
+            for relay in (to_d, to_e):
                 await relay.stop()
+            if redis is not None:
+                redis.stop()
+    report(args, tls is not None, list(buses.values()), *results)
+
+
+Results = tuple[
+    dict[str, list[float]],
+    dict[str, list[float]],
+    dict[str, list[float]],
+    dict[str, list[float]],
+    dict[str, list[float]],
+    tuple[int, int, float],
+]
+
+
+async def measure(
+    args: argparse.Namespace,
+    a: Bus,
+    b: Bus,
+    c: Bus | None,
+    d: Bus,
+    e: Bus | None,
+    to_d: Relay,
+    to_e: Relay,
+    processes: list[int],
+) -> Results:
+    """The round trips, the drains and the outage, on buses already started."""
+    layouts = {"one-bus": b"bob*a.test", "two-buses": b"bob*b.test"}
+    if c is not None:
+        layouts["two-buses-h2"] = b"bob*c.test"
+    rows: dict[str, list[float]] = {layout: [] for layout in layouts}
+    cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
+    #: This process's CPU per round trip: the UAs.
+    own: dict[str, list[float]] = {layout: [] for layout in layouts}
+    drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
+    drain_cpu: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
+    counts = (0, 0, 0.0)
+
+    def brokers_cpu() -> float:
+        # The brokers' processes, and with --engine redis the redis-server they share.
+        return sum(_cpu_seconds(pid) for pid in processes)
+
+    async with contextlib.AsyncExitStack() as agents:
+        for bus in (a, b, c, d, e):
+            if bus is not None:
+                await agents.enter_async_context(signin_agent(bus))
+        alice, alice_s = await sign_in(a, "alice")
+        bobs = {"one-bus": await sign_in(a, "bob"), "two-buses": await sign_in(b, "bob")}
+        if c is not None:
+            bobs["two-buses-h2"] = await sign_in(c, "bob")
+        echoes = [asyncio.create_task(echo_by_p(*bob)) for bob in bobs.values()]
+        # Warm up every path (and wait for the Courses to come up).
+        for to in layouts.values():
+            await round_trips(alice, alice_s, to, args.requests // 10, args.window)
+        for _ in range(args.repeats):
+            for layout, to in layouts.items():
+                cpu0 = brokers_cpu()
+                own0 = time.process_time()
+                seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
+                used = brokers_cpu() - cpu0
+                own[layout].append((time.process_time() - own0) / args.requests * 1e6)
+                rows[layout].append(args.requests / seconds)
+                cpu[layout].append(used / args.requests * 1e6)
+        for task in echoes:
+            task.cancel()
+        # The drains and the outage: to bob on d.test (and e.test over HTTP/2), whose
+        # Courses go through a relay the bench holds down.
+        courses = [("two-buses", to_d, d, b"bob*d.test", await sign_in(d, "bob"))]
+        if e is not None:
+            courses.append(("two-buses-h2", to_e, e, b"bob*e.test", await sign_in(e, "bob")))
+        for _ in range(args.repeats):
+            for layout, relay, bus, to, bob in courses:
+                rate, used = await drain(
+                    relay, bus.port, alice, alice_s, bob[0], args.backlog, brokers_cpu, to
+                )
+                drains[layout].append(rate)
+                drain_cpu[layout].append(used)
+        if args.outage:
+            counts = await outage(
+                to_d,
+                d.port,
+                alice,
+                alice_s,
+                courses[0][4][0],
+                args.outage,
+                args.rate,
+                b"bob*d.test",
+            )
+    return rows, cpu, own, drains, drain_cpu, counts
+
+
+def report(
+    args: argparse.Namespace,
+    on_tls: bool,
+    buses: list[Bus],
+    rows: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    own: dict[str, list[float]],
+    drains: dict[str, list[float]],
+    drain_cpu: dict[str, list[float]],
+    counts: tuple[int, int, float],
+) -> None:
+    """The figures, medians of the repeats."""
+    sent, in_order, drained = counts
     print(
-        f"{args.server}{' on TLS' if tls else ''}, round trips, window {args.window}, "
-        f"{args.requests} per repeat, {args.repeats} repeats"
+        f"{args.server}, {args.engine} engine{' on TLS' if on_tls else ''}, round trips, "
+        f"window {args.window}, {args.requests} per repeat, {args.repeats} repeats"
     )
     print(
         "Courses: "
@@ -591,6 +696,12 @@ def main() -> None:
         "--h2c",
         action="store_true",
         help="as --http2 on plain text: the third bus's Course over h2c (prior knowledge)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("memory", "redis"),
+        default="memory",
+        help="every bus's engine (redis: one private redis-server, a database per bus)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
     args = parser.parse_args()

@@ -15,7 +15,7 @@ a credential seen before                    401   2205
 
 Accepted, the peer gets ``c=asbp.course,domain=<ours>;<signed answer>``
 (courses.credential), then sends crossings; each is handed to
-:meth:`courses.service.Courses.accept` in the order received and acknowledged once
+:meth:`courses.service.Courses.accept_batch` in the order received and acknowledged once
 accepted, the acknowledgements of a burst batched into one ``asbp.course.ack``
 whose ``course.id`` lists them.
 """
@@ -115,6 +115,7 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             # Where this bus's recipients are, for the whole batch in one round of
             # lookups, before any of them is claimed (courses.service).
             located = await courses.locate(c for _, c, _ in crossings if c is not None)
+            legible: list[tuple[str, Command, bytes | None]] = []
             for crossing_id, command, frame in crossings:
                 if command is None:
                     # Its id is legible but it does not decode here (a peer with larger
@@ -124,8 +125,10 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
                         "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
                     )
                 else:
-                    await courses.accept(peer, command, frame, located=located)
-                acks.append(crossing_id)
+                    legible.append((crossing_id, command, frame))
+            # The whole message claimed in one step, then delivered in order.
+            await courses.accept_batch(peer, legible, located=located)
+            acks.extend(crossing_id for crossing_id, _, _ in crossings)
             ready.set()
     finally:
         writer.cancel()

@@ -14,12 +14,13 @@ Subject's ``s``) reaches the router, which hands it here (:meth:`Courses.route`)
    address nobody holds): this broker's Subjects from its registry's address
    index, the others' through the routing plane's (``address_brokers``), one
    ADDRESSED envelope per broker holding any of them. On a bus the lookup makes
-   delivery asynchronous, so the Commands awaiting one are chained: each is
-   delivered after the one before it, and a sender's order holds. Every other
+   delivery asynchronous, so the Commands awaiting one are chained: those that ask
+   in one loop turn are looked up together (each address once) on the next, each
+   batch is delivered after the one before it, and a sender's order holds. Every other
    domain gets one copy (``r`` narrowed to its recipients) in the queue of the
    Course that reaches it (2202 if none does; 2211 if the peer's policy refuses
    it; 2209 if the queue is full), sent by courses.link.
-3. The receiving bus (courses.endpoint, :meth:`Courses.accept`) drops a copy it has
+3. The receiving bus (courses.endpoint, :meth:`Courses.accept_batch`) drops a copy it has
    seen, refuses a loop (its domain in ``course.via``, 2208) or a hop too many
    (2207), delivers to its Subjects or passes it on to a further domain (never back
    to the one it came from), remembers the id and acknowledges it.
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import asbp
@@ -162,6 +163,11 @@ class Courses:
         self._plane = plane
         #: The last delivery awaiting a lookup: the next one is made after it.
         self._tail: asyncio.Future[None] | None = None
+        #: The deliveries asking for a lookup in this loop turn: looked up together
+        #: (each address once, in one round of calls) on the next.
+        self._batch: (
+            list[tuple[Command, tuple[str, ...], Callable[[FaultCode, str], None]]] | None
+        ) = None
         #: Deliveries awaiting a lookup, bounded by ``lookup_max_commands``.
         self.awaiting_lookup = 0
         self._may_cross = may_cross
@@ -266,22 +272,50 @@ class Courses:
                 "'r' needs 's' of a Subject signed in with a Conversation-Address",
             )
             return
-        outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
-        outbound = outbound.with_keys(p=subject.address)
+        address = subject.address
         may_cross = self._may_cross
+        # Dropping the UA's own keys and stamping ``p`` changes none of ``c``, ``r``,
+        # ``x`` or ``notice``: they are read from the Command as it came.
+        by_domain = split_by_domain(command.recipients)
         if may_cross is not None:
             access = subject.access
-            for domain in split_by_domain(outbound.recipients):
+            for domain in by_domain:
                 if domain != self.domain and not may_cross(access, domain):
                     # Checked before anything is sent, so a refusal sends nothing at all.
                     refuse(FaultCode.ACCESS_DENIED, f"sending to {domain} is denied")
                     return
+        built: list[Command] = []
+
+        def stamped() -> Command:
+            """The Command as it goes on: the UA's own keys dropped, ``p`` stamped."""
+            if not built:
+                outbound = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
+                built.append(outbound.with_keys(p=address))
+            return built[0]
+
+        if frame is not None and self.domain not in by_domain:
+            # Every recipient is on other buses, and each crossing is spliced from the
+            # bytes the UA sent (courses.wire.crossing_from): the stamped Command is
+            # built only for a crossing that cannot be spliced, two copies of the
+            # Command saved per crossing in the common case.
+            self._send(
+                command,
+                via=(),
+                came_from=None,
+                refuse=refuse,
+                sent=(frame, command),
+                by_domain=by_domain,
+                publisher=address,
+                stamped=stamped,
+            )
+            return
         self._send(
-            outbound,
+            stamped(),
             via=(),
             came_from=None,
             refuse=refuse,
             sent=(frame, command) if frame is not None else None,
+            by_domain=by_domain,
         )
 
     # -- from other brokers of this bus ---------------------------------------------------
@@ -305,7 +339,7 @@ class Courses:
 
     async def locate(self, commands: Iterable[Command]) -> Located | None:
         """Where this bus's recipients of ``commands`` are, in one round of lookups
-        (a batch of crossings: :meth:`accept` then needs none); None off a bus.
+        (a batch of crossings: :meth:`accept_batch` then needs none); None off a bus.
 
         Raises:
             PlaneUnavailable: the bus cannot be reached.
@@ -318,42 +352,69 @@ class Courses:
                 wanted[address] = None
         return await self._locate(wanted) if wanted else {}
 
-    async def accept(
+    async def accept_batch(
+        self,
+        peer: str,
+        crossings: Sequence[tuple[str, Command, bytes | None]],
+        *,
+        located: Located | None = None,
+    ) -> None:
+        """The crossings of one message from ``peer``, each as (``course.id``,
+        Command, the bytes it arrived in), in order: each delivered or passed on,
+        or dropped if it is a repeat; one claim for them all
+        (:meth:`Seen.claim_many`: one Redis round trip, not one per crossing).
+
+        The bytes are what recipients' frames are spliced from
+        (courses.wire.with_subject) rather than encoded again. ``located``: from
+        :meth:`locate`, made before the claim; None: looked up here.
+
+        The batch is claimed before any of it is delivered, and all of it is handed to
+        outboxes and to the other brokers' streams with no await after the claim, so
+        a receiver killed mid-batch has either claimed nothing (the peer sends it
+        all again) or lost the Channels it was delivering to as well, as one claim
+        per crossing does (docs/courses.md, "Store and forward").
+
+        Returns once all are accepted (delivered here, or stored for the next
+        Course), when the peer may be acknowledged.
+        """
+        if not crossings:
+            return
+        if self._plane is not None:
+            # Looked up before the claim, so that between the claim and handing the
+            # Commands to outboxes and to the other brokers' streams there is no
+            # await. Off a bus (one broker) there is nothing to look up.
+            own = [
+                address
+                for _, command, _ in crossings
+                for address in split_by_domain(command.recipients).get(self.domain, ())
+            ]
+            if own and (located is None or any(address not in located for address in own)):
+                located = await self._locate(dict.fromkeys(own))
+        # Claimed before delivery, with no await between the claim and handing the
+        # Commands to the Channels' outboxes: a receiver killed after the claim has
+        # lost those Channels too, while one that delivered has always claimed, so a
+        # copy resent after a crash is never delivered twice (docs/courses.md).
+        claims = await self.seen.claim_many(peer, [crossing_id for crossing_id, _, _ in crossings])
+        waits: list[asyncio.Future[Any]] = []
+        for (_, command, frame), claimed in zip(crossings, claims, strict=True):
+            if claimed:
+                self._accept_claimed(peer, command, frame, located, waits)
+            else:
+                self.duplicates += 1
+        for wait in waits:
+            # Stored for the next Course (or refused, and then faulted): accepted.
+            await asyncio.gather(wait, return_exceptions=True)
+
+    def _accept_claimed(
         self,
         peer: str,
         command: Command,
-        frame: bytes | None = None,
-        *,
-        located: Located | None = None,
-    ) -> bool:
-        """A crossing from ``peer``: deliver or pass on; False if it was a repeat.
-
-        ``frame``: the bytes it arrived in, from which recipients' frames are spliced
-        (courses.wire.with_subject) rather than encoded again. ``located``: from
-        :meth:`locate`, made before this crossing's claim; None: looked up here.
-
-        Returns once it is accepted (delivered here, or stored for the next Course),
-        when the peer may be acknowledged.
-        """
-        crossing_id = command.get(ID_KEY)
-        if not isinstance(crossing_id, str):
-            return False
-        # Looked up before the claim, so that between the claim and handing the
-        # Command to outboxes and to the other brokers' streams there is no await.
-        own = split_by_domain(command.recipients).get(self.domain, ())
-        if (
-            own
-            and self._plane is not None
-            and (located is None or any(address not in located for address in own))
-        ):
-            located = await self._locate(own)
-        # Claimed before delivery, with no await between the claim and handing the
-        # Command to the Channels' outboxes: a receiver killed after the claim has
-        # lost those Channels too, while one that delivered has always claimed, so a
-        # copy resent after a crash is never delivered twice (docs/courses.md).
-        if not await self.seen.claim(peer, crossing_id):
-            self.duplicates += 1
-            return False
+        frame: bytes | None,
+        located: Located | None,
+        waits: list[asyncio.Future[Any]],
+    ) -> None:
+        """A crossing claimed: delivered or passed on, with no await (the futures of
+        what must be stored first are added to ``waits``)."""
         via = via_of(command)
         name = command.name or ""
         publisher = command.publisher
@@ -369,9 +430,16 @@ class Courses:
                 extra={"peer": peer, "publisher": publisher, "via": ",".join(via)},
             )
             self.spoofed += 1
-            return True
-        bare = command.without_keys(*(k for k in _LOCAL_KEYS if k in command))
-        waits: list[asyncio.Future[Any]] = []
+            return
+        built: list[Command] = []
+
+        def bare() -> Command:
+            """The Command without the crossing's keys: built only if it is encoded
+            (a recipient's frame that cannot be spliced, another broker, another
+            bus); delivered here, each frame is spliced from the crossing's bytes."""
+            if not built:
+                built.append(command.without_keys(*(k for k in _LOCAL_KEYS if k in command)))
+            return built[0]
 
         def refuse(code: FaultCode, message: str) -> None:
             self._log.info(
@@ -401,20 +469,18 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
+            # c, r, x, p and notice read the same on the crossing as on ``bare``.
             self._send(
-                bare,
+                command,
                 via=via,
                 came_from=peer,
                 refuse=refuse,
                 waits=waits,
                 located=located,
                 received=(frame, command) if frame is not None else None,
+                stamped=bare,
             )
-        for wait in waits:
-            # Stored for the next Course (or refused, and then faulted): accepted.
-            await asyncio.gather(wait, return_exceptions=True)
         self.accepted += 1
-        return True
 
     # -- both ---------------------------------------------------------------------------
 
@@ -429,15 +495,28 @@ class Courses:
         located: Located | None = None,
         received: tuple[bytes, Command] | None = None,
         sent: tuple[bytes, Command] | None = None,
+        by_domain: Mapping[str, tuple[str, ...]] | None = None,
+        publisher: str | None = None,
+        stamped: Callable[[], Command] | None = None,
     ) -> None:
         """``command`` to each of its recipients: this bus's Subjects (``located``:
         the other brokers holding them, if already looked up) or one copy per domain.
         ``received``: the crossing's bytes and Command, to splice from; ``sent``:
         the bytes and Command a User-Agent sent, which ``command`` is made from
-        (its own keys removed, ``p`` stamped), to splice crossings from."""
+        (its own keys removed, ``p`` stamped), to splice crossings from;
+        ``by_domain``: its recipients split by domain, if the caller already did.
+
+        ``stamped``: given when ``command`` is not yet the Command as it goes on
+        (a UA's Command as sent, every recipient on other buses, with ``publisher``
+        the ``p`` to stamp; or a crossing as received, its keys still in): makes
+        that Command, called only where it must be encoded rather than spliced."""
         name = command.name or ""
         recipients = command.recipients
-        for domain, addresses in split_by_domain(recipients).items():
+        if by_domain is None:
+            by_domain = split_by_domain(recipients)
+        if publisher is None:
+            publisher = command.publisher or ""
+        for domain, addresses in by_domain.items():
             if domain == self.domain:
                 if self._plane is None or located is not None:
                     self._deliver_here(
@@ -447,9 +526,12 @@ class Courses:
                         located=located,
                         waits=waits,
                         received=received,
+                        stamped=stamped,
                     )
                 else:
-                    self._deliver_later(command, addresses, refuse)
+                    self._deliver_later(
+                        command if stamped is None else stamped(), addresses, refuse
+                    )
                 continue
             peer = self.settings.course_for(domain)
             if peer is None:
@@ -478,7 +560,7 @@ class Courses:
                 crossing_from(
                     sent[0],
                     sent[1],
-                    command.publisher or "",
+                    publisher,
                     crossed,
                     crossing_id,
                     limits=_LIMITS,
@@ -494,7 +576,8 @@ class Courses:
                     # Narrowed to this domain's; when they are all of it (the common
                     # case), ``r`` stays as it was and is not checked a second time.
                     keys["r"] = list(addresses)
-                stored = link.submit(command.with_keys(keys), notify=notify)
+                outbound = command if stamped is None else stamped()
+                stored = link.submit(outbound.with_keys(keys), notify=notify)
             self._watch(stored, refuse, peer.domain)
             if waits is not None:
                 waits.append(stored)
@@ -556,33 +639,46 @@ class Courses:
             )
             return
         self.awaiting_lookup += 1
+        batch = self._batch
+        if batch is not None:
+            batch.append((command, addresses, refuse))
+            return
+        batch = self._batch = [(command, addresses, refuse)]
         previous = self._tail
 
         async def later() -> None:
+            # Started on the next loop turn: every delivery that asked for a lookup in
+            # this one is in ``batch``, and its addresses are looked up together (one
+            # pipeline on the redis plane, each address once however many Commands
+            # name it) rather than one lookup per Command.
+            self._batch = None
             located: Located | None
             try:
                 try:
-                    located = await self._locate(addresses)
+                    located = await self._locate(
+                        dict.fromkeys(a for _, addresses, _ in batch for a in addresses)
+                    )
                 except PlaneUnavailable:
                     located = None
                 if previous is not None:
                     await asyncio.wait([previous])
             finally:
-                self.awaiting_lookup -= 1
-            if located is None:
-                # This broker's Subjects still get it; the others cannot be found.
-                self._deliver_here(
-                    command,
-                    addresses,
-                    refuse,
-                    located={},
-                    unknown=(
-                        FaultCode.ENGINE_UNAVAILABLE,
-                        "the bus's address index cannot be reached",
-                    ),
-                )
-            else:
-                self._deliver_here(command, addresses, refuse, located=located)
+                self.awaiting_lookup -= len(batch)
+            for command, addresses, refuse in batch:
+                if located is None:
+                    # This broker's Subjects still get it; the others cannot be found.
+                    self._deliver_here(
+                        command,
+                        addresses,
+                        refuse,
+                        located={},
+                        unknown=(
+                            FaultCode.ENGINE_UNAVAILABLE,
+                            "the bus's address index cannot be reached",
+                        ),
+                    )
+                else:
+                    self._deliver_here(command, addresses, refuse, located=located)
 
         task = asyncio.ensure_future(later())
         self._tail = task
@@ -599,10 +695,11 @@ class Courses:
         waits: list[asyncio.Future[Any]] | None = None,
         unknown: tuple[FaultCode, str] | None = None,
         received: tuple[bytes, Command] | None = None,
+        stamped: Callable[[], Command] | None = None,
     ) -> None:
         """To the Subjects here holding ``addresses``, and to the brokers ``located``
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
-        address found nowhere (2201 by default)."""
+        address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`."""
         registry = self._subjects
         holders = {
             address: registry.holding(address) if registry is not None else []
@@ -613,7 +710,7 @@ class Courses:
             for broker_id in sorted((located or {}).get(address, ())):
                 elsewhere.setdefault(broker_id, []).append(address)
         if elsewhere:
-            self._forward(command, elsewhere, refuse, waits)
+            self._forward(command if stamped is None else stamped(), elsewhere, refuse, waits)
         delivered: set[str] = set()
         for address, subjects in holders.items():
             if not subjects:
@@ -639,8 +736,9 @@ class Courses:
                     else None
                 )
                 if frame is None:
+                    outbound = command if stamped is None else stamped()
                     try:
-                        frame = asbp.encode(command.with_keys(s=subject.id))
+                        frame = asbp.encode(outbound.with_keys(s=subject.id))
                     except ProtocolError as exc:
                         refuse(exc.code, exc.message)
                         return

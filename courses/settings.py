@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -41,6 +41,11 @@ from gateway.auth.keys import AgentKey, keys_from_agent_table
 from gateway.errors import LocalError
 
 __all__ = ["CourseConfigError", "CourseSettings", "PeerSettings"]
+
+#: The ``addresses`` expression that lets any recipient cross (the default).
+_ANY: Final = r".*"
+#: Command-Names :meth:`PeerSettings.permits` remembers per peer.
+_MAX_NAMES_KNOWN: Final = 1024
 
 _DOMAIN: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _SCALARS: Final = frozenset(
@@ -96,15 +101,28 @@ class PeerSettings:
     #: Whether to dial over HTTP/2 (RFC 8441): ``auto`` (where the server offers
     #: it), ``always`` or ``never`` (courses.transport).
     http2: Http2Mode = "auto"
+    #: Command-Names already matched against ``names``: every crossing asks, and a
+    #: bus sends few names. Bounded: cleared when it reaches _MAX_NAMES_KNOWN.
+    _names_known: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def permits(self, name: str, exchange: str | None, recipients: tuple[str, ...]) -> str | None:
         """Why this Command may not cross to this peer, or None if it may."""
-        if not any(pattern.fullmatch(name) for pattern in self.names):
+        known = self._names_known
+        allowed = known.get(name)
+        if allowed is None:
+            allowed = any(pattern.fullmatch(name) for pattern in self.names)
+            if len(known) >= _MAX_NAMES_KNOWN:
+                known.clear()
+            known[name] = allowed
+        if not allowed:
             return f"Command-Name {name!r} may not cross to {self.domain}"
         if self.exchanges and exchange not in self.exchanges:
             return f"'x' {exchange!r} may not cross to {self.domain}"
+        addresses = self.addresses
+        if len(addresses) == 1 and addresses[0].pattern == _ANY:
+            return None  # the default: any address, no expression to run per recipient
         for address in recipients:
-            if not any(pattern.fullmatch(address) for pattern in self.addresses):
+            if not any(pattern.fullmatch(address) for pattern in addresses):
                 return f"address {address!r} may not cross to {self.domain}"
         return None
 
@@ -279,7 +297,7 @@ def _peer(domain: str, table: Mapping[str, Any], base_dir: Path, *, own: str) ->
         # Nothing crosses unless listed: a new peer carries no Command-Name by accident.
         names=_patterns(table.get("names"), f"{prefix}.names", ()),
         exchanges=frozenset(exchanges),
-        addresses=_patterns(table.get("addresses"), f"{prefix}.addresses", (r".*",)),
+        addresses=_patterns(table.get("addresses"), f"{prefix}.addresses", (_ANY,)),
         routes=tuple(_domain(r, f"{prefix}.routes") for r in routes),
         http2=_http2(table.get("http2", "auto"), f"{prefix}.http2"),
     )

@@ -12,6 +12,7 @@ import pytest
 
 from asbp import Command, FaultCode
 from asbp.fault_commands import read_fault
+from gateway.config.model import MessagingLimits
 from tests.courses.buses import Relay, bus_config, make_bus, serve_bus, user
 from tests.support import RedisServer, TlsFiles
 
@@ -73,6 +74,42 @@ async def test_a_full_queue_refuses_with_2209(tmp_path: Path, tls_files: TlsFile
                 await alice.send(Command({"c": "chat", "r": "bob*b.test", "u": u}, b"x"))
             fault = await alice.recv()
             assert (read_fault(fault).code, fault.command_id) == (FaultCode.COURSE_QUEUE_FULL, 3)
+
+
+async def test_the_engine_refusing_a_crossing_while_the_course_is_up_gives_2209(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
+    """With the Course up and its acknowledgements held back, the engine's own bound
+    (``max_queue_depth``, below ``queue_max_commands``) refusing a crossing is fault
+    2209 to its sender too, and nothing stored before it is lost."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    async with Relay() as to_a, Relay() as to_b:
+        config_a = bus_config(
+            a, {b: to_b.url()}, tls=tls_files, messaging=MessagingLimits(max_queue_depth=2)
+        )
+        config_b = bus_config(b, {a: to_a.url()}, tls=tls_files)
+        async with (
+            serve_bus(a, config_a, tls_files) as server_a,
+            serve_bus(b, config_b, tls_files) as server_b,
+            user(server_a.ws_url, "alice", tls_files) as alice,
+            user(server_b.ws_url, "bob", tls_files) as bob,
+        ):
+            to_a.target, to_b.target = server_a.port, server_b.port
+            await alice.send(Command({"c": "chat", "r": "bob*b.test", "u": 1}, b"up"))
+            assert (await bob.recv()).command_id == 1  # the Course is up
+            # b.test's acknowledgements held back: what a.test sends stays leased in
+            # its queue, which holds two, so by the fourth Command one is refused.
+            to_b.hold_back = True
+            for u in (2, 3, 4):
+                await alice.send(Command({"c": "chat", "r": "bob*b.test", "u": u}, b"x"))
+            fault = await alice.recv()
+            refused = fault.command_id
+            assert read_fault(fault).code == FaultCode.COURSE_QUEUE_FULL and refused in (3, 4)
+            # Those stored before it crossed, in order.
+            got = [(await bob.recv()).command_id for _ in range(2, refused)]
+            assert got == list(range(2, refused))
+            for relay in (to_a, to_b):
+                await relay.drain()
 
 
 async def test_the_redis_queue_outlives_a_restart_of_the_sending_broker(

@@ -36,3 +36,32 @@ async def test_redis_claims_survive_a_new_client(tmp_path: Path) -> None:
         assert not await second.claim("a.test", "1")
         assert await second.claim("a.test", "2")
         await second.close()
+
+
+async def test_memory_claims_a_batch_in_order_each_id_once() -> None:
+    seen = MemorySeen(10.0)
+    assert await seen.claim("a.test", "2")
+    assert await seen.claim_many("a.test", ["1", "2", "3", "1"]) == [True, False, True, False]
+    assert await seen.claim_many("c.test", ["1"]) == [True]  # ids are per peer
+    assert not await seen.claim("a.test", "3")
+
+
+async def test_redis_claims_a_batch_in_one_step_and_a_new_client_knows_them(
+    tmp_path: Path,
+) -> None:
+    with RedisServer(tmp_path) as server:
+        first = RedisSeen(server.url, 60.0)
+        assert await first.claim("a.test", "2")
+        claims = await first.claim_many("a.test", ["1", "2", "3", "1"])
+        assert claims == [True, False, True, False]
+        assert await first.claim_many("a.test", ["4"]) == [True]
+        await first.close()
+        second = RedisSeen(server.url, 60.0)
+        assert await second.claim_many("a.test", ["1", "3", "4", "5"]) == [
+            False,
+            False,
+            False,
+            True,
+        ]
+        assert await second.claim_many("c.test", ["1", "2"]) == [True, True]
+        await second.close()

@@ -143,3 +143,29 @@ def test_the_courses_table_loads_from_the_file_and_renders_back(keys: Path) -> N
 def test_the_courses_table_is_only_for_the_file() -> None:
     with pytest.raises(ConfigError, match=r"\[courses\] table can only be set in the TOML file"):
         load_config({}, environ={"ASBP_COURSES": "x"})
+
+
+def test_permits_gives_the_same_answers_from_what_it_remembers(keys: Path) -> None:
+    settings = CourseSettings.from_table(
+        table(
+            **{
+                "c.test": {
+                    "public_key": "peer.pub.pem",
+                    "names": ["chat"],
+                    "addresses": [".*", "x"],
+                }
+            }
+        ),
+        base_dir=keys,
+    )
+    b, c = settings.peers["b.test"], settings.peers["c.test"]
+    for _ in range(2):  # the second time from what the first remembered
+        assert b.permits("chat.x", None, ("bob*b.test",)) is None
+        assert "Command-Name 'pay'" in (b.permits("pay", None, ("bob*b.test",)) or "")
+        # Not the lone default expression: each address is matched.
+        assert c.permits("chat", None, ("bob*c.test",)) is None
+    # At most _MAX_NAMES_KNOWN names are remembered, however many are asked about.
+    for n in range(2000):
+        assert "may not cross" in (b.permits(f"pay{n}", None, ()) or "")
+        assert len(b._names_known) <= 1024
+    assert b.permits("chat", None, ()) is None
