@@ -103,6 +103,9 @@ class HttpBus:
 
         broker.channels.on_membership = membership
         broker.router.http_home = self.inbound
+        remote = broker.router.remote
+        if remote is not None:
+            remote.on_operator_close = self.closed_by_operator
 
     # -- a request served here -------------------------------------------------
 
@@ -202,6 +205,12 @@ class HttpBus:
         """
         if not channel.visitor:
             return True
+        if await self._plane.channel_log.digest(channel.id) is None:
+            # Closed bus-wide (an operator: ``closed_by_operator``) or expired: not
+            # to be taken over, and gone here too (2104 from now on).
+            if not channel.closed:
+                self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+            return False
         holder = await self._plane.claim_channel(channel.id)
         if holder != self._plane.broker_id:
             self._broker.log.info(
@@ -290,6 +299,21 @@ class HttpBus:
                     self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
                 return
             self._broker.log.debug("channel.idle_here", extra={"channel": channel.id})
+
+    def closed_by_operator(self, channel: Channel) -> None:
+        """An operator closed ``channel`` here, its home (the management API, here
+        or handed on from another broker): its log goes too, so the Channel is gone
+        bus-wide. A visitor that serves it next finds no log: it closes its copy
+        (2104) rather than take the Channel over."""
+        if channel.visitor or not isinstance(channel.outbox, LogMailbox):
+            return
+        with contextlib.suppress(PlaneUnavailable):
+            self._plane.channel_log.drop(channel.id)
+
+    def gone(self, channel: Channel) -> None:
+        """A long-poll found no log for ``channel``: closed or expired bus-wide."""
+        if not channel.closed:
+            self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

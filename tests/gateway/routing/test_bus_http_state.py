@@ -26,12 +26,12 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from asbp import Command, FaultCode, encode
+from asbp import Command, FaultCode, decode, encode
 from asbp.fault_commands import read_fault
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, T
 from tests.support.agents import make_credentials
-from tests.support.bus import flush, frame, until_in_directory
+from tests.support.bus import DIRECTORY, client_for, flush, frame, until_in_directory
 from tests.support.gateway import HttpChannel
 from tests.support.redis_cluster import RedisCluster
 
@@ -412,3 +412,33 @@ async def rejoined(bus: Bus, channel_id: str) -> str:
     finally:
         for wait in waits:
             wait.cancel()
+
+
+async def test_an_operator_closing_an_http_channel_closes_it_bus_wide(bus: Bus) -> None:
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        on_c = HttpChannel(client, bus.http(bus.c), on_a.id, secret=on_a.secret)
+        await on_b.post(Command({"c": "asbp.ping", "i": on_a.id, "u": 1}))
+        assert (await next_command(on_b)).name == "asbp.pong"  # B holds a visitor copy
+        # Asked at B, the visitor: the close goes to the home, A (before: B closed its
+        # own copy only, and took the Channel over at its next Command).
+        api = bus.http(bus.b).replace("/asbp", "/api/v1")
+        closed = await client.post(f"{api}/channels/{on_a.id}/close", json={"reason": "abuse"})
+        assert closed.status_code == 202, closed.text
+        assert closed.json()["broker"] == "broker-a"
+        await bus.a.log.wait_for(b'"management.write"', on_a.id.encode(), b"broker-b")
+        await until_in_directory(bus.redis_url, "ch", on_a.id, present=False)
+        # Gone everywhere: a long-poll at the visitor, a Subject's Command there
+        # (which would have claimed the Channel), and a broker that never served it.
+        polled = await on_b.poll_response(wait=T)
+        assert read_fault(decode(polled.content)).code == FaultCode.UNKNOWN_CHANNEL
+        for at in (on_b, on_c, on_a):
+            _, answer = await at.post(Command({"c": "whoami", "i": on_a.id, "s": "5" * 32, "u": 2}))
+            assert (read_fault(answer).code, answer.command_id) == (FaultCode.UNKNOWN_CHANNEL, 2)
+        # Nobody took it over.
+        directory = client_for(bus.redis_url)
+        try:
+            assert await directory.hget(DIRECTORY + "ch", on_a.id) is None
+        finally:
+            await directory.aclose()
