@@ -215,7 +215,8 @@ async def _locate(call: Call) -> tuple[Channel | None, str]:
     broker = _broker(call)
     channel_id = call.params["channel_id"]
     channel = broker.channels.get(channel_id)
-    if channel is not None:
+    # An HTTP Channel's visitor copy is not the Channel: its home is (http_bus).
+    if channel is not None and not channel.visitor:
         return channel, broker.broker_id
     try:
         holder = await broker.plane.locate_channel(channel_id)
@@ -242,6 +243,8 @@ async def close_channel(call: Call) -> Closed:
     _audit(call, "channel.close", channel=channel.id, reason=body.reason)
     # 2104: the Channel is gone; the reason is in the broker's log, with who asked.
     broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+    if broker.http_bus is not None:
+        broker.http_bus.closed_by_operator(channel)  # bus-wide: its log goes too
     return Closed(id=channel.id, closed=True, broker=broker.broker_id)
 
 

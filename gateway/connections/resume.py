@@ -98,6 +98,13 @@ HANDOVER_ASK: Final = b"handover?"
 #: Starts the frame of the RESUMED envelope that answers it: the id that follows is
 #: the last topic message the parked subscriptions sent on ('' none).
 HANDOVER: Final = "last="
+#: Seconds a resume waits for the broker its connection dropped from to release
+#: the log (:meth:`ChannelResume._released`): that broker's last appends land
+#: within a pipeline of the drop; one that has not noticed the drop in this time
+#: is told to close its connection instead.
+RELEASE_WAIT: Final = 1.0
+#: Seconds between looks at whether it did.
+_RELEASE_CHECK: Final = 0.005
 #: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
 KEPT: Final = ("groups", "subjects", "subscriptions")
 
@@ -572,6 +579,7 @@ class ChannelResume:
         if lingering is not None:
             # The old connection here has not noticed it is gone yet.
             broker.close_channel(lingering, FaultCode.CHANNEL_RESUMED)
+        await self._released(channel_id)
         limits = broker.config.channels
         outbox = HeldOutbox(limits.outbox_frames, limits.outbox_bytes, broker.plane)
         # Hold first, then register, in one turn: every frame this broker logs for
@@ -628,6 +636,29 @@ class ChannelResume:
             broker.close_channel(channel)
             raise
         return Resumed(channel, outbox)
+
+    async def _released(self, channel_id: str) -> None:
+        """Wait until no other live broker holds the log, for at most RELEASE_WAIT.
+
+        Where the connection dropped, the outbox's last appends were submitted
+        before its release, on one Batcher, so once the log is released they are
+        in it. Held now, their appends would be refused (-1) and forwarded here
+        as new frames: a frame the client already had would come twice, after
+        frames routed since (the numbers of ``newest`` would miss it). A holder
+        whose connection lingers (it has not noticed the drop) is waited for
+        only RELEASE_WAIT, then told to close it (RESUMED, after the hold).
+        """
+        plane = self._broker.plane
+        log = plane.channel_log
+        me = self._broker.broker_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RELEASE_WAIT
+        with contextlib.suppress(EngineUnavailable):
+            while (holder := await log.holder(channel_id)) not in ("", me):
+                if loop.time() >= deadline or not await plane.alive(holder):
+                    return
+                # A release is one pipeline away: a few of these at most.
+                await asyncio.sleep(_RELEASE_CHECK)
 
     async def _replay(
         self, channel: Channel, write: Callable[[bytes], Awaitable[None]], after: int, newest: int

@@ -17,6 +17,7 @@ target is *not* here:
   signed in with each Conversation-Address (``address_held`` /
   ``address_released``), so a Command addressed ``r=alice*example.org``
   (courses/) reaches alice on whichever broker her Channels are.
+  ``claim_channel`` takes a Channel whose holder died, for one broker only.
 * **Forwarding** hands an :class:`Envelope` to another broker: a User-Agent
   Command for a Respondent (``forward_request``: the plane picks a live
   broker serving the name), Commands for a Channel (``forward_to_channel``:
@@ -264,6 +265,14 @@ class ChannelLog(Protocol):
         """
         ...
 
+    async def holder(self, channel_id: str) -> str:
+        """The broker holding the log now ('' none, or no such log).
+
+        A resume waits for the previous holder to release it (its connection
+        closed there): its last appends are in the log by then
+        (gateway.connections.resume)."""
+        ...
+
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         """Append ``frames``, in order, if this broker holds the log: the number of
         the last, 0 (no such log) or -1 (another broker holds it now: none appended)."""
@@ -345,6 +354,22 @@ class Plane(Protocol):
         """The Channel ``channel_id`` is gone from this broker."""
         ...
 
+    def claim_channel(self, channel_id: str) -> asyncio.Future[str]:
+        """Make this broker the holder of ``channel_id`` unless a live broker holds it.
+
+        A compare-and-set of the directory's entry, atomic bus-wide: it is swapped
+        for this broker only if it names no broker, this one, or a broker whose
+        lease ran out. So when several brokers find a Channel's holder dead at
+        once (the visitors of an HTTP Channel whose home died:
+        gateway.routing.http_bus), exactly one of them takes it over; the others
+        learn which.
+
+        Returns:
+            A future: the holder afterwards (this broker's identifier: it won). It
+            fails with PlaneUnavailable when the bus cannot be reached.
+        """
+        ...
+
     def serving(self, name: str) -> None:
         """Tubes at this broker serve ``name`` from now on."""
         ...
@@ -402,6 +427,10 @@ class Plane(Protocol):
 
     async def address_brokers(self, address: str) -> frozenset[str]:
         """The live brokers holding Subjects with the Conversation-Address ``address``."""
+        ...
+
+    async def alive(self, broker_id: str) -> bool:
+        """Whether ``broker_id`` holds a lease on the bus now."""
         ...
 
     async def locate_channel(self, channel_id: str) -> str | None:

@@ -201,6 +201,15 @@ class MemoryPlane:
         if self._bus.channels.get(channel_id) == self._broker_id:
             del self._bus.channels[channel_id]
 
+    def claim_channel(self, channel_id: str) -> asyncio.Future[str]:
+        bus = self._bus
+        holder = bus.channels.get(channel_id)
+        if holder is not None and holder != self._broker_id and bus.alive(holder):
+            return _done(holder)
+        # One event loop: nothing runs between the look and the write.
+        bus.channels[channel_id] = self._broker_id
+        return _done(self._broker_id)
+
     def serving(self, name: str) -> None:
         self._bus.names.setdefault(name, set()).add(self._broker_id)
 
@@ -247,6 +256,9 @@ class MemoryPlane:
     def written(self) -> asyncio.Future[None]:
         # Announcements go straight into the shared dicts.
         return _done(None)
+
+    async def alive(self, broker_id: str) -> bool:
+        return self._bus.alive(broker_id)
 
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = self._bus.channels.get(channel_id)

@@ -171,6 +171,10 @@ class MemoryChannelLog:
         previous, log.holder = log.holder, self._broker_id
         return _done((previous, log.last))
 
+    async def holder(self, channel_id: str) -> str:
+        log = self._store.live(channel_id)
+        return "" if log is None else log.holder
+
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         log = self._store.live(channel_id)
         if log is None:

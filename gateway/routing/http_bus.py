@@ -34,9 +34,12 @@ The home keeps the Channel's groups in the record beside its log
 (``ChannelLog.keep``, the record resumable WebSocket Channels use:
 gateway.connections.resume_state). When the home dies, the first visitor that
 notices (a hand-over refused because the home is gone, or a long-poll that
-finds no live home in the directory) takes the Channel over: it becomes the
-home, announces it, and joins the groups of the record, so a ``g`` reaches the
-Channel again. The Subjects signed in there are lost with it (their ``s``
+finds no live home in the directory) claims the Channel (``Plane.claim_channel``,
+a compare-and-set of the directory's entry: of visitors that notice at once,
+exactly one wins, or both would join the groups and a ``g`` would reach the
+Channel twice). The winner becomes the home and joins the groups of the
+record, so a ``g`` reaches the Channel again; a loser stays a visitor and hands
+the Command it held to the winner. The Subjects signed in there are lost with it (their ``s``
 faults 3201: the client signs in again), as a WebSocket Channel's are when its
 broker dies without a resume.
 
@@ -51,7 +54,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
@@ -65,6 +68,10 @@ if TYPE_CHECKING:
     from gateway.broker import Broker
 
 __all__ = ["HttpBus"]
+
+#: Claims a visitor's Command may go through before it faults: each lost claim
+#: names a live home to hand it to, so a second loss means that home died too.
+_ATTEMPTS: Final = 3
 
 
 class HttpBus:
@@ -96,6 +103,9 @@ class HttpBus:
 
         broker.channels.on_membership = membership
         broker.router.http_home = self.inbound
+        remote = broker.router.remote
+        if remote is not None:
+            remote.on_operator_close = self.closed_by_operator
 
     # -- a request served here -------------------------------------------------
 
@@ -107,7 +117,9 @@ class HttpBus:
             return
         self._broker.router.channel_command(channel, command, frame)
 
-    def _hand_home(self, channel: Channel, command: Command, frame: bytes) -> None:
+    def _hand_home(
+        self, channel: Channel, command: Command, frame: bytes, attempts: int = _ATTEMPTS
+    ) -> None:
         envelope = Envelope(EnvelopeKind.HTTP_COMMAND, self._plane.broker_id, channel.id, frame)
         try:
             placing = self._plane.forward_to_channel(channel.id, envelope)
@@ -122,11 +134,28 @@ class HttpBus:
             if error is not None:
                 self._unreachable(channel, command, error)
             elif future.result() is None and not channel.closed:
-                # No live home on the bus: this broker is the Channel's home now.
-                self.take_over(channel)
-                self._broker.router.channel_command(channel, command, frame)
+                # No live home on the bus: claim it, then route it here or hand it
+                # to the visitor that claimed it first.
+                self._spawn(self._claim_and_route(channel, command, frame, attempts))
 
         placing.add_done_callback(placed)
+
+    async def _claim_and_route(
+        self, channel: Channel, command: Command, frame: bytes, attempts: int
+    ) -> None:
+        try:
+            won = await self._claim(channel)
+        except PlaneUnavailable as exc:
+            self._unreachable(channel, command, exc)
+            return
+        if channel.closed:
+            return
+        if won:
+            self._broker.router.channel_command(channel, command, frame)
+        elif attempts > 1:
+            self._hand_home(channel, command, frame, attempts - 1)
+        else:  # the home changed hands every time: the bus is in turmoil
+            self._unreachable(channel, command, PlaneUnavailable("the home keeps changing"))
 
     def _unreachable(self, channel: Channel, command: Command, error: BaseException) -> None:
         if channel.closed:
@@ -160,15 +189,41 @@ class HttpBus:
             with contextlib.suppress(PlaneUnavailable):
                 home = await self._plane.locate_channel(channel.id)
                 if home is None and channel.visitor and not channel.closed:
-                    self.take_over(channel)
+                    await self._claim(channel)
         finally:
             self._checking.discard(channel.id)
 
     # -- home ---------------------------------------------------------------------
 
+    async def _claim(self, channel: Channel) -> bool:
+        """Claim ``channel``'s home in the plane (its home died): whether this
+        broker won, and took it over. Of visitors that claim it at once, one wins
+        (``Plane.claim_channel``); the others stay visitors of the winner.
+
+        Raises:
+            PlaneUnavailable: the bus cannot be reached.
+        """
+        if not channel.visitor:
+            return True
+        if await self._plane.channel_log.digest(channel.id) is None:
+            # Closed bus-wide (an operator: ``closed_by_operator``) or expired: not
+            # to be taken over, and gone here too (2104 from now on).
+            if not channel.closed:
+                self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
+            return False
+        holder = await self._plane.claim_channel(channel.id)
+        if holder != self._plane.broker_id:
+            self._broker.log.info(
+                "channel.home_claimed_elsewhere", extra={"channel": channel.id, "home": holder}
+            )
+            return False
+        if not channel.closed:
+            self.take_over(channel)
+        return True
+
     def take_over(self, channel: Channel) -> None:
-        """Make this broker ``channel``'s home (its home died): announce it, and
-        join it to the groups its record keeps."""
+        """Make this broker ``channel``'s home (the directory names it, or its claim
+        won): announce it, and join it to the groups its record keeps."""
         if not channel.visitor:
             return
         channel.visitor = False
@@ -185,6 +240,10 @@ class HttpBus:
                 channels = self._broker.channels
                 for group in record.groups:
                     channels.join(group, [channel])
+                self._broker.log.info(
+                    "channel.groups_rejoined",
+                    extra={"channel": channel.id, "groups": len(record.groups)},
+                )
 
     def _record(self, channel: Channel) -> None:
         """A home HTTP Channel's groups changed: its record beside the log follows."""
@@ -240,6 +299,21 @@ class HttpBus:
                     self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
                 return
             self._broker.log.debug("channel.idle_here", extra={"channel": channel.id})
+
+    def closed_by_operator(self, channel: Channel) -> None:
+        """An operator closed ``channel`` here, its home (the management API, here
+        or handed on from another broker): its log goes too, so the Channel is gone
+        bus-wide. A visitor that serves it next finds no log: it closes its copy
+        (2104) rather than take the Channel over."""
+        if channel.visitor or not isinstance(channel.outbox, LogMailbox):
+            return
+        with contextlib.suppress(PlaneUnavailable):
+            self._plane.channel_log.drop(channel.id)
+
+    def gone(self, channel: Channel) -> None:
+        """A long-poll found no log for ``channel``: closed or expired bus-wide."""
+        if not channel.closed:
+            self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

@@ -316,6 +316,9 @@ class Remote:
         #: carries one: the handover of a resumed Channel's parked topic
         #: subscriptions between brokers (gateway.connections.resume).
         self.on_handover: Callable[[str, str, bytes], object] | None = None
+        #: Called with a Channel an operator closed here through another broker's
+        #: API (an HTTP Channel's log goes too: gateway.routing.http_bus).
+        self.on_operator_close: Callable[[Channel], object] | None = None
         respondents.on_first = plane.serving
         respondents.on_last = plane.not_serving
         channels.on_group_first = plane.group_joined
@@ -720,6 +723,8 @@ class Remote:
             # 2104: the Channel is gone; the reason is in the log, with who asked.
             channel.fault = FaultCode.UNKNOWN_CHANNEL
         self._close_channel(channel)
+        if self.on_operator_close is not None:
+            self.on_operator_close(channel)
 
     def _for_groups(self, envelope: Envelope) -> None:
         skip = set(envelope.channel.split(",")) if envelope.channel else set()

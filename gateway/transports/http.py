@@ -425,7 +425,9 @@ async def _poll_log(
             status=503,
         )
     if read is None:
-        return _refused()  # expired bus-wide
+        if broker.http_bus is not None:
+            broker.http_bus.gone(channel)  # this copy goes too: 2104 from now on
+        return _refused()  # closed or expired bus-wide
     if not read.frames:
         response = Response(status_code=204, headers={"ASBP-Last-Seq": str(read.last_seq)})
     else:

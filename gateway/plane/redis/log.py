@@ -205,6 +205,11 @@ class RedisChannelLog:
         command = script_command(LOG_KEEP, self._keys(channel_id), (self._now(), record))
         return self._submit(command, _none)
 
+    async def holder(self, channel_id: str) -> str:
+        # A plain read: the field ``w`` of the log's hash (absent: not held).
+        reply = await self._submit(("HGET", self._keys(channel_id)[0], "w"), lambda reply: reply)
+        return bytes(reply).decode() if reply else ""
+
     async def kept(self, channel_id: str) -> bytes:
         command = script_command(LOG_KEPT, self._keys(channel_id), (self._now(),))
         reply = await self._submit(command, lambda reply: reply)

@@ -64,6 +64,7 @@ from gateway.plane.base import (
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
@@ -325,7 +326,7 @@ class RedisPlane:
         # WAIT to the primary of the command before it).
         self._cluster = is_cluster_url(self._url)
         self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if self._cluster else ()
-        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
+        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS, *CLAIM_SCRIPTS))
         try:
             await self._batcher.load_scripts()
             key = f"{self._prefix}bus"
@@ -501,6 +502,15 @@ class RedisPlane:
         self._channels.discard(channel_id)
         self._announce(self._channel_commands(channel_id, opened=False))
 
+    def claim_channel(self, channel_id: str) -> asyncio.Future[str]:
+        def won(reply: Any) -> str:
+            holder = claimed(reply)
+            if holder == self._broker_id:
+                self._channels.add(channel_id)  # announced again after a lost lease
+            return holder
+
+        return self._submit(claim_command(self._prefix, self._broker_id, channel_id), won)
+
     def serving(self, name: str) -> None:
         self._names.add(name)
         self._announce(self._name_commands(name, serving=True))
@@ -634,6 +644,9 @@ class RedisPlane:
         # written. A directory key, not a PING: on a cluster the read goes to the
         # directory's primary, behind the announcements on the same connection.
         return self._submit(("EXISTS", f"{self._prefix}bus"), lambda reply: None)
+
+    async def alive(self, broker_id: str) -> bool:
+        return await self._alive(broker_id)
 
     async def locate_channel(self, channel_id: str) -> str | None:
         broker_id = _text(await self._call(("HGET", f"{self._prefix}ch", channel_id)))

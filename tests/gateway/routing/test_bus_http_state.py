@@ -6,6 +6,10 @@ the session's private six-node Redis Cluster; the
 Application-Agent is a bare WebSocket Tube to broker C only (so the test sees
 exactly what reaches it); the User-Agent is httpx, whose POSTs and long-polls
 alternate between brokers A and B.
+
+When the home dies, its visitors claim the Channel: of B and C noticing at
+once, one takes it over (before ``Plane.claim_channel`` both did, both joined
+its groups, and a ``g`` reached it twice).
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from asbp import Command, FaultCode, encode
+from asbp import Command, FaultCode, decode, encode
 from asbp.fault_commands import read_fault
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
 from tests.support import RedisServer, T
 from tests.support.agents import make_credentials
-from tests.support.bus import flush, frame, until_in_directory
+from tests.support.bus import DIRECTORY, client_for, flush, frame, until_in_directory
 from tests.support.gateway import HttpChannel
 from tests.support.redis_cluster import RedisCluster
 
@@ -325,3 +329,116 @@ async def test_a_request_nobody_on_the_bus_serves_gets_2101_in_the_mailbox(bus: 
         fault = await next_command(on_b)
         assert (fault.name, fault.command_id) == ("asbp.fault", 9), fault
         assert read_fault(fault).code == FaultCode.NO_RESPONDENT
+
+
+#: Channels taken over at once: each is one chance for both visitors to win.
+CHANNELS = 6
+
+
+async def test_two_visitors_noticing_a_dead_home_at_once_take_it_over_once(bus: Bus) -> None:
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        homes = [await HttpChannel(client, bus.http(bus.a)).open() for _ in range(CHANNELS)]
+        on_b = [HttpChannel(client, bus.http(bus.b), h.id, secret=h.secret) for h in homes]
+        on_c = [HttpChannel(client, bus.http(bus.c), h.id, secret=h.secret) for h in homes]
+        # B and C serve each Channel too: each holds a visitor copy.
+        for n, home in enumerate(homes):
+            for u, at in enumerate((on_b[n], on_c[n]), start=1):
+                await at.post(Command({"c": "asbp.ping", "i": at.id, "u": u}))
+                assert (await next_command(at)).name == "asbp.pong"
+                home.seen = on_b[n].seen = on_c[n].seen = at.seen
+        ids = [h.id for h in homes]
+        await bus.tube.send(
+            encode(Command({"c": "asbp.join", "groups": "room", "channels": ids, "u": 1}))
+        )
+        assert (await frame(bus.tube)).command_id == 1
+        # At A, the home, in order: the join (and the record kept of it), then this.
+        await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"joined")))
+        for n, home in enumerate(homes):
+            assert (await next_command(home)).body == b"joined"
+            on_b[n].seen = on_c[n].seen = home.seen
+        await bus.a.kill()
+        for home in homes:
+            await until_in_directory(bus.redis_url, "ch", home.id, present=False)
+        # Both visitors of every Channel find no home for a Subject's Command at once.
+        await asyncio.gather(
+            *(
+                at.post(Command({"c": "whoami", "i": at.id, "s": "5" * 32, "u": 100}))
+                for pair in zip(on_b, on_c, strict=True)
+                for at in pair
+            )
+        )
+        winners: set[str] = set()
+        for n in range(CHANNELS):
+            faults = [c for _, c in await on_b[n].poll(wait=5 * T)]
+            with anyio.fail_after(10 * T):
+                while len(faults) < 2:
+                    faults.extend(c for _, c in await on_b[n].poll(wait=T))
+            # Each visitor's Command was routed once, at the one home (3201: the Subject
+            # is unknown there).
+            assert [(f.name, f.command_id) for f in faults] == [("asbp.fault", 100)] * 2
+            assert {read_fault(f).code for f in faults} == {FaultCode.ACCESS_DENIED}
+            winners.add(await rejoined(bus, homes[n].id))
+        # Each winner's membership is in the directory, where C's `g` looks for it.
+        for winner in winners:
+            await until_in_directory(bus.redis_url, "grp:room", winner)
+        await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"once")))
+        await bus.tube.send(encode(Command({"c": "news", "g": "room"}, b"end")))
+        for n in range(CHANNELS):
+            got: list[Command] = []
+            with anyio.fail_after(10 * T):
+                while not any(c.body == b"end" for c in got):
+                    got.extend(command for _, command in await on_b[n].poll(wait=T))
+            # A second home would have delivered both again, by another path.
+            got.extend(command for _, command in await on_b[n].poll(wait=T))
+            # The group reached each Channel once: one home joined it again.
+            assert [(c.name, c.body) for c in got] == [("news", b"once"), ("news", b"end")]
+
+
+async def rejoined(bus: Bus, channel_id: str) -> str:
+    """Wait until B or C (whichever is its home now) joined the Channel to its groups:
+    that broker's identifier."""
+    brokers = {"broker-b": bus.b, "broker-c": bus.c}
+    waits = {
+        asyncio.ensure_future(
+            at.log.wait_for(b"channel.groups_rejoined", channel_id.encode(), timeout=10 * T)
+        ): name
+        for name, at in brokers.items()
+    }
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        first = done.pop()
+        first.result()
+        return waits[first]
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def test_an_operator_closing_an_http_channel_closes_it_bus_wide(bus: Bus) -> None:
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        on_c = HttpChannel(client, bus.http(bus.c), on_a.id, secret=on_a.secret)
+        await on_b.post(Command({"c": "asbp.ping", "i": on_a.id, "u": 1}))
+        assert (await next_command(on_b)).name == "asbp.pong"  # B holds a visitor copy
+        # Asked at B, the visitor: the close goes to the home, A (before: B closed its
+        # own copy only, and took the Channel over at its next Command).
+        api = bus.http(bus.b).replace("/asbp", "/api/v1")
+        closed = await client.post(f"{api}/channels/{on_a.id}/close", json={"reason": "abuse"})
+        assert closed.status_code == 202, closed.text
+        assert closed.json()["broker"] == "broker-a"
+        await bus.a.log.wait_for(b'"management.write"', on_a.id.encode(), b"broker-b")
+        await until_in_directory(bus.redis_url, "ch", on_a.id, present=False)
+        # Gone everywhere: a long-poll at the visitor, a Subject's Command there
+        # (which would have claimed the Channel), and a broker that never served it.
+        polled = await on_b.poll_response(wait=T)
+        assert read_fault(decode(polled.content)).code == FaultCode.UNKNOWN_CHANNEL
+        for at in (on_b, on_c, on_a):
+            _, answer = await at.post(Command({"c": "whoami", "i": on_a.id, "s": "5" * 32, "u": 2}))
+            assert (read_fault(answer).code, answer.command_id) == (FaultCode.UNKNOWN_CHANNEL, 2)
+        # Nobody took it over.
+        directory = client_for(bus.redis_url)
+        try:
+            assert await directory.hget(DIRECTORY + "ch", on_a.id) is None
+        finally:
+            await directory.aclose()

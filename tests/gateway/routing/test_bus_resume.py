@@ -294,3 +294,37 @@ async def test_a_channel_resumed_at_another_broker_is_back_in_its_groups(
     got = await frame(resumed)
     assert (got.command_id, got.body) == (1, b"to the room")
     await resumed.close()
+
+
+#: Drops and resumes per run of the test below: each one is a chance for the last
+#: frames A sent before the drop to land in the log after B took it.
+DROPS = 10
+#: Frames the agent sends per drop, as fast as it can.
+BURST = 200
+
+
+async def test_a_client_that_drops_mid_stream_and_resumes_elsewhere_gets_each_frame_once(
+    bus: tuple[RunningServer, RunningServer, ApplicationAgent], redis_server: RedisServer
+) -> None:
+    a, b, agent = bus
+    for run in range(DROPS):
+        connection, channel_id, secret = await open_channel(a.ws_url + "/asbp")
+        await until_in_directory(redis_server.url, "ch", channel_id)
+        for u in range(1, BURST + 1):
+            await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+        # The client reads part of the stream and drops (no closing handshake) while
+        # A is still sending and logging the rest; it resumes at B at once.
+        seen = [await frame(connection) for _ in range(BURST // 2 + run * 5)]
+        abandon(connection)
+        resumed, answer = await resume(b.ws_url + "/asbp", channel_id, secret, len(seen))
+        assert answer.name == "asbp.resumed", answer
+        rest: list[Command] = []
+        with anyio.fail_after(10 * T):
+            while len(seen) + len(rest) < BURST:
+                rest.append(await frame(resumed))
+        got = [c.command_id for c in seen + rest]
+        assert got == list(range(1, BURST + 1)), (run, got)
+        # Nothing more comes (a frame sent twice would follow): a marker is next.
+        await agent.send(Command({"c": "news", "d": channel_id, "u": 999}, b"marker"))
+        assert (await frame(resumed)).command_id == 999
+        await resumed.close()
