@@ -40,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from redis.asyncio.connection import AbstractConnection
@@ -63,6 +64,16 @@ from gateway.plane.base import (
     LogRetention,
     Lost,
     PlaneUnavailable,
+)
+from gateway.plane.redis.batches import (
+    BATCH_SCRIPTS,
+    FRAMES,
+    LIVE_VERSION,
+    RECORDS,
+    FrameBatch,
+    RequestBatch,
+    unpack_frames,
+    unpack_records,
 )
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import RedisChannelLog
@@ -270,6 +281,11 @@ class RedisPlane:
         self._after_send: tuple[tuple[Any, ...], ...] = ()
         self._cluster = is_cluster_url(url)
         self._batcher: Batcher | None = None
+        #: Calls still taking envelopes (gateway.plane.redis.batches): the frames
+        #: for each (broker, Channel), and the requests for one Command-Name.
+        #: Sealed (forgotten) whenever another plane call is submitted.
+        self._open_frames: dict[tuple[str, str], FrameBatch] = {}
+        self._open_requests: RequestBatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         #: The last entry of the inbound stream handed to the router: a leaving
@@ -325,7 +341,7 @@ class RedisPlane:
         # WAIT to the primary of the command before it).
         self._cluster = is_cluster_url(self._url)
         self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if self._cluster else ()
-        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS))
+        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS, *BATCH_SCRIPTS))
         try:
             await self._batcher.load_scripts()
             key = f"{self._prefix}bus"
@@ -401,8 +417,9 @@ class RedisPlane:
         previous = await self._call(
             ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
         )
-        # The copy beside the stream, which sends check (another slot on a cluster).
-        await self._call(("SET", self._live, "1", "PX", int(self._lease * 500)))
+        # The copy beside the stream, which sends check (another slot on a cluster);
+        # its value says this broker reads packed entries (gateway.plane.redis.batches).
+        await self._call(("SET", self._live, LIVE_VERSION, "PX", int(self._lease * 500)))
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
@@ -681,17 +698,17 @@ class RedisPlane:
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
         lookup = (self._prefix, self._broker_id, self._balance)
-        if not self._cluster:  # one script finds the target and sends (scripts.py)
-            args = (
-                *lookup,
-                self._stream_prefix,
-                envelope.kind.value,
-                envelope.channel,
-                _SEPARATOR.join(envelope.among),
-                envelope.frame,
-                STREAM_MAX,
-            )
-            return self._submit(script_command(FORWARD_REQUEST, keys, args), self._peer)
+        if not self._cluster:  # one script finds the targets and sends (batches.py)
+            batch = self._open_requests
+            if batch is not None and batch.name == name and not batch.full():
+                return batch.add(envelope)
+            self._seal()
+            lookup_args = (*lookup, self._stream_prefix, STREAM_MAX)
+            batch = RequestBatch((keys[0], keys[1]), lookup_args, name, self._peers.add)
+            placed = batch.add(envelope)
+            if self._submit_batch(batch):
+                self._open_requests = batch
+            return placed
         return self._forward(script_command(FORWARD_REQUEST, keys, lookup), envelope)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
@@ -818,7 +835,44 @@ class RedisPlane:
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         self._peers.add(broker_id)
-        return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
+        if envelope.kind is not EnvelopeKind.CHANNEL:
+            return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
+        # Answers for one Channel at one broker: one call, one entry (batches.py).
+        key = (broker_id, envelope.channel)
+        batch = self._open_frames.get(key)
+        if batch is not None and not batch.full():
+            return batch.add(envelope.frame)
+        batch = FrameBatch(
+            stream_key(self._stream_prefix, broker_id),
+            live_key(self._stream_prefix, broker_id),
+            self._broker_id,
+            envelope.channel,
+            STREAM_MAX,
+            self._after_send,
+        )
+        sent = batch.add(envelope.frame)
+        if self._submit_batch(batch):
+            self._open_frames[key] = batch
+        return sent
+
+    def _submit_batch(self, batch: FrameBatch | RequestBatch) -> bool:
+        """Submit ``batch``; False (and the batch failed) when the plane cannot take it."""
+        if self._batcher is None:
+            batch.fail(EngineUnavailable("the plane is not started"))
+            return False
+        try:
+            self._batcher.submit(batch)
+        except EngineUnavailable as exc:
+            batch.fail(exc)
+            return False
+        return True
+
+    def _seal(self) -> None:
+        """Envelopes handed over from now on go after every call submitted so far:
+        the open batches take no more (so each broker gets envelopes in order)."""
+        if self._open_frames:
+            self._open_frames.clear()
+        self._open_requests = None
 
     def _send_command(
         self, broker_id: str, envelope: Envelope, channel: str | None = None
@@ -890,6 +944,7 @@ class RedisPlane:
         self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
     ) -> asyncio.Future[Any]:
         call = _Future(command, convert, then)
+        self._seal()
         if self._batcher is None:
             call.fail(EngineUnavailable("the plane is not started"))
             return call.future
@@ -963,11 +1018,15 @@ class RedisPlane:
         return node_connection(self._client, self._stream)
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
-        if fields.get(b"k") == _WAKE:
+        k = fields.get(b"k")
+        if k == _WAKE:
             self._log.wake(fields.get(b"i", b"").decode())
             return
+        if k in (FRAMES, RECORDS):
+            self._deliver_packed(k, fields)
+            return
         inbound = self._inbound
-        kind = _KINDS.get(fields.get(b"k", b""))
+        kind = _KINDS.get(k or b"")
         if inbound is None or kind is None:
             return
         among = fields.get(b"g", b"").decode()
@@ -982,6 +1041,31 @@ class RedisPlane:
             inbound(envelope)
         except Exception:  # one bad envelope must not stop the reader
             _log.exception("plane.inbound_failed")
+
+    def _deliver_packed(self, k: bytes, fields: dict[bytes, bytes]) -> None:
+        """The envelopes of a packed entry (gateway.plane.redis.batches), in order."""
+        origin = fields.get(b"o", b"").decode()
+        blob = fields.get(b"f", b"")
+        envelopes: Iterator[Envelope]
+        if k == FRAMES:
+            channel = fields.get(b"i", b"").decode()
+            kind = EnvelopeKind.CHANNEL
+            envelopes = (Envelope(kind, origin, channel, frame) for frame in unpack_frames(blob))
+        else:
+            envelopes = unpack_records(origin, blob)
+        try:
+            for envelope in envelopes:
+                inbound = self._inbound
+                if inbound is None:
+                    return
+                try:
+                    inbound(envelope)
+                except Exception:  # one bad envelope must not stop the others
+                    _log.exception("plane.inbound_failed")
+        except (ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
+            # Only another broker writes here, so this is a bug or a foreign writer:
+            # what was whole is delivered, the rest is reported, the reader goes on.
+            _log.warning("plane.bad_entry", extra={"error": repr(exc)})
 
 
 def _after(entry_id: bytes) -> bytes:
