@@ -4,8 +4,8 @@ Why
 ---
 bench/cluster.py measured a forwarded Command at about 100 µs of broker CPU
 per round trip against 30 µs on one broker, and a profile put most of it in
-the per-call cost of Redis: a script call per forward (A's ``FORWARD_REQUEST``,
-B's ``SEND_TO`` for the answer), its reply read by redis-py one by one, and a
+the per-call cost of Redis: a script call per forward (A's request, B's
+``SEND_TO`` for the answer), its reply read by redis-py one by one, and a
 stream entry of five fields parsed into Python objects by the reader. Under
 load a hundred forwards to the same broker leave in the same loop turn, so
 they can be one call and one entry instead of a hundred.
@@ -17,8 +17,10 @@ Two kinds of call gather forwards while their pipeline waits to be written
 (``send_to`` a CHANNEL envelope: :class:`FrameBatch`, one ``SEND_FRAMES`` call
 adding one entry ``k=d``), and every User-Agent request for one Command-Name
 (``forward_request`` on one Redis: :class:`RequestBatch`, one
-``FORWARD_REQUESTS`` call that balances each request as ``FORWARD_REQUEST``
-did and adds one entry ``k=b`` per target broker). A call takes envelopes only
+``FORWARD_REQUESTS`` call that balances each request as a script call per
+request did and adds one entry ``k=b`` per target broker; on a Redis Cluster the
+call only looks the targets up, and one ``SEND_RECORDS`` call per target adds
+the entry). A call takes envelopes only
 until it is written, and only while no other plane call was submitted after
 it (the plane seals its open calls then, :meth:`RedisPlane._submit`), so
 envelopes still reach each broker in the order they were handed over. A call
@@ -64,7 +66,9 @@ __all__ = [
     "MAX_ENVELOPES",
     "RECORDS",
     "SEND_FRAMES",
+    "SEND_RECORDS",
     "FrameBatch",
+    "RecordBatch",
     "RequestBatch",
     "pack_record",
     "unpack_frames",
@@ -130,9 +134,10 @@ return 1
 )
 
 #: KEYS: name:<n>, fwd:<n>; ARGV: prefix, self, balance, stream prefix, maxlen, then
-#: one packed record per request. Each request is placed as FORWARD_REQUEST
-#: (gateway.plane.redis.scripts) places one, the counts going up as they are
-#: placed; each target gets one entry with its requests, in order. Returns the
+#: one packed record per request. ``in_flight``: each request goes to the least
+#: loaded live broker (ties in turn), whose count goes up by one at once, so a
+#: burst spreads before the next report; ``turns``: each in turn. Each target gets
+#: one entry with its requests, in order. Returns the
 #: target of each request, '' where none (no live broker serves the name, or the
 #: target's lease beside its stream is gone).
 FORWARD_REQUESTS: Final = Script(
@@ -176,6 +181,21 @@ for j = 1, n do
   list[#list + 1] = ARGV[5 + j]
   placed[target][#list] = j
 end
+if stream_prefix == '' then
+  -- A Redis Cluster: the streams are in other slots, so the caller sends
+  -- (SEND_RECORDS); the counts go up here, as they would with the send.
+  for _, target in ipairs(live) do
+    local list = records[target]
+    if list then
+      if balance == 'in_flight' then
+        redis.call('HINCRBY', KEYS[1], target, #list)
+        redis.call('HINCRBY', KEYS[2], target, #list)
+      end
+      for _, j in ipairs(placed[target]) do out[j] = target end
+    end
+  end
+  return out
+end
 for _, target in ipairs(live) do
   local list = records[target]
   if list then
@@ -202,7 +222,27 @@ return out
 """,
 )
 
-BATCH_SCRIPTS: Final = (SEND_FRAMES, FORWARD_REQUESTS)
+#: KEYS: the target's stream, the lease beside it; ARGV: self, maxlen, then packed
+#: records. 1 if added (one entry), 0 if the target's lease is gone.
+SEND_RECORDS: Final = Script(
+    "plane_send_records",
+    _UNPACK
+    + """
+local v = redis.call('GET', KEYS[2])
+if not v then return 0 end
+if v == '"""
+    + LIVE_VERSION
+    + """' then
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
+    'k', 'b', 'o', ARGV[1], 'f', table.concat(ARGV, '', 3))
+else
+  for i = 3, #ARGV do add_record(KEYS[1], ARGV[2], ARGV[1], ARGV[i]) end
+end
+return 1
+""",
+)
+
+BATCH_SCRIPTS: Final = (SEND_FRAMES, FORWARD_REQUESTS, SEND_RECORDS)
 
 
 def pack_record(envelope: Envelope) -> bytes:
@@ -339,17 +379,23 @@ class FrameBatch(_Batch):
                 future.set_result(added)
 
 
+#: Sends the records to a broker on a cluster: (target, records, their futures).
+Send = Callable[[str, list[bytes], list["asyncio.Future[Any]"]], None]
+
+
 class RequestBatch(_Batch):
-    """Requests for one Command-Name: one ``FORWARD_REQUESTS`` call (one Redis only).
+    """Requests for one Command-Name: one ``FORWARD_REQUESTS`` call.
 
     Args:
         keys: name:<n> and fwd:<n>.
-        lookup: prefix, self, balance, stream prefix, maxlen.
+        lookup: prefix, self, balance, stream prefix ('' on a cluster), maxlen.
         name: the Command-Name (a batch takes only its own).
         placed: told each target found, once (the plane's peers).
+        send: on a cluster, where the script only looks the targets up: sends each
+            target its records (:class:`RecordBatch`), which settles their futures.
     """
 
-    __slots__ = ("_keys", "_lookup", "_placed", "name")
+    __slots__ = ("_keys", "_lookup", "_placed", "_send", "name")
 
     def __init__(
         self,
@@ -357,11 +403,13 @@ class RequestBatch(_Batch):
         lookup: tuple[Any, ...],
         name: str,
         placed: Callable[[str], None],
+        send: Send | None = None,
     ) -> None:
         super().__init__(())
         self._keys = keys
         self._lookup = lookup
         self._placed = placed
+        self._send = send
         self.name = name
 
     def add(self, envelope: Envelope) -> asyncio.Future[str | None]:
@@ -377,6 +425,9 @@ class RequestBatch(_Batch):
         if isinstance(reply, Exception):
             self.fail(reply)
             return
+        if self._send is not None:
+            self._send_each(reply)
+            return
         seen: set[bytes] = set()
         for future, target in zip(self._futures, reply, strict=True):
             if target and target not in seen:
@@ -384,3 +435,70 @@ class RequestBatch(_Batch):
                 self._placed(target.decode())
             if not future.done():
                 future.set_result(target.decode() if target else None)
+
+    def _send_each(self, reply: Sequence[bytes]) -> None:
+        assert self._send is not None
+        per: dict[bytes, tuple[list[bytes], list[asyncio.Future[Any]]]] = {}
+        for part, future, target in zip(self._parts, self._futures, reply, strict=True):
+            if not target:
+                if not future.done():
+                    future.set_result(None)
+                continue
+            records, futures = per.setdefault(target, ([], []))
+            records.append(part)
+            futures.append(future)
+        for target, (records, futures) in per.items():
+            self._send(target.decode(), records, futures)
+
+
+class RecordBatch(_Batch):
+    """Records already placed (a cluster's lookup) for one broker: one ``SEND_RECORDS``
+    call, one entry; each future gets the target, or None if its lease is gone.
+
+    Args:
+        stream: the target's inbound stream; ``live`` the lease beside it.
+        origin: this broker; ``target`` the broker the stream is read by.
+        maxlen: the stream's cap.
+        then: commands written right after the call (WAIT on a cluster).
+        placed: told the target once the records are in its stream.
+    """
+
+    __slots__ = ("_args", "_keys", "_placed", "_target")
+
+    def __init__(
+        self,
+        stream: str,
+        live: str,
+        origin: str,
+        target: str,
+        maxlen: int,
+        then: tuple[tuple[Any, ...], ...],
+        placed: Callable[[str], None],
+    ) -> None:
+        super().__init__(then)
+        self._keys = (stream, live)
+        self._args = (origin, maxlen)
+        self._target = target
+        self._placed = placed
+
+    def take(self, records: list[bytes], futures: list[asyncio.Future[Any]]) -> None:
+        """Take ``records`` whose futures are ``futures`` (one each)."""
+        self._parts = records
+        self._futures = futures
+        self.sealed = True
+
+    def commands(self) -> Sequence[tuple[Any, ...]]:
+        self.sealed = True
+        return (script_command(SEND_RECORDS, self._keys, (*self._args, *self._parts)), *self._then)
+
+    def settle(self, replies: Sequence[Any]) -> None:
+        reply = replies[0]
+        if isinstance(reply, Exception):
+            self.fail(reply)
+            return
+        target = self._target if reply else None
+        if target is not None:
+            self._placed(target)
+        for future in self._futures:
+            if not future.done():
+                future.set_result(target)

@@ -71,6 +71,7 @@ from gateway.plane.redis.batches import (
     LIVE_VERSION,
     RECORDS,
     FrameBatch,
+    RecordBatch,
     RequestBatch,
     unpack_frames,
     unpack_records,
@@ -84,7 +85,6 @@ from gateway.plane.redis.scripts import (
     DONE,
     FORWARD_CHANNEL,
     FORWARD_EACH,
-    FORWARD_REQUEST,
     LEAVE,
     REPORT,
     SCRIPTS,
@@ -698,18 +698,38 @@ class RedisPlane:
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
         keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
         lookup = (self._prefix, self._broker_id, self._balance)
-        if not self._cluster:  # one script finds the targets and sends (batches.py)
-            batch = self._open_requests
-            if batch is not None and batch.name == name and not batch.full():
-                return batch.add(envelope)
-            self._seal()
+        # One script finds the targets of the requests made meanwhile and, on one
+        # Redis, sends them; on a cluster a call per target sends (batches.py).
+        batch = self._open_requests
+        if batch is not None and batch.name == name and not batch.full():
+            return batch.add(envelope)
+        self._seal()
+        if self._cluster:
+            lookup_args = (*lookup, "", STREAM_MAX)
+            batch = RequestBatch(keys, lookup_args, name, self._peers.add, self._send_records)
+        else:
             lookup_args = (*lookup, self._stream_prefix, STREAM_MAX)
-            batch = RequestBatch((keys[0], keys[1]), lookup_args, name, self._peers.add)
-            placed = batch.add(envelope)
-            if self._submit_batch(batch):
-                self._open_requests = batch
-            return placed
-        return self._forward(script_command(FORWARD_REQUEST, keys, lookup), envelope)
+            batch = RequestBatch(keys, lookup_args, name, self._peers.add)
+        placed = batch.add(envelope)
+        if self._submit_batch(batch):
+            self._open_requests = batch
+        return placed
+
+    def _send_records(
+        self, target: str, records: list[bytes], futures: list[asyncio.Future[Any]]
+    ) -> None:
+        """On a cluster: the requests looked up for ``target``, sent in one call."""
+        batch = RecordBatch(
+            stream_key(self._stream_prefix, target),
+            live_key(self._stream_prefix, target),
+            self._broker_id,
+            target,
+            STREAM_MAX,
+            self._after_send,
+            self._peers.add,
+        )
+        batch.take(records, futures)
+        self._submit_batch(batch)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         if envelope.kind is EnvelopeKind.CHANNEL and not self._cluster:
@@ -855,7 +875,7 @@ class RedisPlane:
             self._open_frames[key] = batch
         return sent
 
-    def _submit_batch(self, batch: FrameBatch | RequestBatch) -> bool:
+    def _submit_batch(self, batch: FrameBatch | RequestBatch | RecordBatch) -> bool:
         """Submit ``batch``; False (and the batch failed) when the plane cannot take it."""
         if self._batcher is None:
             batch.fail(EngineUnavailable("the plane is not started"))
