@@ -103,6 +103,18 @@ local function add_frames(stream, maxlen, origin, channel, blob)
     pos = pos + len
   end
 end
+-- The records of a ``b`` entry (or of the blob a call is given), as strings.
+local function records_of(blob)
+  local out = {}
+  local pos = 1
+  while pos <= #blob do
+    local _, lc, la, lf = struct.unpack('>BI4I4I4', blob, pos)
+    local len = 13 + lc + la + lf
+    out[#out + 1] = string.sub(blob, pos, pos + len - 1)
+    pos = pos + len
+  end
+  return out
+end
 local function add_record(stream, maxlen, origin, record)
   local kind, lc, la, lf, pos = struct.unpack('>BI4I4I4', record)
   local channel = string.sub(record, pos, pos + lc - 1)
@@ -133,8 +145,9 @@ return 1
 """,
 )
 
-#: KEYS: name:<n>, fwd:<n>; ARGV: prefix, self, balance, stream prefix, maxlen, then
-#: one packed record per request. ``in_flight``: each request goes to the least
+#: KEYS: name:<n>, fwd:<n>; ARGV: prefix, self, balance, stream prefix, maxlen, the
+#: requests' records, packed one after another (one argument: hiredis packs a
+#: command's arguments at about a microsecond each). ``in_flight``: each request goes to the least
 #: loaded live broker (ties in turn), whose count goes up by one at once, so a
 #: burst spreads before the next report; ``turns``: each in turn. Each target gets
 #: one entry with its requests, in order. Returns the
@@ -145,7 +158,8 @@ FORWARD_REQUESTS: Final = Script(
     _UNPACK
     + """
 local prefix, me, balance, stream_prefix, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local n = #ARGV - 5
+local requests = records_of(ARGV[6])
+local n = #requests
 local out = {}
 for j = 1, n do out[j] = '' end
 local live = {}
@@ -178,7 +192,7 @@ for j = 1, n do
     placed[target] = {}
   end
   local list = records[target]
-  list[#list + 1] = ARGV[5 + j]
+  list[#list + 1] = requests[j]
   placed[target][#list] = j
 end
 if stream_prefix == '' then
@@ -222,8 +236,8 @@ return out
 """,
 )
 
-#: KEYS: the target's stream, the lease beside it; ARGV: self, maxlen, then packed
-#: records. 1 if added (one entry), 0 if the target's lease is gone.
+#: KEYS: the target's stream, the lease beside it; ARGV: self, maxlen, the records
+#: packed one after another. 1 if added (one entry), 0 if the target's lease is gone.
 SEND_RECORDS: Final = Script(
     "plane_send_records",
     _UNPACK
@@ -234,9 +248,9 @@ if v == '"""
     + LIVE_VERSION
     + """' then
   redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
-    'k', 'b', 'o', ARGV[1], 'f', table.concat(ARGV, '', 3))
+    'k', 'b', 'o', ARGV[1], 'f', ARGV[3])
 else
-  for i = 3, #ARGV do add_record(KEYS[1], ARGV[2], ARGV[1], ARGV[i]) end
+  for _, record in ipairs(records_of(ARGV[3])) do add_record(KEYS[1], ARGV[2], ARGV[1], record) end
 end
 return 1
 """,
@@ -418,7 +432,8 @@ class RequestBatch(_Batch):
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True
-        return (script_command(FORWARD_REQUESTS, self._keys, (*self._lookup, *self._parts)),)
+        args = (*self._lookup, b"".join(self._parts))
+        return (script_command(FORWARD_REQUESTS, self._keys, args),)
 
     def settle(self, replies: Sequence[Any]) -> None:
         reply = replies[0]
@@ -428,13 +443,14 @@ class RequestBatch(_Batch):
         if self._send is not None:
             self._send_each(reply)
             return
-        seen: set[bytes] = set()
+        targets: dict[bytes, str | None] = {b"": None}
         for future, target in zip(self._futures, reply, strict=True):
-            if target and target not in seen:
-                seen.add(target)
-                self._placed(target.decode())
+            broker = targets.get(target, "")
+            if broker == "":
+                broker = targets[target] = target.decode()
+                self._placed(broker)
             if not future.done():
-                future.set_result(target.decode() if target else None)
+                future.set_result(broker)
 
     def _send_each(self, reply: Sequence[bytes]) -> None:
         assert self._send is not None
@@ -489,7 +505,8 @@ class RecordBatch(_Batch):
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True
-        return (script_command(SEND_RECORDS, self._keys, (*self._args, *self._parts)), *self._then)
+        args = (*self._args, b"".join(self._parts))
+        return (script_command(SEND_RECORDS, self._keys, args), *self._then)
 
     def settle(self, replies: Sequence[Any]) -> None:
         reply = replies[0]

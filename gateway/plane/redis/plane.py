@@ -696,14 +696,14 @@ class RedisPlane:
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
-        keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
-        lookup = (self._prefix, self._broker_id, self._balance)
         # One script finds the targets of the requests made meanwhile and, on one
         # Redis, sends them; on a cluster a call per target sends (batches.py).
         batch = self._open_requests
         if batch is not None and batch.name == name and not batch.full():
             return batch.add(envelope)
         self._seal()
+        keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
+        lookup = (self._prefix, self._broker_id, self._balance)
         if self._cluster:
             lookup_args = (*lookup, "", STREAM_MAX)
             batch = RequestBatch(keys, lookup_args, name, self._peers.add, self._send_records)
