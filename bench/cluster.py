@@ -45,11 +45,17 @@ into four virtual queues, received at another), messages per second on one
 Redis and on the cluster, interleaved, the ratio cluster / one Redis within
 each repeat and its median against issue 12's goal (>= 0.7).
 
-Where the added time goes: each forwarded Command costs two Redis round trips
-(A's forward script, B's reply to A), each batched with everything else in
-flight (gateway/engines/redis/batch.py), plus one XREAD on each side that
-returns whatever arrived meanwhile; the CPU column shows the two brokers' CPU
-per round trip against the one broker's.
+Where the added time goes: each forwarded Command crosses Redis twice (A's
+request to B's inbound stream, B's answer to A's), each in a pipeline with
+everything else in flight (gateway/engines/redis/batch.py), plus one XREAD on
+each side that returns whatever arrived meanwhile. The forwards made while a
+pipeline waits are packed (gateway/plane/redis/batches.py): A's requests for
+one name are one script call and one stream entry per target, B's answers for
+one Channel one call and one entry, so under load a Command's share of a
+script call, an entry and a reply is a small fraction of one. The CPU columns
+show, per round trip, the brokers' CPU (both, for two brokers) and Redis's
+(``/proc/<pid>/task/*/schedstat`` of the ``redis-server``, or of the six
+cluster nodes), against the one broker's.
 """
 
 from __future__ import annotations

@@ -983,6 +983,8 @@ class RedisPlane:
         # A raw connection of its own: XREAD BLOCK holds it, and cancelling a
         # raw read at close is prompt where the client's command wrapper is not.
         last: bytes = b"0-0"
+        #: What was read and not trimmed yet: the trim goes before the next read.
+        trim: bytes | None = None
         delay = 0.05
         connection: AbstractConnection | None = None
         try:
@@ -991,10 +993,23 @@ class RedisPlane:
                     if connection is None:
                         connection = self._new_connection()
                         await connection.connect()  # type: ignore[no-untyped-call]  # upstream
-                    await connection.send_command(
+                    read = (
                         "XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
-                        "STREAMS", self._stream, last, check_health=False,
+                        "STREAMS", self._stream, last,
                     )  # fmt: skip
+                    if trim is None:
+                        await connection.send_command(*read, check_health=False)
+                    else:
+                        # What was read is trimmed: the stream holds only what is on
+                        # its way (MINID keeps its own ID: the one after the last
+                        # read, so that what a broker leaves when it dies is exactly
+                        # what it never read). In one write with the next read, on
+                        # this connection: no pipeline of the Batcher's for it.
+                        commands = [("XTRIM", self._stream, "MINID", trim), read]
+                        packed = connection.pack_commands(commands)
+                        await connection.send_packed_command(packed, check_health=False)
+                        await connection.read_response()
+                        trim = None
                     # No read timeout: one that fires mid-reply can leave redis-py's
                     # parser out of step. BLOCK is short instead, and the reader
                     # looks at ``_stopping`` between reads.
@@ -1024,10 +1039,7 @@ class RedisPlane:
                 for entry_id, flat in entries:
                     self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
                     last = self._read_through = entry_id
-                # What was read is trimmed: the stream holds only what is on its way
-                # (MINID keeps its own ID: the one after the last read, so that what a
-                # broker leaves when it dies is exactly what it never read).
-                self._announce([("XTRIM", self._stream, "MINID", _after(last))])
+                trim = _after(last)
         finally:
             if connection is not None:
                 with contextlib.suppress(*CONNECTION_ERRORS):
