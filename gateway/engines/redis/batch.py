@@ -173,8 +173,9 @@ class Batcher:
         self._pending: list[Call] = []
         self._mergeable: dict[Hashable, Call] = {}
         self._flusher: asyncio.Task[None] | None = None
-        #: The connection of the pipeline just written, kept for the next one of the
-        #: same flush: the pool's checks and locks cost about 16 µs a pipeline.
+        #: The connection of the pipeline just written, kept for the next one: the
+        #: pool's checks and locks cost about 16 µs a pipeline. One flusher runs at
+        #: a time, so one connection is enough; it goes back to the pool at close.
         self._held: AbstractConnection | None = None
         self._closed = False
 
@@ -228,6 +229,9 @@ class Batcher:
         self._closed = True
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
+        held, self._held = self._held, None
+        if held is not None:
+            await self._client.connection_pool.release(held)
 
     async def _flush(self) -> None:
         try:
@@ -240,9 +244,6 @@ class Batcher:
                 await self._run(calls)
         finally:
             self._flusher = None
-            held, self._held = self._held, None
-            if held is not None:
-                await self._client.connection_pool.release(held)
 
     async def _run(self, calls: list[Call]) -> None:
         commands: list[tuple[Any, ...]] = []
@@ -292,8 +293,8 @@ class Batcher:
     async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pool = self._client.connection_pool
         # The pool checks a connection it hands out (Redis may have closed it while
-        # idle); one kept from the pipeline before, a moment ago, fails on use at
-        # worst, and _execute tries once more on a new one.
+        # idle); the one kept from the pipeline before fails on use at worst, as an
+        # idle pooled one could, and _execute tries once more on a new one.
         connection, self._held = self._held, None
         if connection is None:
             connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # upstream
@@ -310,7 +311,7 @@ class Batcher:
             await connection.disconnect()  # dead, or replies left unread: never reuse it
             await pool.release(connection)
             raise
-        self._held = connection  # released when the flush ends (_flush)
+        self._held = connection  # for the next pipeline (released at close)
         return replies
 
 
