@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from gateway.engines.redis.connection import Client, connect
-from gateway.plane.base import Envelope, EnvelopeKind
+from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.redis.batches import pack_record
 from gateway.plane.redis.keys import live_key, stream_key
 from gateway.plane.redis.plane import RedisPlane
@@ -89,6 +89,7 @@ async def test_an_older_broker_is_sent_one_entry_per_envelope_in_the_old_format(
     assert await asyncio.gather(*placed) == ["broker-b"] * 3
     assert all(await asyncio.gather(*sent))
     entries = await client.xrange(stream_key(PREFIX, "broker-b"))
+    assert entries is not None
     assert [fields for _, fields in entries] == [
         {b"k": e.kind.value.encode(), b"o": b"broker-a", b"i": CHANNEL.encode(),
          b"g": "\n".join(e.among).encode(), b"f": e.frame}
@@ -142,3 +143,14 @@ async def test_frames_packed_for_a_dead_holder_go_into_the_channels_log(
     read = await log_b.read(CHANNEL, 0, 10, 0)
     assert read is not None
     assert [frame for _, frame in read.frames] == frames
+
+
+async def test_forwards_after_close_fail_as_unavailable(brokers: list[Broker]) -> None:
+    a, _ = brokers
+    a.plane.serving("other")  # a name A serves: a batch for it holds nothing to B
+    await a.plane.close()
+    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    frame = Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=echo.reply;")
+    for future in (a.plane.forward_request("echo", request), a.plane.send_to("broker-b", frame)):
+        with pytest.raises(PlaneUnavailable):
+            await future
