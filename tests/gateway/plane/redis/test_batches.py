@@ -109,8 +109,9 @@ async def test_a_newer_broker_reads_old_entries_and_skips_broken_packed_ones(
     await client.xadd(stream, {"k": "b", "o": "broker-b", "f": pack_record(whole) + b"\x71\x00"})
     packed = b"\x00\x00\x00\x07c=five;" + b"\x00\x00\x00\x09c=n"
     await client.xadd(stream, {"k": "d", "o": "broker-b", "i": CHANNEL, "f": packed})
-    # An unknown envelope kind inside a record.
+    # An unknown envelope kind inside a record; a record shorter than its header says.
     await client.xadd(stream, {"k": "b", "o": "broker-b", "f": b"\x01" + pack_record(whole)[1:]})
+    await client.xadd(stream, {"k": "b", "o": "broker-b", "f": pack_record(whole)[:-2]})
     after = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=after;")
     assert await brokers[1].plane.send_to("broker-a", after)
     with anyio.fail_after(5 * T):
@@ -154,3 +155,21 @@ async def test_forwards_after_close_fail_as_unavailable(brokers: list[Broker]) -
     for future in (a.plane.forward_request("echo", request), a.plane.send_to("broker-b", frame)):
         with pytest.raises(PlaneUnavailable):
             await future
+
+
+async def test_a_refused_batch_fails_every_forward_in_it(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, b = brokers
+    b.plane.serving("echo")
+    await b.plane.written()
+    # B's stream is not a stream any more: Redis refuses the XADD (WRONGTYPE).
+    await client.delete(stream_key(PREFIX, "broker-b"))
+    await client.set(stream_key(PREFIX, "broker-b"), "not a stream")
+    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    frame = Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=echo.reply;")
+    placed = [a.plane.forward_request("echo", request) for _ in range(3)]
+    sent = [a.plane.send_to("broker-b", frame) for _ in range(3)]
+    for outcome in await asyncio.gather(*placed, *sent, return_exceptions=True):
+        assert isinstance(outcome, PlaneUnavailable)
+    await client.delete(stream_key(PREFIX, "broker-b"))
