@@ -45,11 +45,17 @@ into four virtual queues, received at another), messages per second on one
 Redis and on the cluster, interleaved, the ratio cluster / one Redis within
 each repeat and its median against issue 12's goal (>= 0.7).
 
-Where the added time goes: each forwarded Command costs two Redis round trips
-(A's forward script, B's reply to A), each batched with everything else in
-flight (gateway/engines/redis/batch.py), plus one XREAD on each side that
-returns whatever arrived meanwhile; the CPU column shows the two brokers' CPU
-per round trip against the one broker's.
+Where the added time goes: each forwarded Command crosses Redis twice (A's
+request to B's inbound stream, B's answer to A's), each in a pipeline with
+everything else in flight (gateway/engines/redis/batch.py), plus one XREAD on
+each side that returns whatever arrived meanwhile. The forwards made while a
+pipeline waits are packed (gateway/plane/redis/batches.py): A's requests for
+one name are one script call and one stream entry per target, B's answers for
+one Channel one call and one entry, so under load a Command's share of a
+script call, an entry and a reply is a small fraction of one. The CPU columns
+show, per round trip, the brokers' CPU (both, for two brokers) and Redis's
+(``/proc/<pid>/task/*/schedstat`` of the ``redis-server``, or of the six
+cluster nodes), against the one broker's.
 """
 
 from __future__ import annotations
@@ -66,10 +72,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import httpx
+from _peer_servers import cpu_seconds  # per-thread schedstat, as the brokers' column
 from cluster_queues import measure as measure_queues  # bench/cluster_queues.py's cases
 from roundtrip import (
     AGENT_ID,
@@ -98,6 +105,13 @@ TARGET = Target("broker/uvicorn", "broker", "uvicorn")
 @contextlib.contextmanager
 def redis_server(directory: Path) -> Iterator[str]:
     """A private ``redis-server`` on a free port; its URL."""
+    with redis_process(directory) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def redis_process(directory: Path) -> Iterator[tuple[str, int]]:
+    """A private ``redis-server`` on a free port; its URL and process id."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -114,7 +128,7 @@ def redis_server(directory: Path) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.01)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", process.pid
     finally:
         process.terminate()
         process.wait()
@@ -123,9 +137,11 @@ def redis_server(directory: Path) -> Iterator[str]:
 class BusBroker(ServerProcess):
     """A bench/_servers.py broker on the redis engine."""
 
-    def __init__(self, agent_key: Path, redis_url: str) -> None:
+    def __init__(self, agent_key: Path, redis_url: str, redis_pids: Sequence[int] = ()) -> None:
         super().__init__(TARGET, agent_key=agent_key)
         self.redis_url = redis_url
+        #: The Redis processes the broker's plane uses (their CPU is a column).
+        self.redis_pids = list(redis_pids)
 
     async def start(self) -> None:
         assert self.agent_key is not None
@@ -193,14 +209,18 @@ async def measure(
         await sequential(user, prefix, args.warmup, 0)
         await pipelined(user, prefix, args.warmup * 5, args.window)
         latencies = sorted(await sequential(user, prefix, args.trips, args.warmup))
+        redis_pids = user_broker.redis_pids
         cpu0 = sum(s.cpu_seconds() for s in servers)
+        redis0 = cpu_seconds(redis_pids)
         seconds = await pipelined(user, prefix, args.requests, args.window)
         cpu = sum(s.cpu_seconds() for s in servers) - cpu0
+        redis_cpu = cpu_seconds(redis_pids) - redis0
     return {
         "p50_us": _percentile(latencies, 0.5) / 1000,
         "p99_us": _percentile(latencies, 0.99) / 1000,
         "commands_per_s": args.requests / seconds,
         "server_cpu_us": cpu / args.requests * 1e6,
+        "redis_cpu_us": redis_cpu / args.requests * 1e6,
     }
 
 
@@ -298,9 +318,10 @@ async def run(args: argparse.Namespace) -> None:
         key = Path(tmp) / "agent.pem"
         key.write_text(public_pem)
         cluster = RedisCluster(Path(tmp) / "cluster", appendonly=False)
-        with redis_server(Path(tmp)) as redis_url, cluster:
-            a, b = BusBroker(key, redis_url), BusBroker(key, redis_url)
-            ca, cb = BusBroker(key, cluster.url), BusBroker(key, cluster.url)
+        with redis_process(Path(tmp)) as (redis_url, redis_pid), cluster:
+            a, b = BusBroker(key, redis_url, [redis_pid]), BusBroker(key, redis_url, [redis_pid])
+            nodes = [server.pid for server in cluster.servers]
+            ca, cb = BusBroker(key, cluster.url, nodes), BusBroker(key, cluster.url, nodes)
             for broker in (a, b, ca, cb):
                 await broker.start()
             if args.queues_only:
@@ -332,7 +353,10 @@ async def run(args: argparse.Namespace) -> None:
     report_http(http)
     if args.http_only:
         return
-    print(f"{'layout':<14} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11} {'CPU us/trip':>12}")
+    print(
+        f"{'layout':<14} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11} {'CPU us/trip':>12} "
+        f"{'Redis us/trip':>14}"
+    )
     for name, samples in rows.items():
 
         def med(field: str, samples: list[dict[str, float]] = samples) -> float:
@@ -340,7 +364,8 @@ async def run(args: argparse.Namespace) -> None:
 
         print(
             f"{name:<14} {med('p50_us'):>8.0f} {med('p99_us'):>8.0f} "
-            f"{med('commands_per_s'):>11.0f} {med('server_cpu_us'):>12.1f}"
+            f"{med('commands_per_s'):>11.0f} {med('server_cpu_us'):>12.1f} "
+            f"{med('redis_cpu_us'):>14.1f}"
         )
     ratios = [
         two["commands_per_s"] / one["commands_per_s"]

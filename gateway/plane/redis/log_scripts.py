@@ -144,6 +144,18 @@ end
 -- it: they are still in its inbound stream (a broker trims what it read). They go
 -- into the log first, oldest first, and out of that stream. At most SALVAGE
 -- entries of the stream are looked at.
+-- The frames of a packed ``d`` entry: each a 4-byte big-endian length and the frame.
+local function frames(blob)
+  local out = {}
+  local pos = 1
+  while pos <= #blob do
+    local len
+    len, pos = struct.unpack('>I4', blob, pos)
+    out[#out + 1] = string.sub(blob, pos, pos + len - 1)
+    pos = pos + len
+  end
+  return out
+end
 local function salvage(at, max_age, max_frames, max_bytes, prefix, channel, cap)
   if not dead or prefix == '' then return end
   local inbound = '{' .. prefix .. 'in:' .. dead .. '}'
@@ -153,6 +165,12 @@ local function salvage(at, max_age, max_frames, max_bytes, prefix, channel, cap)
     for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
     if f['k'] == 'c' and f['i'] == channel then
       append(f['f'], at, max_age, max_frames, max_bytes, prefix, channel, cap)
+      redis.call('XDEL', inbound, e[1])
+    elseif f['k'] == 'd' and f['i'] == channel then
+      -- Frames for this Channel packed in one entry (gateway.plane.redis.batches).
+      for _, frame in ipairs(frames(f['f'])) do
+        append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
+      end
       redis.call('XDEL', inbound, e[1])
     end
   end
@@ -376,23 +394,30 @@ local saved = 0
 for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
   local f = {}
   for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
-  if f['k'] == 'c' and f['i'] then
+  if (f['k'] == 'c' or f['k'] == 'd') and f['i'] then
     local tag = '{' .. f['i'] .. '}'
     -- The prelude's functions work on these: this Channel's log now.
     meta = prefix .. 'log:' .. tag
     stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
     local w = redis.call('HGET', meta, 'w')
+    -- A ``d`` entry packs several frames for the Channel (gateway.plane.redis.batches).
+    local list = {f['f']}
+    if f['k'] == 'd' then list = frames(f['f']) end
     if redis.call('EXISTS', meta) == 1 and not w then
-      if append(f['f'], now, ARGV[4], ARGV[5], ARGV[6], prefix, f['i'], ARGV[7]) > 0 then
-        saved = saved + 1
+      for _, frame in ipairs(list) do
+        if append(frame, now, ARGV[4], ARGV[5], ARGV[6], prefix, f['i'], ARGV[7]) > 0 then
+          saved = saved + 1
+        end
       end
     elseif w and redis.call('EXISTS', '{' .. prefix .. '}alive:' .. w) == 1 then
-      -- Resumed at a live broker meanwhile (a rolling restart): the frame goes
+      -- Resumed at a live broker meanwhile (a rolling restart): the frames go
       -- there, as a forward would, instead of being dropped.
-      redis.call('XADD', '{' .. prefix .. 'in:' .. w .. '}', 'MAXLEN', '~', ARGV[7], '*',
-        'k', 'c', 'o', gone, 'i', f['i'], 'g', '', 'f', f['f'])
-      saved = saved + 1
+      for _, frame in ipairs(list) do
+        redis.call('XADD', '{' .. prefix .. 'in:' .. w .. '}', 'MAXLEN', '~', ARGV[7], '*',
+          'k', 'c', 'o', gone, 'i', f['i'], 'g', '', 'f', frame)
+        saved = saved + 1
+      end
     end
     -- Handled once: a broker leaving salvages its own stream while another may
     -- be sweeping it (gateway.plane.redis.plane, _leave).

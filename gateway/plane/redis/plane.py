@@ -40,9 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from redis.asyncio.connection import AbstractConnection
@@ -64,6 +65,17 @@ from gateway.plane.base import (
     Lost,
     PlaneUnavailable,
 )
+from gateway.plane.redis.batches import (
+    BATCH_SCRIPTS,
+    FRAMES,
+    LIVE_VERSION,
+    RECORDS,
+    FrameBatch,
+    RecordBatch,
+    RequestBatch,
+    unpack_frames,
+    unpack_records,
+)
 from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import RedisChannelLog
@@ -74,7 +86,6 @@ from gateway.plane.redis.scripts import (
     DONE,
     FORWARD_CHANNEL,
     FORWARD_EACH,
-    FORWARD_REQUEST,
     LEAVE,
     REPORT,
     SCRIPTS,
@@ -271,6 +282,11 @@ class RedisPlane:
         self._after_send: tuple[tuple[Any, ...], ...] = ()
         self._cluster = is_cluster_url(url)
         self._batcher: Batcher | None = None
+        #: Calls still taking envelopes (gateway.plane.redis.batches): the frames
+        #: for each (broker, Channel), and the requests for one Command-Name.
+        #: Sealed (forgotten) whenever another plane call is submitted.
+        self._open_frames: dict[tuple[str, str], FrameBatch] = {}
+        self._open_requests: RequestBatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         #: The last entry of the inbound stream handed to the router: a leaving
@@ -326,7 +342,9 @@ class RedisPlane:
         # WAIT to the primary of the command before it).
         self._cluster = is_cluster_url(self._url)
         self._after_send = (("WAIT", 1, REPLICA_WAIT_MS),) if self._cluster else ()
-        self._batcher = batcher(self._client, (*SCRIPTS, *LOG_SCRIPTS, *CLAIM_SCRIPTS))
+        self._batcher = batcher(
+            self._client, (*SCRIPTS, *LOG_SCRIPTS, *BATCH_SCRIPTS, *CLAIM_SCRIPTS)
+        )
         try:
             await self._batcher.load_scripts()
             key = f"{self._prefix}bus"
@@ -402,8 +420,9 @@ class RedisPlane:
         previous = await self._call(
             ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
         )
-        # The copy beside the stream, which sends check (another slot on a cluster).
-        await self._call(("SET", self._live, "1", "PX", int(self._lease * 500)))
+        # The copy beside the stream, which sends check (another slot on a cluster);
+        # its value says this broker reads packed entries (gateway.plane.redis.batches).
+        await self._call(("SET", self._live, LIVE_VERSION, "PX", int(self._lease * 500)))
         if previous is None:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
@@ -692,20 +711,40 @@ class RedisPlane:
     # -- forwarding ------------------------------------------------------------
 
     def forward_request(self, name: str, envelope: Envelope) -> asyncio.Future[str | None]:
+        # One script finds the targets of the requests made meanwhile and, on one
+        # Redis, sends them; on a cluster a call per target sends (batches.py).
+        batch = self._open_requests
+        if batch is not None and batch.name == name and not batch.full():
+            return batch.add(envelope)
+        self._seal()
         keys = (f"{self._prefix}name:{name}", f"{self._prefix}fwd:{name}")
         lookup = (self._prefix, self._broker_id, self._balance)
-        if not self._cluster:  # one script finds the target and sends (scripts.py)
-            args = (
-                *lookup,
-                self._stream_prefix,
-                envelope.kind.value,
-                envelope.channel,
-                _SEPARATOR.join(envelope.among),
-                envelope.frame,
-                STREAM_MAX,
-            )
-            return self._submit(script_command(FORWARD_REQUEST, keys, args), self._peer)
-        return self._forward(script_command(FORWARD_REQUEST, keys, lookup), envelope)
+        if self._cluster:
+            lookup_args = (*lookup, "", STREAM_MAX)
+            batch = RequestBatch(keys, lookup_args, name, self._peers.add, self._send_records)
+        else:
+            lookup_args = (*lookup, self._stream_prefix, STREAM_MAX)
+            batch = RequestBatch(keys, lookup_args, name, self._peers.add)
+        placed = batch.add(envelope)
+        if self._submit_batch(batch):
+            self._open_requests = batch
+        return placed
+
+    def _send_records(
+        self, target: str, records: list[bytes], futures: list[asyncio.Future[Any]]
+    ) -> None:
+        """On a cluster: the requests looked up for ``target``, sent in one call."""
+        batch = RecordBatch(
+            stream_key(self._stream_prefix, target),
+            live_key(self._stream_prefix, target),
+            self._broker_id,
+            target,
+            STREAM_MAX,
+            self._after_send,
+            self._peers.add,
+        )
+        batch.take(records, futures)
+        self._submit_batch(batch)
 
     def forward_to_channel(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         if envelope.kind is EnvelopeKind.CHANNEL and not self._cluster:
@@ -831,7 +870,44 @@ class RedisPlane:
 
     def send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[bool]:
         self._peers.add(broker_id)
-        return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
+        if envelope.kind is not EnvelopeKind.CHANNEL:
+            return self._submit(self._send_command(broker_id, envelope), bool, self._after_send)
+        # Answers for one Channel at one broker: one call, one entry (batches.py).
+        key = (broker_id, envelope.channel)
+        batch = self._open_frames.get(key)
+        if batch is not None and not batch.full():
+            return batch.add(envelope.frame)
+        batch = FrameBatch(
+            stream_key(self._stream_prefix, broker_id),
+            live_key(self._stream_prefix, broker_id),
+            self._broker_id,
+            envelope.channel,
+            STREAM_MAX,
+            self._after_send,
+        )
+        sent = batch.add(envelope.frame)
+        if self._submit_batch(batch):
+            self._open_frames[key] = batch
+        return sent
+
+    def _submit_batch(self, batch: FrameBatch | RequestBatch | RecordBatch) -> bool:
+        """Submit ``batch``; False (and the batch failed) when the plane cannot take it."""
+        if self._batcher is None:
+            batch.fail(EngineUnavailable("the plane is not started"))
+            return False
+        try:
+            self._batcher.submit(batch)
+        except EngineUnavailable as exc:
+            batch.fail(exc)
+            return False
+        return True
+
+    def _seal(self) -> None:
+        """Envelopes handed over from now on go after every call submitted so far:
+        the open batches take no more (so each broker gets envelopes in order)."""
+        if self._open_frames:
+            self._open_frames.clear()
+        self._open_requests = None
 
     def _send_command(
         self, broker_id: str, envelope: Envelope, channel: str | None = None
@@ -903,6 +979,7 @@ class RedisPlane:
         self, command: tuple[Any, ...], convert: Any, then: tuple[tuple[Any, ...], ...] = ()
     ) -> asyncio.Future[Any]:
         call = _Future(command, convert, then)
+        self._seal()
         if self._batcher is None:
             call.fail(EngineUnavailable("the plane is not started"))
             return call.future
@@ -921,6 +998,8 @@ class RedisPlane:
         # A raw connection of its own: XREAD BLOCK holds it, and cancelling a
         # raw read at close is prompt where the client's command wrapper is not.
         last: bytes = b"0-0"
+        #: What was read and not trimmed yet: the trim goes before the next read.
+        trim: bytes | None = None
         delay = 0.05
         connection: AbstractConnection | None = None
         try:
@@ -929,10 +1008,23 @@ class RedisPlane:
                     if connection is None:
                         connection = self._new_connection()
                         await connection.connect()  # type: ignore[no-untyped-call]  # upstream
-                    await connection.send_command(
+                    read = (
                         "XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
-                        "STREAMS", self._stream, last, check_health=False,
+                        "STREAMS", self._stream, last,
                     )  # fmt: skip
+                    if trim is None:
+                        await connection.send_command(*read, check_health=False)
+                    else:
+                        # What was read is trimmed: the stream holds only what is on
+                        # its way (MINID keeps its own ID: the one after the last
+                        # read, so that what a broker leaves when it dies is exactly
+                        # what it never read). In one write with the next read, on
+                        # this connection: no pipeline of the Batcher's for it.
+                        commands = [("XTRIM", self._stream, "MINID", trim), read]
+                        packed = connection.pack_commands(commands)
+                        await connection.send_packed_command(packed, check_health=False)
+                        await connection.read_response()
+                        trim = None
                     # No read timeout: one that fires mid-reply can leave redis-py's
                     # parser out of step. BLOCK is short instead, and the reader
                     # looks at ``_stopping`` between reads.
@@ -962,10 +1054,7 @@ class RedisPlane:
                 for entry_id, flat in entries:
                     self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
                     last = self._read_through = entry_id
-                # What was read is trimmed: the stream holds only what is on its way
-                # (MINID keeps its own ID: the one after the last read, so that what a
-                # broker leaves when it dies is exactly what it never read).
-                self._announce([("XTRIM", self._stream, "MINID", _after(last))])
+                trim = _after(last)
         finally:
             if connection is not None:
                 with contextlib.suppress(*CONNECTION_ERRORS):
@@ -976,11 +1065,15 @@ class RedisPlane:
         return node_connection(self._client, self._stream)
 
     def _deliver(self, fields: dict[bytes, bytes]) -> None:
-        if fields.get(b"k") == _WAKE:
+        k = fields.get(b"k")
+        if k == _WAKE:
             self._log.wake(fields.get(b"i", b"").decode())
             return
+        if k in (FRAMES, RECORDS):
+            self._deliver_packed(k, fields)
+            return
         inbound = self._inbound
-        kind = _KINDS.get(fields.get(b"k", b""))
+        kind = _KINDS.get(k or b"")
         if inbound is None or kind is None:
             return
         among = fields.get(b"g", b"").decode()
@@ -995,6 +1088,31 @@ class RedisPlane:
             inbound(envelope)
         except Exception:  # one bad envelope must not stop the reader
             _log.exception("plane.inbound_failed")
+
+    def _deliver_packed(self, k: bytes, fields: dict[bytes, bytes]) -> None:
+        """The envelopes of a packed entry (gateway.plane.redis.batches), in order."""
+        origin = fields.get(b"o", b"").decode()
+        blob = fields.get(b"f", b"")
+        envelopes: Iterator[Envelope]
+        if k == FRAMES:
+            channel = fields.get(b"i", b"").decode()
+            kind = EnvelopeKind.CHANNEL
+            envelopes = (Envelope(kind, origin, channel, frame) for frame in unpack_frames(blob))
+        else:
+            envelopes = unpack_records(origin, blob)
+        try:
+            for envelope in envelopes:
+                inbound = self._inbound
+                if inbound is None:
+                    return
+                try:
+                    inbound(envelope)
+                except Exception:  # one bad envelope must not stop the others
+                    _log.exception("plane.inbound_failed")
+        except (ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
+            # Only another broker writes here, so this is a bug or a foreign writer:
+            # what was whole is delivered, the rest is reported, the reader goes on.
+            _log.warning("plane.bad_entry", extra={"error": repr(exc)})
 
 
 def _after(entry_id: bytes) -> bytes:

@@ -23,7 +23,9 @@ sends it itself: one round trip per forward, as before the cluster
 throughput). Every script declares its first key, so that a Redis Cluster runs
 it on the primary serving that slot; the keys it derives share that key's hash
 tag. Stream entries carry ``k o i g f``: kind, origin broker, Channel, the
-``among`` agents (or groups) joined by line feeds, and the frame.
+``among`` agents (or groups) joined by line feeds, and the frame. A
+User-Agent's requests and the answers for a Channel go packed, many to an
+entry (:mod:`gateway.plane.redis.batches`, which has those scripts).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ __all__ = [
     "DONE",
     "FORWARD_CHANNEL",
     "FORWARD_EACH",
-    "FORWARD_REQUEST",
     "LEAVE",
     "REPORT",
     "SCRIPTS",
@@ -100,46 +101,6 @@ local function forget(prefix, b, budget)
   return budget, true
 end
 """
-
-#: KEYS: name:<n>, whose values are each broker's Commands in flight for the name,
-#: and fwd:<n>; ARGV: prefix, self, balance[, stream prefix, kind, channel, among,
-#: frame, maxlen]. ``in_flight``: the least loaded live broker (ties in turn), whose
-#: count goes up by one at once, so a burst spreads before the next report;
-#: ``turns``: each in turn. With the envelope (one Redis), sent to it.
-FORWARD_REQUEST: Final = Script(
-    "plane_forward_request",
-    _SEND
-    + """
-local prefix = ARGV[1]
-local live = {}
-local loads = {}
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-  local b = fields[i]
-  if b ~= ARGV[2] and redis.call('EXISTS', prefix .. 'alive:' .. b) == 1 then
-    live[#live + 1] = b
-    loads[b] = tonumber(fields[i + 1]) or 0
-  end
-end
-if #live == 0 then return false end
-table.sort(live)
-local turn = redis.call('INCR', prefix .. 'turn')
-local target = live[(turn % #live) + 1]
-if ARGV[3] == 'in_flight' then
-  for k = 1, #live - 1 do
-    local b = live[((turn + k) % #live) + 1]
-    if loads[b] < loads[target] then target = b end
-  end
-end
-if #ARGV > 3 and not send(ARGV[4], target, ARGV[2], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
-then return false end
-if ARGV[3] == 'in_flight' then
-  redis.call('HINCRBY', KEYS[1], target, 1)
-  redis.call('HINCRBY', KEYS[2], target, 1)
-end
-return target
-""",
-)
 
 #: KEYS: ch; ARGV: prefix, channel, kind, among[, stream prefix, self, frame,
 #: maxlen]. The live broker holding the Channel; with the envelope (one Redis),
@@ -326,7 +287,6 @@ return out
 SCRIPTS: Final = (
     REPORT,
     DONE,
-    FORWARD_REQUEST,
     FORWARD_CHANNEL,
     FORWARD_EACH,
     SEND_TO,

@@ -1,0 +1,175 @@
+"""Packed stream entries on the Redis plane (gateway/plane/redis/batches.py): what an
+older broker is sent, what a newer one reads, what a dead broker's stream gives to
+a Channel's log, and what a broken entry does (nothing to the rest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gateway.engines.redis.connection import Client, connect
+from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
+from gateway.plane.redis.batches import pack_record
+from gateway.plane.redis.keys import live_key, stream_key
+from gateway.plane.redis.plane import RedisPlane
+from tests.support import RedisServer, T
+
+pytestmark = pytest.mark.anyio
+
+PREFIX = "batches:"
+CHANNEL = "0123456789abcdef0123456789abcdef"
+DIGEST = b"d" * 32
+
+
+@dataclass
+class Broker:
+    plane: RedisPlane
+    inbound: asyncio.Queue[Envelope] = field(default_factory=asyncio.Queue)
+    lost: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory: Path = tmp_path_factory.mktemp("batches-redis")
+    with RedisServer(directory) as server:
+        yield server.url
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[Client]:
+    client = connect(redis_url, connect_timeout=T, command_timeout=5 * T)
+    await client.flushall()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=[30.0])
+async def brokers(
+    request: pytest.FixtureRequest, redis_url: str, client: Client
+) -> AsyncIterator[list[Broker]]:
+    """Brokers A and B, with the lease the test asks for (30 s: none runs out)."""
+    started: list[Broker] = []
+    for broker_id in ("broker-a", "broker-b"):
+        plane = RedisPlane(redis_url, broker_id=broker_id, lease=request.param, prefix=PREFIX)
+        broker = Broker(plane)
+        await plane.start(broker.inbound.put_nowait, broker.lost.put_nowait)
+        started.append(broker)
+    try:
+        yield started
+    finally:
+        for broker in started:
+            await broker.plane.close()
+
+
+async def test_an_older_broker_is_sent_one_entry_per_envelope_in_the_old_format(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, b = brokers
+    b.plane.serving("echo")
+    await b.plane.written()
+    await b.plane.abandon()  # reads nothing more: its stream keeps what it is sent
+    # What a broker from before packed entries writes beside its stream.
+    await client.set(live_key(PREFIX, "broker-b"), "1", keepttl=True)
+    requests = [
+        Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo,u=%d;" % n, ("x", "y"))
+        for n in range(3)
+    ]
+    frames = [
+        Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=r,u=%d;" % n) for n in range(3)
+    ]
+    placed = [a.plane.forward_request("echo", envelope) for envelope in requests]
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert await asyncio.gather(*placed) == ["broker-b"] * 3
+    assert all(await asyncio.gather(*sent))
+    entries = await client.xrange(stream_key(PREFIX, "broker-b"))
+    assert entries is not None
+    assert [fields for _, fields in entries] == [
+        {b"k": e.kind.value.encode(), b"o": b"broker-a", b"i": CHANNEL.encode(),
+         b"g": "\n".join(e.among).encode(), b"f": e.frame}
+        for e in (*requests, *frames)
+    ]  # fmt: skip
+
+
+async def test_a_newer_broker_reads_old_entries_and_skips_broken_packed_ones(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, _ = brokers
+    stream = stream_key(PREFIX, "broker-a")
+    old = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=old;")
+    await client.xadd(stream, {"k": "c", "o": "broker-b", "i": CHANNEL, "g": "", "f": b"c=old;"})
+    whole = Envelope(EnvelopeKind.REQUEST, "broker-b", CHANNEL, b"c=whole;")
+    # A record whole, then one cut short; frames whole, then one cut short.
+    await client.xadd(stream, {"k": "b", "o": "broker-b", "f": pack_record(whole) + b"\x71\x00"})
+    packed = b"\x00\x00\x00\x07c=five;" + b"\x00\x00\x00\x09c=n"
+    await client.xadd(stream, {"k": "d", "o": "broker-b", "i": CHANNEL, "f": packed})
+    # An unknown envelope kind inside a record; a record shorter than its header says.
+    await client.xadd(stream, {"k": "b", "o": "broker-b", "f": b"\x01" + pack_record(whole)[1:]})
+    await client.xadd(stream, {"k": "b", "o": "broker-b", "f": pack_record(whole)[:-2]})
+    after = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=after;")
+    assert await brokers[1].plane.send_to("broker-a", after)
+    with anyio.fail_after(5 * T):
+        got = [await a.inbound.get() for _ in range(4)]
+    five = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=five;")
+    assert got == [old, whole, five, after]
+
+
+@pytest.mark.parametrize("brokers", [3.0], indirect=True)
+async def test_frames_packed_for_a_dead_holder_go_into_the_channels_log(
+    brokers: list[Broker],
+) -> None:
+    a, b = brokers
+    log_a, log_b = a.plane.channel_log, b.plane.channel_log
+    await log_a.open(CHANNEL, digest=DIGEST, idle=60.0)
+    assert await log_a.hold(CHANNEL) == ("", 0)
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.written()
+    await a.plane.abandon()  # dies: what it is sent now it never reads
+    frames = [b"c=r,u=%d;" % n for n in range(5)]
+    sent = [
+        b.plane.send_to("broker-a", Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, f))
+        for f in frames
+    ]
+    assert all(await asyncio.gather(*sent))
+    # B's renewal sweeps A once its lease is gone, salvaging its stream, then
+    # reports it lost.
+    with anyio.fail_after(b.plane.lease + 5 * T):
+        assert await b.lost.get() == "broker-a"
+    read = await log_b.read(CHANNEL, 0, 10, 0)
+    assert read is not None
+    assert [frame for _, frame in read.frames] == frames
+
+
+async def test_forwards_after_close_fail_as_unavailable(brokers: list[Broker]) -> None:
+    a, _ = brokers
+    a.plane.serving("other")  # a name A serves: a batch for it holds nothing to B
+    await a.plane.close()
+    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    frame = Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=echo.reply;")
+    for future in (a.plane.forward_request("echo", request), a.plane.send_to("broker-b", frame)):
+        with pytest.raises(PlaneUnavailable):
+            await future
+
+
+async def test_a_refused_batch_fails_every_forward_in_it(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, b = brokers
+    b.plane.serving("echo")
+    await b.plane.written()
+    # B's stream is not a stream any more: Redis refuses the XADD (WRONGTYPE).
+    await client.delete(stream_key(PREFIX, "broker-b"))
+    await client.set(stream_key(PREFIX, "broker-b"), "not a stream")
+    request = Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo;")
+    frame = Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=echo.reply;")
+    placed = [a.plane.forward_request("echo", request) for _ in range(3)]
+    sent = [a.plane.send_to("broker-b", frame) for _ in range(3)]
+    for outcome in await asyncio.gather(*placed, *sent, return_exceptions=True):
+        assert isinstance(outcome, PlaneUnavailable)
+    await client.delete(stream_key(PREFIX, "broker-b"))
