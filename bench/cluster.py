@@ -76,7 +76,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import httpx
-from _peer_servers import cpu_seconds  # per-thread schedstat, as the brokers' column
 from cluster_queues import measure as measure_queues  # bench/cluster_queues.py's cases
 from roundtrip import (
     AGENT_ID,
@@ -97,6 +96,8 @@ from agents.credentials import generate_agent_key, mint_agent_token
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.support.redis_cluster: the cluster the tests use
+from _peer_servers import cpu_seconds  # noqa: E402  # per-thread schedstat, as the brokers' column
+
 from tests.support.redis_cluster import RedisCluster  # noqa: E402  # after the path above
 
 TARGET = Target("broker/uvicorn", "broker", "uvicorn")
