@@ -46,6 +46,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the bench's processes import the gateway only when they serve it
     from gateway.config.model import BusBalance, EventLogMode, ResumeMode
 
+# The checkout this script is in, before whatever checkout is installed: a broker
+# process must run the code beside the bench that started it (an editable install
+# of another checkout would otherwise serve its gateway instead).
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
 HOST = "127.0.0.1"
 #: Uvicorn's own default listen backlog, for a server not told another.
 _UVICORN_BACKLOG = 2048
