@@ -1,7 +1,7 @@
 """Queue throughput: publish -> deliver -> acknowledge on the Redis engine, against raw redis-py.
 
     python bench/queues.py [--messages N] [--repeats R] [--payload BYTES] [--aof] [--quick]
-                           [--targets broker broker-memory engine]
+                           [--targets broker broker-noresume broker-memory engine]
 
 Starts its own ``redis-server`` (tests.support.RedisServer) on a free port and
 measures, in the same run, interleaved, ``--repeats`` times:
@@ -25,6 +25,14 @@ measures, in the same run, interleaved, ``--repeats`` times:
     off the frame with a regular expression (checked against ``asbp.decode``
     once per run). The frames are the ones any client sends: one Command per
     WebSocket message, each masked.
+``broker-noresume``
+    The same with ``[channels] resume = "off"``. On the ``redis`` engine
+    ``resume = "auto"`` turns resume on, so every frame the broker sends a
+    WebSocket Channel (each ``asbp.accepted``, each notification) is also
+    appended to that Channel's log in Redis (gateway/plane/redis/log.py): two
+    appends per queued message that raw redis-py does not make. Its ratios to
+    ``raw`` have no goal; beside ``broker`` they show Redis's share of the
+    Channel log (issue 17, point 2).
 ``broker-memory``
     The same on the ``memory`` engine (no Redis in the path): what the broker
     costs by itself. Its ratio to ``raw`` has no goal; it shows how much of
@@ -105,7 +113,7 @@ START_TIMEOUT = 60.0
 RUN_TIMEOUT = 600.0
 
 Run = Callable[[int, bytes], Awaitable[float]]
-#: The targets the goal applies to (broker-memory is there for comparison).
+#: The targets the goal applies to (broker-noresume and broker-memory are there for comparison).
 GOAL_TARGETS = ("broker", "engine")
 
 
@@ -302,13 +310,21 @@ class BenchSocket(asyncio.Protocol):
 
 @contextlib.asynccontextmanager
 async def broker_process(
-    redis_url: str | None, directory: Path, *, event_log: bool = False
+    redis_url: str | None,
+    directory: Path,
+    *,
+    event_log: bool = False,
+    resume: bool = True,
+    name: str = "",
 ) -> AsyncIterator[BrokerProcess]:
-    """A broker in its own process, on Redis (or ``memory`` if None), event log on or off."""
-    config = directory / "bench.toml"
+    """A broker in its own process, on Redis (or ``memory`` if None), event log on or off,
+    Channel resume as configured by default (``auto``) or off."""
+    name = name or ("broker" if redis_url else "broker-memory")
+    config = directory / f"{name}.toml"
     config.write_text(
         f"[messaging]\nprefetch = {PREFETCH}\nmax_queue_depth = 1000000000\n"
         f'[event_log]\nmode = "{"on" if event_log else "off"}"\n'
+        + ("" if resume else '[channels]\nresume = "off"\n')
     )
     engine = (
         ["--engine", "memory"]
@@ -324,7 +340,7 @@ async def broker_process(
         "--host", "127.0.0.1",
         "--port", "0",
         "--server", "uvicorn",
-        "--data-dir", str(directory / ("broker" if redis_url else "broker-memory")),
+        "--data-dir", str(directory / name),
         "--log-format", "json",
         cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL,
@@ -586,6 +602,17 @@ async def measure(
                 broker_process(redis_url, directory, event_log=args.event_log)
             )
             runs["broker"] = through("broker", broker)
+        if "broker-noresume" in args.targets:
+            noresume = await stack.enter_async_context(
+                broker_process(
+                    redis_url,
+                    directory,
+                    event_log=args.event_log,
+                    resume=False,
+                    name="broker-noresume",
+                )
+            )
+            runs["broker-noresume"] = through("broker-noresume", noresume)
         if "broker-memory" in args.targets:
             memory = await stack.enter_async_context(
                 broker_process(None, directory, event_log=args.event_log)
@@ -646,7 +673,7 @@ def main() -> None:
     parser.add_argument(
         "--targets",
         nargs="+",
-        choices=("broker", "broker-memory", "engine"),
+        choices=("broker", "broker-noresume", "broker-memory", "engine"),
         default=["broker", "engine"],
     )
     args = parser.parse_args()
