@@ -150,6 +150,33 @@ async def test_retention_by_age_drops_what_is_older(bus: Bus) -> None:
     assert read is not None and read.frames == () and read.lost_through == 2
 
 
+async def test_retention_drops_many_frames_at_once_by_commands_bytes_and_age(bus: Bus) -> None:
+    # A held log is trimmed only by retention: one batch of appends may drop more
+    # frames than the plane reads at a time, by each bound.
+    retention = LogRetention(max_frames=30, max_bytes=400, max_age=60.0)
+    a = await bus.join("broker-a", retention=retention)
+    log = a.plane.channel_log
+    await log.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    assert await log.hold(CHANNEL) == ("", 0)
+    frames = [b"c=ten;%04d" % n for n in range(1, 101)]  # 10 bytes each
+    assert await log.held_append(CHANNEL, frames) == 100
+    read = await log.read(CHANNEL, 0, 1000, 0)
+    assert read is not None
+    assert [seq for seq, _ in read.frames] == list(range(71, 101))  # by commands
+    assert read.lost_through == 70
+    assert await log.held_append(CHANNEL, [b"c=big;" + b"x" * 194] * 2) == 102
+    read = await log.read(CHANNEL, 0, 1000, 0)
+    assert read is not None  # by bytes: 2 x 200 fill it, the 30 before go
+    assert [seq for seq, _ in read.frames] == [101, 102]
+    assert read.lost_through == 100
+    assert await log.held_append(CHANNEL, frames[:20]) == 122
+    bus.skew += 61
+    assert await log.held_append(CHANNEL, [b"c=new;"]) == 123
+    read = await log.read(CHANNEL, 0, 1000, 0)
+    assert read is not None and read.frames == ((123, b"c=new;"),)  # by age
+    assert read.lost_through == 122
+
+
 async def test_an_idle_log_expires_bus_wide_and_use_keeps_it(bus: Bus) -> None:
     a = await bus.join("broker-a")
     b = await bus.join("broker-b")
