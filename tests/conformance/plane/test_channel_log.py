@@ -300,7 +300,7 @@ async def test_a_record_kept_with_a_log_is_read_at_another_broker_and_goes_with_
     await log_a.keep(CHANNEL, b'{"groups":["room"]}\x00\xff')
     await log_a.keep(CHANNEL, b'{"groups":["hall"]}')  # replaced whole
     assert await log_b.kept(CHANNEL) == b'{"groups":["hall"]}'
-    log_a.open(CHANNEL, digest=DIGEST, idle=100.0)  # opened again: afresh
+    await log_a.open(CHANNEL, digest=DIGEST, idle=100.0)  # opened again: afresh
     assert await log_b.kept(CHANNEL) == b""
     await log_a.keep(CHANNEL, b"kept")
     bus.skew += 101
