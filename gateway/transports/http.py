@@ -83,6 +83,15 @@ def _busy(bound: HandshakeBound, command_id: int | None) -> Response:
     return response
 
 
+def _unreachable(message: str, command_id: int | None = None) -> Response:
+    """``503`` with ``Retry-After`` and fault 2005: the bus (the routing plane) did not
+    answer. The Channel and what it was sent are intact; the clients back off for
+    ``Retry-After`` (the SDKs honour it) instead of hammering a Redis on its way back."""
+    response = _fault(FaultCode.ENGINE_UNAVAILABLE, message, command_id=command_id, status=503)
+    response.headers["Retry-After"] = str(RETRY_AFTER)
+    return response
+
+
 def _unfinished(status: int, message: str) -> Response:
     """A fault for a body that never arrived whole; the connection closes after it.
 
@@ -178,12 +187,7 @@ async def _owned_channel(
     try:
         digest = await broker.plane.channel_log.digest(channel_id)
     except PlaneUnavailable:
-        return _fault(
-            FaultCode.ENGINE_UNAVAILABLE,
-            "the bus is unreachable: send again in a moment",
-            command_id=command_id,
-            status=503,
-        )
+        return _unreachable("the bus is unreachable: send again in a moment", command_id)
     if digest is None or not matches(presented, digest):
         return _gone(broker, channel_id, presented, command_id)
     client = request.client
@@ -419,11 +423,7 @@ async def _poll_log(
     try:
         read = reading.result()
     except PlaneUnavailable:
-        return _fault(
-            FaultCode.ENGINE_UNAVAILABLE,
-            "the bus is unreachable: poll again in a moment",
-            status=503,
-        )
+        return _unreachable("the bus is unreachable: poll again in a moment")
     if read is None:
         if broker.http_bus is not None:
             broker.http_bus.gone(channel)  # this copy goes too: 2104 from now on

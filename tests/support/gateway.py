@@ -293,13 +293,17 @@ class HttpChannel:
         return {"ASBP-Secret": self.secret} if self.secret else {}
 
     async def post(self, frame: Command | bytes) -> tuple[int, Command]:
+        response = await self.post_response(frame)
+        return response.status_code, decode(response.content)
+
+    async def post_response(self, frame: Command | bytes) -> httpx.Response:
+        """The whole response to a POST of ``frame``, headers included."""
         body = asbp.encode(frame) if isinstance(frame, Command) else frame
-        response = await self.client.post(
+        return await self.client.post(
             self.url,
             content=body,
             headers={"Content-Type": "application/asbp", **self._headers()},
         )
-        return response.status_code, decode(response.content)
 
     async def open(self) -> HttpChannel:
         status, reply = await self.post(Command(c="asbp.channel"))

@@ -293,12 +293,17 @@ async def test_a_bus_whose_redis_is_gone_answers_503_with_2005(tmp_path: Path) -
             server.stop()
             # B must ask the bus whether the secret is right; A has the Channel but
             # its mailbox is in Redis. Either way: retryable, never a 404 or a 5xx crash.
-            status, fault = await elsewhere.post(Command({"c": "asbp.ping", "i": owner.id, "u": 4}))
-            assert status == 503
-            assert_fault(fault, 2005, u=4)
+            posted = await elsewhere.post_response(
+                Command({"c": "asbp.ping", "i": owner.id, "u": 4})
+            )
+            assert posted.status_code == 503
+            assert_fault(decode(posted.content), 2005, u=4)
+            # Retryable, and said so: the SDKs wait Retry-After before they try again.
+            assert posted.headers["Retry-After"] == "1"
             polled = await owner.poll_response(wait=0)
             assert polled.status_code == 503
             assert_fault(decode(polled.content), 2005)
+            assert polled.headers["Retry-After"] == "1"
 
 
 async def test_what_retention_drops_is_named_in_the_long_poll(
