@@ -316,9 +316,28 @@ class HttpBus:
             self._broker.close_channel(channel, FaultCode.UNKNOWN_CHANNEL)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
+        # Named after the work, so that a failure's log line says which.
+        task = asyncio.get_running_loop().create_task(
+            work, name=getattr(work, "__qualname__", None)
+        )
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        # Each piece of work handles the failures it expects (an unreachable bus
+        # faults the sender); anything else is a bug, and it must be seen in the
+        # broker's log when it happens, not as asyncio's "exception was never
+        # retrieved" whenever the task is collected.
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._broker.log.error(
+                "http_bus.task_failed",
+                exc_info=(type(error), error, error.__traceback__),
+                extra={"task": task.get_name()},
+            )
 
     async def stop(self) -> None:
         """End what is still running (the broker is stopping)."""

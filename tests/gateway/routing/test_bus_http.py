@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -326,3 +327,30 @@ async def test_what_retention_drops_is_named_in_the_long_poll(
         assert [c.command_id for _, c in await owner.poll(after=0)] == [4, 5]
         after = await owner.poll_response(after=5, wait=0)
         assert after.status_code == 204 and "asbp-lost" not in after.headers
+
+
+async def test_a_bug_in_the_work_an_http_channel_starts_is_logged_when_it_happens(
+    tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The work the bus side of HTTP Channels starts and awaits nowhere (a claim, a
+    # look for the home, a rejoin) handles the failures it expects; anything else
+    # must reach the broker's log at once, naming the work, not as asyncio's
+    # "exception was never retrieved" whenever the task is collected.
+    await flush(redis_server.url)
+    make_credentials(tmp_path)
+    app = create_app(config(tmp_path, "broker-a", redis_server.url))
+    async with serve_app_async(app):
+        http_bus = app.state.broker.http_bus
+        assert http_bus is not None
+
+        async def rejoin() -> None:
+            raise RuntimeError("a bug")
+
+        with caplog.at_level(logging.ERROR, logger="asbp.gateway"):
+            http_bus._spawn(rejoin())
+            (task,) = http_bus._tasks
+            await asyncio.wait({task}, timeout=5 * T)  # its done callback runs first
+        assert not http_bus._tasks
+        (record,) = [r for r in caplog.records if r.getMessage() == "http_bus.task_failed"]
+        assert record.task.endswith("rejoin")  # type: ignore[attr-defined]
+        assert record.exc_info is not None and str(record.exc_info[1]) == "a bug"
