@@ -64,7 +64,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
@@ -107,6 +107,25 @@ RELEASE_WAIT: Final = 1.0
 _RELEASE_CHECK: Final = 0.005
 #: ``kept`` of ``asbp.resumed``: what followed the Channel (docs/protocol.md).
 KEPT: Final = ("groups", "subjects", "subscriptions")
+
+
+def _unawaited(future: asyncio.Future[Any], call: str, channel_id: str) -> None:
+    """A call on the Channel's log that nobody awaits (the connection is going, or
+    the caller must not wait): its failure, an unreachable bus, is logged once here
+    instead of as asyncio's "exception was never retrieved". What it costs is said
+    where each is called."""
+
+    def done(settled: asyncio.Future[Any]) -> None:
+        if settled.cancelled():
+            return
+        error = settled.exception()
+        if error is not None:
+            _log.warning(
+                "channel.log_call_failed",
+                extra={"call": call, "channel": channel_id, "error": str(error)},
+            )
+
+    future.add_done_callback(done)
 
 
 class HeldOutbox(StreamOutbox):
@@ -264,8 +283,10 @@ class HeldOutbox(StreamOutbox):
             self._logging = False
             self.released = True
             # The log outlives the connection: frames go into it until a resume.
+            # Unreleased (the bus unreachable), a resume elsewhere waits RELEASE_WAIT
+            # for this broker, then tells it to let go.
             with contextlib.suppress(EngineUnavailable):
-                self._holder.release(self.channel_id)
+                _unawaited(self._holder.release(self.channel_id), "release", self.channel_id)
 
 
 class Refused(GatewayError):
@@ -343,7 +364,10 @@ class ChannelResume:
         """Into the log of a resumable Channel whose connection dropped (a lone broker's
         log is in memory: the future is settled already)."""
         logged = self._broker.plane.channel_log.append(channel_id, frame)
-        return logged.done() and logged.exception() is None and logged.result() > 0
+        if not logged.done():  # pragma: no cover - one broker's log is in memory
+            _unawaited(logged, "append", channel_id)
+            return False
+        return logged.exception() is None and logged.result() > 0
 
     def _record(self, channel: Channel) -> None:
         """A resumable Channel's groups or Subjects changed: its record beside the log
@@ -358,8 +382,9 @@ class ChannelResume:
         subscriptions = self._subscriptions(channel.id)
         parked = self._broker.broker_id if subscriptions else ""
         record = ResumeRecord.of(channel.groups, home, kept, subscriptions, parked).encode()
+        # Unkept (the bus unreachable), a resume elsewhere finds the record before.
         with contextlib.suppress(EngineUnavailable):
-            self._broker.plane.channel_log.keep(channel.id, record)
+            _unawaited(self._broker.plane.channel_log.keep(channel.id, record), "keep", channel.id)
 
     def _subscriptions(self, channel_id: str) -> list[KeptSubscription]:
         return [
@@ -524,8 +549,12 @@ class ChannelResume:
         """The greeting (with the secret) is out: the log starts, held here, empty."""
         log = self._broker.plane.channel_log
         try:
-            log.open(channel.id, digest=channel.secret_digest, idle=self._idle)
-            log.hold(channel.id)
+            _unawaited(
+                log.open(channel.id, digest=channel.secret_digest, idle=self._idle),
+                "open",
+                channel.id,
+            )
+            _unawaited(log.hold(channel.id), "hold", channel.id)
         except EngineUnavailable:
             return  # the bus is unreachable: this Channel cannot resume, and says so then
         outbox.start_logging(channel.id)

@@ -24,6 +24,7 @@ small tmpfs): tests/gateway/engines/test_redis_full_disk.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -93,7 +94,20 @@ async def test_redis_fails_and_comes_back(
             await publish_until_accepted(publisher, n, accepted)
 
         if failure == "sigkill-and-restart":
+            leaving = await gateway.channel()
             await asyncio.to_thread(server.kill)
+            # A Channel that drops now cannot release its log: said in the log, once,
+            # not left to asyncio as a future's exception nobody retrieved.
+            plane_log = logging.getLogger("asbp.plane")  # the Channel log's own logger
+            plane_log.addHandler(gateway.events)
+            try:
+                await leaving.ws.close()
+                failed = await gateway.events.wait(
+                    "channel.log_call_failed", call="release", channel=leaving.id
+                )
+            finally:
+                plane_log.removeHandler(gateway.events)
+            assert "Redis is unavailable" in vars(failed)["error"]
             client = await gateway.http_client()
             readyz = await client.get(f"{gateway.server.http_url}/readyz")
             assert (readyz.status_code, readyz.json()["engine"]) == (503, False)
