@@ -90,9 +90,11 @@ _LENGTH: Final = struct.Struct(">I")
 _HEADER: Final = struct.Struct(">BIII")
 _KINDS: Final = {ord(kind.value): kind for kind in EnvelopeKind}
 
-# Lua: one old-format entry per frame or record, for a broker that predates
-# packed entries (its lease copy is not LIVE_VERSION).
-_UNPACK: Final = """
+# Lua: the send every script ends with (send_packed): one packed entry for a
+# broker that reads them (its lease copy is LIVE_VERSION), else one old-format
+# entry per frame or record, for a broker that predates packed entries.
+_UNPACK: Final = (
+    """
 local function add_frames(stream, maxlen, origin, channel, blob)
   local pos = 1
   while pos <= #blob do
@@ -123,7 +125,27 @@ local function add_record(stream, maxlen, origin, record)
   redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
     'k', string.char(kind), 'o', origin, 'i', channel, 'g', among, 'f', frame)
 end
+-- What every send does once it has read the target's lease copy ``version``: one
+-- packed entry (``kind`` 'd': frames for ``channel``; 'b': records) for a broker
+-- that reads them, else one old-format entry per frame or record.
+local function send_packed(stream, version, maxlen, origin, kind, blob, channel)
+  if version == '"""
+    + LIVE_VERSION
+    + """' then
+    if kind == 'd' then
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+        'k', 'd', 'o', origin, 'i', channel, 'f', blob)
+    else
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'k', 'b', 'o', origin, 'f', blob)
+    end
+  elseif kind == 'd' then
+    add_frames(stream, maxlen, origin, channel, blob)
+  else
+    for _, record in ipairs(records_of(blob)) do add_record(stream, maxlen, origin, record) end
+  end
+end
 """
+)
 
 #: KEYS: the target's stream, the lease beside it; ARGV: self, Channel, frames
 #: (packed), maxlen. 1 if added, 0 if the target's lease is gone.
@@ -133,14 +155,7 @@ SEND_FRAMES: Final = Script(
     + """
 local v = redis.call('GET', KEYS[2])
 if not v then return 0 end
-if v == '"""
-    + LIVE_VERSION
-    + """' then
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*',
-    'k', 'd', 'o', ARGV[1], 'i', ARGV[2], 'f', ARGV[3])
-else
-  add_frames(KEYS[1], ARGV[4], ARGV[1], ARGV[2], ARGV[3])
-end
+send_packed(KEYS[1], v, ARGV[4], ARGV[1], 'd', ARGV[3], ARGV[2])
 return 1
 """,
 )
@@ -216,14 +231,7 @@ for _, target in ipairs(live) do
     local stream = '{' .. stream_prefix .. 'in:' .. target .. '}'
     local v = redis.call('GET', stream .. 'live')
     if v then
-      if v == '"""
-    + LIVE_VERSION
-    + """' then
-        redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
-          'k', 'b', 'o', me, 'f', table.concat(list))
-      else
-        for _, record in ipairs(list) do add_record(stream, maxlen, me, record) end
-      end
+      send_packed(stream, v, maxlen, me, 'b', table.concat(list))
       if balance == 'in_flight' then
         redis.call('HINCRBY', KEYS[1], target, #list)
         redis.call('HINCRBY', KEYS[2], target, #list)
@@ -244,14 +252,7 @@ SEND_RECORDS: Final = Script(
     + """
 local v = redis.call('GET', KEYS[2])
 if not v then return 0 end
-if v == '"""
-    + LIVE_VERSION
-    + """' then
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
-    'k', 'b', 'o', ARGV[1], 'f', ARGV[3])
-else
-  for _, record in ipairs(records_of(ARGV[3])) do add_record(KEYS[1], ARGV[2], ARGV[1], record) end
-end
+send_packed(KEYS[1], v, ARGV[2], ARGV[1], 'b', ARGV[3])
 return 1
 """,
 )
