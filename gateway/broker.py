@@ -319,6 +319,12 @@ class Broker:
             await self._drain()
         if self._housekeeping is not None:
             await cancel_and_wait(self._housekeeping)
+        if self.http_bus is not None:
+            # The HTTP Channels homed here keep their Subjects beside their logs for
+            # the brokers that take them over: signed in, not signed out by a restart.
+            handed = await self.http_bus.hand_over(_STOP_LAST_TRY)
+            if handed:
+                self.log.info("broker.subjects_handed_over", extra={"channels": handed})
         for tube in self.respondents.tubes():
             self.router.close_tube(tube)
         for channel in self.channels:

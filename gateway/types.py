@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gateway.acl import AccessContext
     from gateway.connections.channels import Channel
     from gateway.connections.flow import FlowGate
+    from gateway.connections.resume_state import KeptSubject
     from gateway.connections.subjects import Subject
     from gateway.connections.tubes import Tube
     from gateway.plane.base import Envelope
@@ -215,4 +216,13 @@ class SubjectResume(Protocol):
 
     def expired(self, now: float) -> list[Subject]:
         """The Subjects that waited for their Channel past its log's lifetime (to end)."""
+        ...
+
+    def kept(self, channel: Channel) -> list[KeptSubject]:
+        """``channel``'s signed-in Subjects, as its record keeps them."""
+        ...
+
+    def restore(self, channel: Channel, kept: tuple[KeptSubject, ...]) -> int:
+        """Take over ``channel``'s Subjects from its record (another broker signed
+        them in); how many."""
         ...

@@ -84,6 +84,10 @@ class Channel:
     visitor: bool = False
     #: Monotonic time a visitor last asked the bus whether its home is alive.
     home_checked: float = 0.0
+    #: The Subjects a stopping home kept beside the HTTP Channel's log for the
+    #: broker that takes it over (gateway.routing.http_bus, ``hand_over``): they
+    #: move with it, so its close here ends them without a word to their agents.
+    handed_over: frozenset[str] = frozenset()
 
 
 class ChannelRegistry:

@@ -43,6 +43,17 @@ the Command it held to the winner. The Subjects signed in there are lost with it
 faults 3201: the client signs in again), as a WebSocket Channel's are when its
 broker dies without a resume.
 
+A home that *stops* (SIGTERM: a rolling restart, a scale-down) hands its
+Channels' Subjects over instead (:meth:`HttpBus.hand_over`, called by the
+broker's stop once the drain is done, before its Channels close): it writes
+them into each record (``s``, the agents that authenticated it, its roles, its
+address, the brokers whose agents did: the WebSocket resume's
+``KeptSubject``), and its close forgets them without a word to their agents.
+The broker that takes the Channel over restores them from the record before it
+routes the Command that made it the home, so the client's next ``s`` works
+there, and then rewrites the record without them (a later home must not bring
+back a Subject that ended meanwhile).
+
 The home's copy does not idle out while the Channel is used elsewhere: past
 the idle timeout it asks the log, which every broker's requests keep alive,
 and closes only once the log expired bus-wide (gateway.broker).
@@ -66,6 +77,7 @@ from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from gateway.types import SubjectResume
 
 __all__ = ["HttpBus"]
 
@@ -217,26 +229,35 @@ class HttpBus:
                 "channel.home_claimed_elsewhere", extra={"channel": channel.id, "home": holder}
             )
             return False
-        if not channel.closed:
-            self.take_over(channel)
+        if not channel.closed and self._become_home(channel):
+            # Awaited: the Command that made this broker the home may name a
+            # Subject the record brings (a stopped home handed it over).
+            await self._rejoin(channel)
         return True
 
     def take_over(self, channel: Channel) -> None:
         """Make this broker ``channel``'s home (the directory names it, or its claim
-        won): announce it, and join it to the groups its record keeps."""
+        won): announce it, and join it to the groups (and take over the Subjects)
+        its record keeps."""
+        if self._become_home(channel):
+            self._spawn(self._rejoin(channel))
+
+    def _become_home(self, channel: Channel) -> bool:
         if not channel.visitor:
-            return
+            return False
         channel.visitor = False
         self._broker.router.channel_opened(channel)
         self._broker.log.warning(
             "channel.home_taken_over", extra={"channel": channel.id, "transport": "http"}
         )
-        self._spawn(self._rejoin(channel))
+        return True
 
     async def _rejoin(self, channel: Channel) -> None:
         with contextlib.suppress(PlaneUnavailable):
             record = ResumeRecord.decode(await self._plane.channel_log.kept(channel.id))
-            if record.groups and not channel.closed and not channel.visitor:
+            if channel.closed or channel.visitor:
+                return
+            if record.groups:
                 channels = self._broker.channels
                 for group in record.groups:
                     channels.join(group, [channel])
@@ -244,9 +265,23 @@ class HttpBus:
                     "channel.groups_rejoined",
                     extra={"channel": channel.id, "groups": len(record.groups)},
                 )
+            resumes = self._resumes
+            if record.subjects and resumes is not None:
+                restored = resumes.restore(channel, record.subjects)
+                self._broker.log.info(
+                    "channel.subjects_taken_over",
+                    extra={"channel": channel.id, "subjects": restored, "from": record.home},
+                )
+                self._record(channel)  # kept here now: out of the record
+
+    @property
+    def _resumes(self) -> SubjectResume | None:
+        auth = self._broker.router.auth
+        return None if auth is None else auth.resumes
 
     def _record(self, channel: Channel) -> None:
-        """A home HTTP Channel's groups changed: its record beside the log follows."""
+        """A home HTTP Channel's groups changed: its record beside the log follows
+        (with the Subjects it hands over, once its broker is stopping)."""
         if (
             channel.kind is not ChannelKind.HTTP
             or channel.visitor
@@ -255,7 +290,54 @@ class HttpBus:
         ):
             return
         with contextlib.suppress(PlaneUnavailable):
-            self._plane.channel_log.keep(channel.id, ResumeRecord.of(channel.groups).encode())
+            self._plane.channel_log.keep(channel.id, self._record_of(channel).encode())
+
+    def _record_of(self, channel: Channel) -> ResumeRecord:
+        resumes = self._resumes
+        if not channel.handed_over or resumes is None:
+            return ResumeRecord.of(channel.groups)
+        kept = [k for k in resumes.kept(channel) if k.id in channel.handed_over]
+        return ResumeRecord.of(channel.groups, self._plane.broker_id, kept)
+
+    async def hand_over(self, timeout: float) -> int:
+        """The broker is stopping: each HTTP Channel homed here keeps its signed-in
+        Subjects in the record beside its log, for the broker that takes it over
+        (see the module docstring). Returns how many Channels did; a Channel whose
+        record could not be written in ``timeout`` seconds ends its Subjects at
+        its close, as before."""
+        resumes = self._resumes
+        if resumes is None:
+            return 0
+        writes: dict[Channel, asyncio.Future[None]] = {}
+        for channel in list(self._broker.channels):
+            if (
+                channel.kind is not ChannelKind.HTTP
+                or channel.visitor
+                or channel.closed
+                or not isinstance(channel.outbox, LogMailbox)
+            ):
+                continue
+            kept = resumes.kept(channel)
+            if not kept:
+                continue
+            channel.handed_over = frozenset(k.id for k in kept)
+            try:
+                writes[channel] = self._plane.channel_log.keep(
+                    channel.id, self._record_of(channel).encode()
+                )
+            except PlaneUnavailable:
+                channel.handed_over = frozenset()
+        if not writes:
+            return 0
+        await asyncio.wait(writes.values(), timeout=timeout)
+        handed = 0
+        for channel, written in writes.items():
+            if written.done() and not written.cancelled() and written.exception() is None:
+                handed += 1
+            else:
+                written.cancel()
+                channel.handed_over = frozenset()  # not kept: they end at its close
+        return handed
 
     def inbound(self, envelope: Envelope) -> None:
         """A Command another broker handed on for an HTTP Channel whose home is here."""

@@ -247,9 +247,17 @@ class RemoteSubjects:
                 self._to_origin(guest, subject_id, tube, asbp.encode(refusal))
 
     def broker_lost(self, broker_id: str) -> None:
-        """``broker_id`` is gone: its guests here (nobody will end them), and its
-        agents for the Subjects here, which count as having left."""
-        for subject_id in [s for s, g in self._guests.items() if g.origin == broker_id]:
+        """``broker_id`` is gone: its guests here that no agent here authenticated
+        (nobody will answer for them), and its agents for the Subjects here, which
+        count as having left.
+
+        A guest that agents here authenticated stays (within :data:`MAX_GUESTS`):
+        a home that stopped handed its HTTP Channels' Subjects to the brokers that
+        take the Channels over, and the new home ends them with ``SUBJECT_END`` as
+        the old one would have (gateway.routing.http_bus)."""
+        for subject_id in [
+            s for s, g in self._guests.items() if g.origin == broker_id and not g.authenticated
+        ]:
             del self._guests[subject_id]
         auth = self._auth
         if auth is None:

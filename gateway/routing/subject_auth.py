@@ -345,8 +345,14 @@ class Authenticator:
         resume: they wait for it (gateway.routing.resume_subjects)."""
         subjects = self.subjects.on_channel(channel)
         waiting = self.resumes is not None and self.resumes.parks(channel)
+        handed = channel.handed_over
         for subject in subjects:
-            if not waiting or subject.state is not SubjectState.AUTHENTICATED:
+            if subject.id in handed and subject.state is SubjectState.AUTHENTICATED:
+                # A stopping home kept it beside the HTTP Channel's log for the
+                # broker that takes the Channel over: it moves, it does not end.
+                self.subjects.end(subject)
+                self._log.info("subject.handed_over", extra={"subject": subject.id})
+            elif not waiting or subject.state is not SubjectState.AUTHENTICATED:
                 self.end(subject, "channel closed")
 
     def tube_closed(self, tube: Tube) -> None:

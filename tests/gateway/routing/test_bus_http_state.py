@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -318,6 +319,46 @@ async def test_when_the_home_dies_its_subjects_are_lost_and_the_client_signs_in_
         await on_b.post(Command({"c": "whoami", "i": on_a.id, "s": subject, "u": 4}))
         request = await frame(bus.tube)
         assert (request.name, request.get("s"), request.command_id) == ("whoami", subject, 4)
+
+
+async def test_when_the_home_stops_its_subjects_move_to_the_broker_that_takes_it_over(
+    bus: Bus,
+) -> None:
+    # A rolling restart must not sign every HTTP client out: a home stopped with
+    # SIGTERM keeps its Channels' Subjects beside their logs, the broker that
+    # takes a Channel over restores them, and their agents hear of no end.
+    async with httpx.AsyncClient(timeout=10 * T) as client:
+        on_a = await HttpChannel(client, bus.http(bus.a)).open()
+        on_b = HttpChannel(client, bus.http(bus.b), on_a.id, secret=on_a.secret)
+        await on_a.post(Command({"c": "auth.login", "i": on_a.id, "u": 1}, b"alice"))
+        login = await frame(bus.tube)
+        subject = login.get("s")
+        assert isinstance(subject, str) and login.get("b") == "broker-a"
+        await bus.tube.send(encode(Command({"c": "asbp.authenticated", "s": subject})))
+        assert (await next_command(on_a)).name == "asbp.authenticated"
+        on_b.seen = on_a.seen
+        bus.a.process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30 * T):
+            assert await bus.a.process.wait() == 0
+        await bus.a.log.wait_for(b"broker.subjects_handed_over")
+        # The first Command at B makes it the home, and it knows the Subject.
+        await on_b.post(Command({"c": "whoami", "i": on_a.id, "s": subject, "u": 2}))
+        request = await frame(bus.tube)  # no asbp.subject.ended came before it
+        assert (request.name, request.get("s"), request.command_id) == ("whoami", subject, 2)
+        assert request.get("b") == "broker-b"
+        await bus.tube.send(encode(Command({"c": "whoami.reply", "d": on_a.id, "u": 2}, b"alice")))
+        reply = await next_command(on_b)
+        assert (reply.name, reply.command_id, reply.body) == ("whoami.reply", 2, b"alice")
+        await until_in_directory(bus.redis_url, "ch", on_a.id)
+        # Signed out at its new home, it ends there, and the agent hears of it once.
+        await on_b.post(Command({"c": "asbp.logout", "i": on_a.id, "s": subject, "u": 3}))
+        assert (await next_command(on_b)).command_id == 3
+        ended = await frame(bus.tube)
+        assert (ended.name, ended.get("s"), ended.get("cause")) == (
+            "asbp.subject.ended",
+            subject,
+            "logout",
+        )
 
 
 async def test_a_request_nobody_on_the_bus_serves_gets_2101_in_the_mailbox(bus: Bus) -> None:
