@@ -32,7 +32,7 @@ close: under a bus's load a pipeline carries only a few Commands
 (bench/cluster.py), so what each pipeline costs counts. A connection that Redis
 closed meanwhile (a restart, say) is seen closed (or fails on use), and the
 next pipeline (or the retry below) opens a new one. A Redis Cluster's batcher
-(gateway/engines/redis/cluster.py) still writes on redis-py's node connections.
+(gateway/engines/redis/cluster.py) keeps one such connection per node.
 
 Scripts are called by SHA-1 (EVALSHA). Redis forgets its script cache when it
 restarts, so a NOSCRIPT reply makes the flusher load every script and send the
@@ -233,11 +233,13 @@ class Batcher:
     async def close(self) -> None:
         """Refuse new calls and wait for the submitted ones to be written and settled."""
         self._closed = True
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        held, self._held = self._held, None
-        if held is not None:
-            held.close()
+        try:
+            if self._flusher is not None:
+                await asyncio.shield(self._flusher)
+        finally:  # a caller's timeout too: what is still waiting fails as it closes
+            held, self._held = self._held, None
+            if held is not None:
+                held.close()
 
     async def _flush(self) -> None:
         try:
@@ -250,6 +252,9 @@ class Batcher:
                 await self._run(calls)
         finally:
             self._flusher = None
+            if self._closed and self._held is not None:  # outlived a close that gave up
+                self._held.close()
+                self._held = None
 
     async def _run(self, calls: list[Call]) -> None:
         commands: list[tuple[Any, ...]] = []
