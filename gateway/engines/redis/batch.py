@@ -21,16 +21,18 @@ queue into one script call, and every ``ack`` of one queue into one
 multi-receipt script call, so Redis runs one script, not a hundred.
 
 The flusher packs commands itself (with hiredis's C packer when hiredis is
-installed) and writes them on a pooled connection, then reads one reply per
-command: redis-py's own pipeline packs every argument in Python, which cost
-more than all the engine's other work for a batch of 100 messages. The
-flusher keeps the connection of its last pipeline for the next one and gives
-it back to the pool at close: redis-py's ``get_connection`` and ``release``
-(two locks, a readability check, observability hooks) cost about 16 µs a
-pipeline, and under a bus's load a pipeline carries only a few Commands
-(bench/cluster.py). A connection that Redis closed meanwhile (a restart, say)
-fails on use, and the retry below takes a new one from the pool, which checks
-it.
+installed) and writes them on a connection of its own, a lean
+:class:`~gateway.engines.redis.resp.RespConnection` made as the client's pool
+would make one: redis-py's own pipeline packs every argument in Python, which
+cost more than all the engine's other work for a batch of 100 messages, and its
+connection's write and per-reply reads cost the broker more CPU per round trip
+than the round trip's own system calls (gateway/engines/redis/resp.py). The
+flusher keeps that connection from one pipeline to the next and closes it at
+close: under a bus's load a pipeline carries only a few Commands
+(bench/cluster.py), so what each pipeline costs counts. A connection that Redis
+closed meanwhile (a restart, say) is seen closed (or fails on use), and the
+next pipeline (or the retry below) opens a new one. A Redis Cluster's batcher
+(gateway/engines/redis/cluster.py) keeps one such connection per node.
 
 Scripts are called by SHA-1 (EVALSHA). Redis forgets its script cache when it
 restarts, so a NOSCRIPT reply makes the flusher load every script and send the
@@ -57,12 +59,12 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.engines.base import EngineUnavailable, QueueFull, QueueLimitReached
+from gateway.engines.redis.resp import RespConnection, open_connection
 from gateway.engines.redis.scripts import Script
 
 __all__ = [
@@ -178,10 +180,9 @@ class Batcher:
         self._pending: list[Call] = []
         self._mergeable: dict[Hashable, Call] = {}
         self._flusher: asyncio.Task[None] | None = None
-        #: The connection of the pipeline just written, kept for the next one: the
-        #: pool's checks and locks cost about 16 µs a pipeline. One flusher runs at
-        #: a time, so one connection is enough; it goes back to the pool at close.
-        self._held: AbstractConnection | None = None
+        #: The connection of the pipeline just written, kept for the next one. One
+        #: flusher runs at a time, so one connection is enough; closed at close.
+        self._held: RespConnection | None = None
         self._closed = False
 
     def submit(self, call: Call) -> None:
@@ -232,11 +233,13 @@ class Batcher:
     async def close(self) -> None:
         """Refuse new calls and wait for the submitted ones to be written and settled."""
         self._closed = True
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        held, self._held = self._held, None
-        if held is not None:
-            await self._client.connection_pool.release(held)
+        try:
+            if self._flusher is not None:
+                await asyncio.shield(self._flusher)
+        finally:  # a caller's timeout too: what is still waiting fails as it closes
+            held, self._held = self._held, None
+            if held is not None:
+                held.close()
 
     async def _flush(self) -> None:
         try:
@@ -249,6 +252,9 @@ class Batcher:
                 await self._run(calls)
         finally:
             self._flusher = None
+            if self._closed and self._held is not None:  # outlived a close that gave up
+                self._held.close()
+                self._held = None
 
     async def _run(self, calls: list[Call]) -> None:
         commands: list[tuple[Any, ...]] = []
@@ -296,27 +302,25 @@ class Batcher:
         return replies
 
     async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        pool = self._client.connection_pool
-        # The pool checks a connection it hands out (Redis may have closed it while
-        # idle); the one kept from the pipeline before fails on use at worst, as an
-        # idle pooled one could, and _execute tries once more on a new one.
+        # The connection kept from the pipeline before: one that Redis closed while
+        # idle is seen closed, or fails on use at worst, as an idle pooled one
+        # could, and _execute tries once more on a new one.
         connection, self._held = self._held, None
-        if connection is None:
-            connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # upstream
+        if connection is None or connection.closed:
+            pool = self._client.connection_pool
+            connection = await open_connection(pool.connection_class(**pool.connection_kwargs))
         try:
             packed = b"".join([_pack_command(command) for command in commands])
-            await connection.send_packed_command(packed, check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:  # an error reply: the stream is still in step
-                    replies.append(exc)
+            replies = await connection.execute(packed, len(commands))
+            for reply in replies:
+                # What redis-py raises rather than returns (LOADING, NOAUTH, too many
+                # clients): Redis cannot serve this connection now.
+                if isinstance(reply, RedisConnectionError):
+                    raise reply
         except BaseException:
-            await connection.disconnect()  # dead, or replies left unread: never reuse it
-            await pool.release(connection)
+            connection.close()  # lost, refused, or its waiter cancelled: never reuse it
             raise
-        self._held = connection  # for the next pipeline (released at close)
+        self._held = connection  # for the next pipeline (closed at close)
         return replies
 
 

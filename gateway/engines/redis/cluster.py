@@ -36,6 +36,10 @@ Batcher's one retry may on one Redis: at least once, never silently lost.
 
 Scripts are loaded on every primary (and after a failover, the promoted
 replica answers NOSCRIPT once and Batcher loads them again).
+
+Each primary's pipelines go on a lean connection kept for that node
+(:mod:`gateway.engines.redis.resp`, made as the node's redis-py connections
+are), as one Redis's do.
 """
 
 from __future__ import annotations
@@ -49,8 +53,10 @@ from typing import Any, Final
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, _pack_command, unavailable
+from gateway.engines.redis.resp import RespConnection, open_connection
 from gateway.engines.redis.scripts import Script
 
 __all__ = ["LONELY_FOR", "REDIRECT_DEADLINE", "ClusterBatcher", "command_slot"]
@@ -61,6 +67,7 @@ REDIRECT_DEADLINE: Final = 15.0
 #: Seconds a primary whose WAIT timed out is not waited for (module docstring).
 LONELY_FOR: Final = 5.0
 _FIRST_PAUSE: Final = 0.02
+_ASKING: Final = _pack_command(("ASKING",))
 _MAX_PAUSE: Final = 0.5
 
 
@@ -106,6 +113,8 @@ class ClusterBatcher(Batcher):
         self._redirect_deadline = redirect_deadline
         #: Primaries whose last WAIT timed out, by name: until when (monotonic).
         self._lonely: dict[str, float] = {}
+        #: The connection kept for each node, by name (see _send).
+        self._connections: dict[str, RespConnection] = {}
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script on every primary.
@@ -222,6 +231,15 @@ class ClusterBatcher(Batcher):
             return self._cluster.get_primaries()[0]
         return self._cluster.nodes_manager.get_node_from_slot(slot)
 
+    async def close(self) -> None:
+        """As Batcher's, and the connection kept for each node is closed."""
+        try:
+            await super().close()
+        finally:  # a caller's timeout too: what is still waiting fails as they close
+            connections, self._connections = self._connections, {}
+            for connection in connections.values():
+                connection.close()
+
     async def _send(
         self, node: ClusterNode, commands: Sequence[tuple[Any, ...]], *, ask: bool = False
     ) -> list[Any]:
@@ -229,33 +247,34 @@ class ClusterBatcher(Batcher):
 
         With ``ask``, each command is preceded by ASKING (its reply is dropped): the
         command is for a slot that ``node`` is importing.
+
+        On a lean connection of its own per node (gateway/engines/redis/resp.py),
+        made as the node's redis-py connections are and kept from one pipeline to
+        the next; one that failed is closed, and the next pipeline opens another.
         """
-        connection = node.acquire_connection()
+        connection = self._connections.pop(node.name, None)
+        if connection is None or connection.closed:
+            connection = await open_connection(node.connection_class(**node.connection_kwargs))
+        packed: list[bytes] = []
+        for command in commands:
+            if ask:
+                packed.append(_ASKING)
+            packed.append(_pack_command(command))
         try:
-            if not connection.is_connected:
-                await connection.connect()  # type: ignore[no-untyped-call]  # upstream
-            packed: list[bytes] = []
-            for command in commands:
-                if ask:
-                    packed.append(_pack_command(("ASKING",)))
-                packed.append(_pack_command(command))
-            await connection.send_packed_command(b"".join(packed), check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
-                if ask:
-                    # ASKING's own reply (OK: it cannot fail on a node that imports).
-                    with contextlib.suppress(ResponseError):
-                        await connection.read_response()
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:  # an error reply: the stream is still in step
-                    replies.append(exc)
+            replies = await connection.execute(b"".join(packed), len(packed))
+            for reply in replies:
+                # What redis-py raises rather than returns (LOADING, NOAUTH, too many
+                # clients): this node cannot serve the connection now.
+                if isinstance(reply, RedisConnectionError):
+                    raise reply
         except BaseException:
-            await connection.disconnect()  # dead, or replies left unread: never reuse it
+            connection.close()  # lost, refused, or its waiter cancelled: never reuse it
             raise
-        finally:
-            node.release(connection)
-        return replies
+        kept = self._connections.setdefault(node.name, connection)
+        if kept is not connection:  # another send to this node meanwhile kept its own
+            connection.close()
+        # ASKING's own replies (OK: it cannot fail on a node that imports) are dropped.
+        return replies[1::2] if ask else replies
 
 
 def _shared(replies: list[Any], followers: dict[int, int]) -> list[Any]:

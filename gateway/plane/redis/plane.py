@@ -49,10 +49,17 @@ from typing import Any, Final
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.engines.base import EngineUnavailable
-from gateway.engines.redis.batch import CONNECTION_ERRORS, Batcher, Call, fail_future
+from gateway.engines.redis.batch import (
+    CONNECTION_ERRORS,
+    Batcher,
+    Call,
+    _pack_command,
+    fail_future,
+)
 from gateway.engines.redis.calls import script_command
 from gateway.engines.redis.cluster_url import is_cluster_url
 from gateway.engines.redis.connection import Client, batcher, connect, node_connection, refresh
+from gateway.engines.redis.resp import RespConnection, open_connection
 from gateway.plane.base import (
     DEFAULT_LEASE,
     Balance,
@@ -995,45 +1002,43 @@ class RedisPlane:
     # -- the inbound stream ----------------------------------------------------
 
     async def _read(self) -> None:
-        # A raw connection of its own: XREAD BLOCK holds it, and cancelling a
-        # raw read at close is prompt where the client's command wrapper is not.
+        # A lean connection of its own (gateway.engines.redis.resp): XREAD BLOCK
+        # holds it, each read costs one write and one wake-up, and cancelling a
+        # read at close is prompt (the connection is closed, never reused).
         last: bytes = b"0-0"
         #: What was read and not trimmed yet: the trim goes before the next read.
         trim: bytes | None = None
         delay = 0.05
-        connection: AbstractConnection | None = None
+        connection: RespConnection | None = None
         try:
             while not self._stopping:
                 try:
-                    if connection is None:
-                        connection = self._new_connection()
-                        await connection.connect()  # type: ignore[no-untyped-call]  # upstream
+                    if connection is None or connection.closed:
+                        connection = await open_connection(self._new_connection())
                     read = (
                         "XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
                         "STREAMS", self._stream, last,
                     )  # fmt: skip
                     if trim is None:
-                        await connection.send_command(*read, check_health=False)
+                        (replies,) = await connection.execute(_pack_command(read), 1)
                     else:
                         # What was read is trimmed: the stream holds only what is on
                         # its way (MINID keeps its own ID: the one after the last
                         # read, so that what a broker leaves when it dies is exactly
                         # what it never read). In one write with the next read, on
                         # this connection: no pipeline of the Batcher's for it.
-                        commands = [("XTRIM", self._stream, "MINID", trim), read]
-                        packed = connection.pack_commands(commands)
-                        await connection.send_packed_command(packed, check_health=False)
-                        await connection.read_response()
+                        packed = _pack_command(("XTRIM", self._stream, "MINID", trim))
+                        trimmed, replies = await connection.execute(packed + _pack_command(read), 2)
+                        if isinstance(trimmed, Exception):
+                            raise trimmed
                         trim = None
-                    # No read timeout: one that fires mid-reply can leave redis-py's
-                    # parser out of step. BLOCK is short instead, and the reader
-                    # looks at ``_stopping`` between reads.
-                    replies: Any = await connection.read_response()
+                    # An error reply (MOVED after a slot moved, say) is raised here.
+                    if isinstance(replies, Exception):
+                        raise replies
                 except Exception as exc:  # the reader must never die
                     _log.warning("plane.read_failed", extra={"error": repr(exc)})
                     if connection is not None:
-                        with contextlib.suppress(*CONNECTION_ERRORS):
-                            await connection.disconnect()
+                        connection.close()
                         connection = None
                     # A cluster moved the stream's slot (MOVED) or lost its
                     # primary: learn the slot map again before reconnecting.
@@ -1057,10 +1062,10 @@ class RedisPlane:
                 trim = _after(last)
         finally:
             if connection is not None:
-                with contextlib.suppress(*CONNECTION_ERRORS):
-                    await connection.disconnect()
+                connection.close()
 
     def _new_connection(self) -> AbstractConnection:
+        """An unconnected redis-py connection to where the stream lives, to connect like."""
         assert self._client is not None
         return node_connection(self._client, self._stream)
 
