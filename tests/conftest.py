@@ -26,8 +26,16 @@ settings.load_profile(
 
 
 @pytest.fixture(scope="session")
-def anyio_backend() -> str:
-    """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based."""
+def anyio_backend() -> str | tuple[str, dict[str, object]]:
+    """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based.
+
+    On asyncio's own loop by default; ``ASBP_TEST_LOOP=uvloop`` runs them on uvloop,
+    the loop a broker runs on by default (gateway/ops/loops.py), so that what the
+    in-process servers do beneath ASGI can be checked on it too. The brokers the
+    suite starts as processes run on the default (``auto``: uvloop) either way.
+    """
+    if os.environ.get("ASBP_TEST_LOOP", "asyncio") == "uvloop":
+        return ("asyncio", {"use_uvloop": True})
     return "asyncio"
 
 
