@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from tests.support.loops import suite_loop, suite_loop_factory
 from tests.support.redis_cluster import RedisCluster
 
 settings.register_profile(
@@ -29,13 +30,11 @@ settings.load_profile(
 def anyio_backend() -> str | tuple[str, dict[str, object]]:
     """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based.
 
-    On asyncio's own loop by default; ``ASBP_TEST_LOOP=uvloop`` runs them on uvloop,
-    the loop a broker runs on by default (gateway/ops/loops.py), so that what the
-    in-process servers do beneath ASGI can be checked on it too. The brokers the
-    suite starts as processes run on the default (``auto``: uvloop) either way.
+    On asyncio's own loop by default; ``ASBP_TEST_LOOP=uvloop`` runs them, and the
+    in-process servers, on uvloop (tests/support/loops.py).
     """
-    if os.environ.get("ASBP_TEST_LOOP", "asyncio") == "uvloop":
-        return ("asyncio", {"use_uvloop": True})
+    if suite_loop() == "uvloop":
+        return ("asyncio", {"loop_factory": suite_loop_factory()})
     return "asyncio"
 
 
