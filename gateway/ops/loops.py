@@ -7,7 +7,7 @@ callbacks it wakes, a write, each a trip through the loop's Python. uvloop
 does that in C over libuv; measured here, a Redis PING round trip's process
 CPU fell from about 66 µs to about 48 µs (redis-py) and from about 45 µs to 32 µs (a
 bare ``asyncio.Protocol``), and the broker's own figures are in
-bench/README.md ("uvloop"). Uvicorn's ``loop="auto"`` and Hypercorn's
+bench/README.md ("The broker on uvloop"). Uvicorn's ``loop="auto"`` and Hypercorn's
 ``worker_class="uvloop"`` pick it the same way, but neither applies here: the
 broker runs its server *inside* its own loop (:func:`gateway.ops.server.serve`
 under ``asyncio.Runner``), so the loop is chosen here, by the ``loop``
@@ -20,11 +20,18 @@ Windows, an install that left it out). ``asyncio`` and ``uvloop`` pin one;
 fallback. The ``listening`` log line names the loop that actually runs
 (:func:`running_loop`), never ``auto``.
 
-What the transports do beneath the ASGI servers is checked on both loops
-(tests/gateway/ops/test_loops.py; docs/operations.md, "Which event loop runs"):
-CPython 3.11's selector transport keeps a reference cycle that
-gateway/transports/connection_cycles.py breaks, and uvloop's transport has no
-such attribute, so that fix is a no-op there.
+What the broker does beneath the ASGI servers holds on both loops, and the
+suite checks it on both (the brokers it starts as processes run on ``auto``;
+``ASBP_TEST_LOOP=uvloop`` puts its in-process servers on uvloop:
+tests/support/loops.py). uvloop's transports are Cython classes that quack
+like ``asyncio.Transport`` without being one (gateway/transports/coalescing.py
+no longer asks), their ``socket`` is a pseudo-socket whose ``getsockopt``
+still reads ``TCP_INFO`` (gateway/transports/handshakes.py), and they keep
+no reference cycle of their own: CPython 3.11's selector transport does, and
+gateway/transports/connection_cycles.py breaks it there; on uvloop that is a
+no-op, and a closed connection is freed by reference counting all the same
+(tests/gateway/transports/test_connection_cycles.py counts uvloop's
+transports too).
 """
 
 from __future__ import annotations
