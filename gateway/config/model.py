@@ -264,8 +264,8 @@ class GatewayConfig:
     #: ``uvicorn`` pins one.
     server: ServerName = "auto"
     #: The event loop the broker runs on: ``auto`` takes uvloop when it is
-    #: installed (a dependency on CPython outside Windows: the loop is most of
-    #: the broker's CPU per Command) and asyncio's own loop otherwise;
+    #: installed (a dependency on CPython outside Windows: each wake-up of the
+    #: broker costs less CPU on it) and asyncio's own loop otherwise;
     #: ``asyncio`` or ``uvloop`` pins one (``uvloop`` without uvloop installed
     #: is a configuration error). The ``listening`` log line names the loop.
     loop: LoopName = "auto"

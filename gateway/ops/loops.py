@@ -2,12 +2,14 @@
 
 Why
 ---
-Most of the broker's CPU per Command is the event loop's: a socket read, the
-callbacks it wakes, a write, each a trip through the loop's Python. uvloop
-does that in C over libuv; measured here, a Redis PING round trip's process
-CPU fell from about 66 µs to about 48 µs (redis-py) and from about 45 µs to 32 µs (a
-bare ``asyncio.Protocol``), and the broker's own figures are in
-bench/README.md ("The broker on uvloop"). Uvicorn's ``loop="auto"`` and Hypercorn's
+Every time the broker wakes (a socket readable, a flush due, a Redis reply
+in) it goes through the event loop, and uvloop's loop is C over libuv where
+asyncio's is Python over a selector. The lead measured a Redis PING round
+trip's process CPU at about 66 µs on asyncio's loop against 48 on uvloop
+(redis-py), 45 against 32 with a bare ``asyncio.Protocol``; on the broker, a
+round trip at a time costs about a fifth less CPU on uvloop, and pipelined
+load, where one wake-up carries many Commands, about the same
+(bench/README.md, "The broker on uvloop"). Uvicorn's ``loop="auto"`` and Hypercorn's
 ``worker_class="uvloop"`` pick it the same way, but neither applies here: the
 broker runs its server *inside* its own loop (:func:`gateway.ops.server.serve`
 under ``asyncio.Runner``), so the loop is chosen here, by the ``loop``
