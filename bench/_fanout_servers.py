@@ -44,7 +44,7 @@ from typing import Any
 
 # This directory is sys.path[0] when run as a script: the ASGI server runners
 # are roundtrip's (bench/_servers.py), so both benchmarks serve alike.
-from _servers import HOST, Ready, run_hypercorn, run_uvicorn
+from _servers import HOST, LOOPS, Ready, chosen_loop, loop_factory, run_hypercorn, run_uvicorn
 
 #: The raw server's backlog (Uvicorn and Hypercorn use their own, 2048 and 100):
 #: the benchmark opens its connections a few dozen at a time.
@@ -199,9 +199,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("target", choices=["broker", "raw", "loop", "socketio"])
     parser.add_argument("--server", choices=["hypercorn", "uvicorn"], default="hypercorn")
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        help="the event loop (the broker: ASBP_LOOP or auto; the baselines: asyncio)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    asyncio.run(_main(args))
+    # As bench/_servers.py: the broker on the loop `asbp broker` would pick.
+    factory = loop_factory(chosen_loop(args.loop, broker=args.target == "broker"))
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_main(args))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,13 @@ closes it, or dies) or on SIGTERM/SIGINT.
 
 ``--cprofile PATH`` runs the server under cProfile and dumps pstats to PATH
 on a clean stop.
+
+``--loop auto|asyncio|uvloop`` picks the event loop the process runs on. A
+broker runs where ``asbp broker`` would: on ``ASBP_LOOP`` if set, else
+``auto`` (uvloop where installed; gateway/ops/loops.py), so
+``ASBP_LOOP=asyncio python bench/roundtrip.py`` measures every broker on
+asyncio's loop. The baselines (``bare``, ``raw``) run on asyncio's loop, as
+they always did, unless ``--loop`` says otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -56,6 +64,30 @@ HOST = "127.0.0.1"
 _UVICORN_BACKLOG = 2048
 
 Ready = Callable[[int], None]
+
+#: The event loops a server process can run on (``--loop``).
+LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def chosen_loop(loop: str | None, *, broker: bool) -> str:
+    """``asyncio`` or ``uvloop``: ``loop`` itself, or what ``auto`` (or no ``--loop``)
+    resolves to. A broker's default is ``ASBP_LOOP`` or ``auto``, as for ``asbp
+    broker``; a baseline's is asyncio's loop, as it ran before the broker moved.
+    """
+    if loop is None:
+        loop = os.environ.get("ASBP_LOOP", "auto") if broker else "asyncio"
+    if loop == "auto":
+        return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    return loop
+
+
+def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A factory of ``loop`` (``asyncio`` or ``uvloop``) for ``asyncio.Runner``."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 # -- applications ------------------------------------------------------------
@@ -331,6 +363,11 @@ def main() -> None:
     parser.add_argument("--bus-balance", choices=["in_flight", "turns"], default="in_flight")
     parser.add_argument("--resume", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--cprofile", metavar="PATH", help="dump pstats here on stop")
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        help="the event loop (a broker: ASBP_LOOP or auto; a baseline: asyncio)",
+    )
     args = parser.parse_args()
     if args.target == "broker" and not args.agent_key:
         parser.error("broker needs --agent-key")
@@ -338,8 +375,10 @@ def main() -> None:
     profiler = cProfile.Profile() if args.cprofile else None
     if profiler is not None:
         profiler.enable()
+    factory = loop_factory(chosen_loop(args.loop, broker=args.target == "broker"))
     try:
-        asyncio.run(_main(args))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_main(args))
     finally:
         if profiler is not None:
             profiler.disable()

@@ -31,6 +31,13 @@ medians printed, against the goals: broker / bare relay on the same server
 >= 0.70 (latency as bare_p50 / broker_p50, so higher is better; throughput),
 and broker/uvicorn / raw-websockets throughput >= 0.50.
 
+The brokers run on the loop ``asbp broker`` would (``ASBP_LOOP``, else
+``auto``: uvloop where installed) and the bare and raw relays on asyncio's
+loop, as they always did. ``--raw-uvloop`` adds the raw relay on uvloop
+(``raw-websockets/uvloop``), so both baselines are in the table;
+``--loops`` instead measures each broker on uvloop and on asyncio's loop in
+one run, interleaved, beside the raw relay on both.
+
 ``--profile`` then runs a broker alone under py-spy (or cProfile, if py-spy
 is not installed) during a pipelined load and summarises where its time goes.
 """
@@ -75,6 +82,7 @@ class Target:
     kind: str  # broker | bare | raw
     server: str | None  # hypercorn | uvicorn | None (raw)
     metrics: str = "on"  # the broker's [metrics] enabled
+    loop: str | None = None  # bench/_servers.py --loop; None: its default
 
 
 TARGETS: tuple[Target, ...] = (
@@ -124,6 +132,8 @@ class ServerProcess:
             args += ["--agent-id", AGENT_ID, "--agent-key", str(self.agent_key)]
             args += ["--broker-id", "bench-" + uuid.uuid4().hex[:8]]
             args += ["--event-log", EVENT_LOG[0], "--metrics", self.target.metrics]
+        if self.target.loop is not None:
+            args += ["--loop", self.target.loop]
         if self.cprofile is not None:
             args += ["--cprofile", str(self.cprofile)]
         self.proc = await asyncio.create_subprocess_exec(
@@ -376,6 +386,46 @@ METRICS_RATIOS = (
           "pipe_server_cpu_us"),
     Ratio("hypercorn: server CPU per trip, off / on", HC_NO_METRICS, HC_BROKER,
           "pipe_server_cpu_us"),
+)  # fmt: skip
+
+
+# --raw-uvloop: the raw relay on uvloop too, beside the stock one (asyncio's loop).
+RAW_UVLOOP = "raw-websockets/uvloop"
+RAW_UVLOOP_TARGET = Target(RAW_UVLOOP, "raw", None, loop="uvloop")
+RAW_UVLOOP_RATIOS = (
+    Ratio("broker/uvicorn / raw-websockets/uvloop throughput", UV_BROKER, RAW_UVLOOP,
+          "commands_per_s"),
+    Ratio("broker/hypercorn / raw-websockets/uvloop throughput", HC_BROKER, RAW_UVLOOP,
+          "commands_per_s"),
+)  # fmt: skip
+
+# --loops: each broker on uvloop (its default) and on asyncio's loop, same run.
+UV_ASYNCIO, HC_ASYNCIO = "broker/uvicorn/asyncio", "broker/hypercorn/asyncio"
+LOOP_TARGETS = (
+    Target(UV_BROKER, "broker", "uvicorn", loop="uvloop"),
+    Target(UV_ASYNCIO, "broker", "uvicorn", loop="asyncio"),
+    Target(HC_BROKER, "broker", "hypercorn", loop="uvloop"),
+    Target(HC_ASYNCIO, "broker", "hypercorn", loop="asyncio"),
+    Target(RAW, "raw", None, loop="asyncio"),
+    RAW_UVLOOP_TARGET,
+)
+LOOP_RATIOS = (
+    Ratio("uvicorn:   uvloop / asyncio throughput", UV_BROKER, UV_ASYNCIO, "commands_per_s"),
+    Ratio("hypercorn: uvloop / asyncio throughput", HC_BROKER, HC_ASYNCIO, "commands_per_s"),
+    Ratio("uvicorn:   server CPU per trip, uvloop / asyncio", UV_BROKER, UV_ASYNCIO,
+          "pipe_server_cpu_us"),
+    Ratio("hypercorn: server CPU per trip, uvloop / asyncio", HC_BROKER, HC_ASYNCIO,
+          "pipe_server_cpu_us"),
+    Ratio("raw-websockets: uvloop / asyncio throughput", RAW_UVLOOP, RAW, "commands_per_s"),
+    Ratio("broker/uvicorn (uvloop) / raw-websockets throughput", UV_BROKER, RAW,
+          "commands_per_s", 0.50),
+    Ratio("broker/hypercorn (uvloop) / raw-websockets throughput", HC_BROKER, RAW,
+          "commands_per_s"),
+    Ratio("broker/uvicorn/asyncio / raw-websockets throughput", UV_ASYNCIO, RAW,
+          "commands_per_s"),
+    Ratio("broker/hypercorn/asyncio / raw-websockets throughput", HC_ASYNCIO, RAW,
+          "commands_per_s"),
+    *RAW_UVLOOP_RATIOS,
 )  # fmt: skip
 
 
@@ -699,9 +749,23 @@ def main() -> None:
         action="store_true",
         help="instead: the broker with metrics on against metrics off (goal: >= 0.97)",
     )
+    parser.add_argument(
+        "--raw-uvloop",
+        action="store_true",
+        help="also the raw websockets relay on uvloop (the stock one runs on asyncio's loop)",
+    )
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="instead: each broker on uvloop and on asyncio's loop, beside raw on both",
+    )
     args = parser.parse_args()
     if args.metrics_cost:
         TARGETS, RATIOS = METRICS_TARGETS, METRICS_RATIOS
+    elif args.loops:
+        TARGETS, RATIOS = LOOP_TARGETS, LOOP_RATIOS
+    elif args.raw_uvloop:
+        TARGETS, RATIOS = (*TARGETS, RAW_UVLOOP_TARGET), (*RATIOS, *RAW_UVLOOP_RATIOS)
     EVENT_LOG[0] = args.event_log
     if args.quick:
         args.trips, args.warmup, args.requests = 300, 50, 3000

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from tests.support.loops import suite_loop, suite_loop_factory
 from tests.support.redis_cluster import RedisCluster
 
 settings.register_profile(
@@ -26,8 +27,14 @@ settings.load_profile(
 
 
 @pytest.fixture(scope="session")
-def anyio_backend() -> str:
-    """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based."""
+def anyio_backend() -> str | tuple[str, dict[str, object]]:
+    """Run ``@pytest.mark.anyio`` tests on asyncio only: the gateway is asyncio-based.
+
+    On asyncio's own loop by default; ``ASBP_TEST_LOOP=uvloop`` runs them, and the
+    in-process servers, on uvloop (tests/support/loops.py).
+    """
+    if suite_loop() == "uvloop":
+        return ("asyncio", {"loop_factory": suite_loop_factory()})
     return "asyncio"
 
 

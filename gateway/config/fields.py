@@ -46,6 +46,8 @@ FOREIGN_ENV_VARS: Final = frozenset(
     {
         # The test suite's timeout unit.
         "ASBP_TEST_TIMEOUT_UNIT",
+        # The test suite's loop for its in-process servers (tests/conftest.py).
+        "ASBP_TEST_LOOP",
         # The SDK's and the examples' own settings, often set in the same shell.
         "ASBP_AGENT_ID",
         "ASBP_AGENT_KEY_FILE",
@@ -76,6 +78,7 @@ _FLAGS: Final = {
     "host": "--host",
     "port": "--port",
     "server": "--server",
+    "loop": "--loop",
     "tls.certfile": "--tls-cert",
     "tls.keyfile": "--tls-key",
     "broker_id": "--broker-id",

@@ -25,6 +25,7 @@ __all__ = [
     "EventLogConfig",
     "EventLogMode",
     "GatewayConfig",
+    "LoopName",
     "ManagementConfig",
     "MessagingLimits",
     "MetricsConfig",
@@ -42,6 +43,8 @@ ServerName = Literal["auto", "hypercorn", "uvicorn"]
 #: The server that actually runs: what ``server = "auto"`` resolves to (``chosen_server``).
 RunningServer = Literal["hypercorn", "uvicorn"]
 EngineName = Literal["memory", "redis"]
+#: The event loop setting (``gateway.ops.loops`` resolves ``auto``).
+LoopName = Literal["auto", "asyncio", "uvloop"]
 EventLogMode = Literal["on", "off"]
 BusBalance = Literal["in_flight", "turns"]
 ResumeMode = Literal["auto", "on", "off"]
@@ -260,6 +263,12 @@ class GatewayConfig:
     #: path); ``hypercorn`` (HTTP/1, HTTP/2 also in cleartext, TLS, WebSocket) or
     #: ``uvicorn`` pins one.
     server: ServerName = "auto"
+    #: The event loop the broker runs on: ``auto`` takes uvloop when it is
+    #: installed (a dependency on CPython outside Windows: each wake-up of the
+    #: broker costs less CPU on it) and asyncio's own loop otherwise;
+    #: ``asyncio`` or ``uvloop`` pins one (``uvloop`` without uvloop installed
+    #: is a configuration error). The ``listening`` log line names the loop.
+    loop: LoopName = "auto"
     #: TLS for the listening port; None serves plain HTTP.
     tls: TlsConfig | None = None
     #: Accept permessage-deflate (RFC 7692) when a WebSocket client offers it, as

@@ -20,7 +20,6 @@ interrupted before it could install its signal handlers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -92,6 +91,7 @@ def broker(config: GatewayConfig, *, prog: str = "asbp broker") -> int:
     so that it reaches the same place as the rest of the broker's log.
     """
     from gateway.ops.logs import configure_logging
+    from gateway.ops.loops import run as run_on_loop
 
     # Imported here: the servers and the app are what `asbp config` and `asbp
     # selfcheck` should not wait for.
@@ -100,7 +100,9 @@ def broker(config: GatewayConfig, *, prog: str = "asbp broker") -> int:
     configure_logging(config.log_format, config.log_level)
 
     def run() -> int:
-        asyncio.run(serve(config))
+        # On the loop the ``loop`` setting picks (uvloop by default where installed:
+        # gateway/ops/loops.py says why); the servers run inside it.
+        run_on_loop(lambda: serve(config), config.loop)
         return 0
 
     return _serving(run, prog)

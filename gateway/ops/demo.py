@@ -238,6 +238,7 @@ def demo(port: int = 8080, data_dir: Path = Path(".asbp-demo")) -> int:
         ConfigError: the broker identity cannot be kept in ``data_dir``.
     """
     from gateway.ops.logs import configure_logging
+    from gateway.ops.loops import run as run_on_loop
 
     key, pem = _agent_keys(data_dir)
     config = GatewayConfig(
@@ -263,4 +264,5 @@ def demo(port: int = 8080, data_dir: Path = Path(".asbp-demo")) -> int:
         log_level="warning",
     )
     configure_logging(config.log_format, config.log_level)
-    return asyncio.run(_run(config, key))
+    # On the broker's default loop (uvloop where installed), as `asbp broker` runs.
+    return run_on_loop(lambda: _run(config, key), config.loop)

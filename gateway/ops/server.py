@@ -57,6 +57,7 @@ from gateway.broker_id import broker_identity
 from gateway.config.model import GatewayConfig, chosen_server
 from gateway.errors import LocalError
 from gateway.ops.collector import tune_collector
+from gateway.ops.loops import running_loop
 from gateway.transports.hypercorn_ws import configure_compression
 from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
@@ -193,6 +194,8 @@ async def serve(
                     "healthz": endpoints.healthz,
                     "address": f"{host}:{port}",
                     "server": config.server,
+                    # The loop serve() runs on, whoever made it (gateway/ops/loops.py).
+                    "loop": running_loop(),
                     "broker_id": config.broker_id,
                 },
             )

@@ -201,8 +201,9 @@ class CoalescingWebSocketProtocol(WebSocketsSansIOProtocol):
     reading plain messages itself and offering :meth:`send_frame`."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._coalescing = CoalescingTransport(transport, self.loop)
+        # A stream transport, though not always an asyncio.Transport by class: uvloop's
+        # TCPTransport and SSLProtocol's are Cython classes that only quack like one.
+        self._coalescing = CoalescingTransport(cast(asyncio.Transport, transport), self.loop)
         #: Our reader, once the connection is open; None: websockets reads everything.
         self._reader: PlainFrameReader | None = None
         #: Whether websockets keeps reading for good (see _start_reading).

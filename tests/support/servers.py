@@ -61,6 +61,7 @@ from gateway.transports.hypercorn_ws import configure_compression
 from gateway.transports.hypercorn_ws import install as install_ws_stream
 from gateway.transports.websocket import max_message_bytes
 
+from .loops import suite_loop_factory
 from .timing import T
 from .tls import TlsFiles
 
@@ -311,7 +312,9 @@ class _ServerThread:
 
     def _run(self) -> None:
         try:
-            with asyncio.Runner() as runner:
+            # On the loop ASBP_TEST_LOOP names (tests/support/loops.py): asyncio's own
+            # by default, uvloop (the broker's default) when asked.
+            with asyncio.Runner(loop_factory=suite_loop_factory()) as runner:
                 runner.run(self._main())
         except BaseException as exc:  # re-raised in the caller's thread by start() or stop()
             self._error = exc

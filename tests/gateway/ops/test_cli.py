@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -31,7 +31,9 @@ import httpx
 import orjson
 import pytest
 import websockets.asyncio.client
+import websockets.sync.client
 
+from asbp import decode
 from gateway.broker import _STOP_BUDGET, _STOP_LAST_TRY
 from gateway.broker_id import BROKER_ID_FILE
 from gateway.config import load_config
@@ -73,8 +75,14 @@ class Broker:
     reaps it and closes its pipes.
     """
 
-    def __init__(self, *args: str, cwd: Path, environ: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "gateway", *args]
+    def __init__(
+        self,
+        *args: str,
+        cwd: Path,
+        environ: dict[str, str] | None = None,
+        program: Sequence[str] = ("-m", "gateway"),
+    ) -> None:
+        self.args = [sys.executable, *program, *args]
         self.cwd = cwd
         self.environ = clean_environ() if environ is None else environ
         self.lines: list[str] = []
@@ -213,6 +221,8 @@ def test_broker_starts_in_under_two_seconds_and_stops_cleanly(
         assert listening["tubes"] == f"ws://127.0.0.1:{port}/tube"
         assert listening["healthz"] == f"{url}/healthz"
         assert listening["server"] == server
+        # The default loop (auto) with uvloop installed, as it is wherever the suite runs.
+        assert listening["loop"] == "uvloop"
         assert listening["broker_id"] == (data_dir / BROKER_ID_FILE).read_text().strip()
 
         health = httpx.get(listening["healthz"], timeout=5 * T)
@@ -284,6 +294,74 @@ def test_a_second_signal_cuts_the_graceful_shutdown_short(tmp_path: Path) -> Non
             b.signal(signal.SIGTERM)
             assert b.wait_for("stopping now")["signal"] == "SIGTERM"
             assert b.wait() == 0, b.log
+
+
+def ping_round_trip(listening: dict[str, Any]) -> None:
+    """A Channel over WebSocket, greeted, and an ``asbp.ping`` answered by its pong."""
+    with websockets.sync.client.connect(
+        listening["channels"][1], open_timeout=5 * T, close_timeout=5 * T
+    ) as channel:
+        greeting = channel.recv(timeout=5 * T)
+        assert decode(greeting if isinstance(greeting, bytes) else greeting.encode()).name == (
+            "asbp.channel"
+        )
+        channel.send(b"c=asbp.ping,u=7;round trip")
+        reply = channel.recv(timeout=5 * T)
+        pong = decode(reply if isinstance(reply, bytes) else reply.encode())
+        assert (pong.name, pong.command_id, pong.body) == ("asbp.pong", 7, b"round trip")
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "uvicorn"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "auto"])
+def test_the_broker_serves_on_the_loop_it_names(tmp_path: Path, server: str, loop: str) -> None:
+    # gateway/ops/loops.py: `loop` pins asyncio's loop or uvloop, `auto` (the default)
+    # takes uvloop where installed; the `listening` line names what runs, never auto.
+    args = ["--port", "0", "--data-dir", "data", "--server", server, "--loop", loop]
+    with Broker(*args, cwd=tmp_path) as b:
+        listening = b.wait_for("listening")
+        assert listening["loop"] == ("asyncio" if loop == "asyncio" else "uvloop")
+        ping_round_trip(listening)
+        b.signal(signal.SIGTERM)
+        assert b.wait() == 0, b.log
+    assert [record["event"] for record in b.records()][-1] == "stopped", b.log
+
+
+def test_the_loop_comes_from_the_environment_too(tmp_path: Path) -> None:
+    environ = {**clean_environ(), "ASBP_LOOP": "asyncio"}
+    with Broker("--port", "0", "--data-dir", "data", cwd=tmp_path, environ=environ) as b:
+        assert b.wait_for("listening")["loop"] == "asyncio"
+        b.signal(signal.SIGTERM)
+        assert b.wait() == 0, b.log
+
+
+# A real `asbp` process in which uvloop cannot be imported, as on PyPy, on Windows or
+# in an install that left it out: None in sys.modules is how Python blocks an import.
+_WITHOUT_UVLOOP = """
+import sys
+sys.modules["uvloop"] = None
+from gateway.ops.cli import main
+sys.exit(main())
+"""
+
+
+def test_without_uvloop_auto_runs_asyncio_and_uvloop_is_refused(tmp_path: Path) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_UVLOOP, "broker", "--port", "0", "--loop", "uvloop"],
+        cwd=tmp_path,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60 * T,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith('asbp broker: loop = "uvloop" but uvloop is not installed')
+    args = ("broker", "--port", "0", "--data-dir", "data")
+    with Broker(*args, cwd=tmp_path, program=("-c", _WITHOUT_UVLOOP)) as b:
+        listening = b.wait_for("listening")
+        assert listening["loop"] == "asyncio"
+        ping_round_trip(listening)
+        b.signal(signal.SIGTERM)
+        assert b.wait() == 0, b.log
 
 
 def test_a_bus_broker_stops_within_its_budget_when_redis_is_silent(tmp_path: Path) -> None:
