@@ -104,7 +104,9 @@ local function trim(now, max_age, max_frames, max_bytes)
   local size, acked = tonumber(m[1]), tonumber(m[2])
   local lost, last = 0, nil
   local from = '-'
-  local ahead = 16
+  -- Past the frames over max_frames, the head that stays: one entry, which the age
+  -- and byte bounds usually keep (a page of 16 at a time once they do not).
+  local ahead = 1
   if count > max_frames and m[4] then
     local k = tonumber(m[3]) - max_frames
     local e = redis.call('XRANGE', stream, '0-' .. k, '0-' .. k)[1]
@@ -114,12 +116,11 @@ local function trim(now, max_age, max_frames, max_bytes)
       last = k
       if last > acked then lost = last end
       from = '(0-' .. k
-      ahead = 1  -- the head that stays, for the age and byte bounds
     end
   end
   while count > 0 do
-    -- The frames over max_frames go whatever their age; a few more are read
-    -- for the byte and age bounds, and the next page if those go on.
+    -- The frames over max_frames go whatever their age; then the head for the
+    -- byte and age bounds, and the next page if those go on.
     local page = redis.call('XRANGE', stream, from, '+', 'COUNT',
                             math.max(count - max_frames, 0) + ahead)
     ahead = 16
