@@ -5,10 +5,14 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
 - ``<prefix>log:{<i>}``: a hash. ``h`` the digest of the Channel's secret,
   ``x`` the idle expiry and ``s`` the last use (milliseconds), ``n`` the
   newest number, ``a`` acknowledged through, ``l`` the newest number dropped
-  unacknowledged (the gap), ``b`` the bytes the stream holds, ``w`` the
+  unacknowledged (the gap), ``b`` the bytes the stream holds, ``c`` the
+  bytes ever appended (each entry's ``c``: see below), ``w`` the
   broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does.
 - ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
-  ``n``: fields ``f`` (the frame) and ``t`` (when appended, ms). Explicit ids
+  ``n``: fields ``f`` (the frame), ``t`` (when appended, ms) and ``c`` (the
+  bytes appended to the log through this frame: the hash's ``c`` then, so
+  that retention knows the bytes it leaves without reading what it drops;
+  absent in logs written before it). Explicit ids
   make the stream's order the numbers' order, and a read after ``n`` one
   XRANGE from ``0-<n+1>``.
 - ``<prefix>logw:{<i>}``: the brokers with a reader parked on the log. An
@@ -86,17 +90,40 @@ end
 -- WebSocket Channel's log is acknowledged only by retention, so once past
 -- max_frames every append drops as many frames as it adds, and an XRANGE and an
 -- XDEL per frame doubled Redis's work per message (bench/queues.py, issue 17).
+--
+-- Past max_frames (every append of a held log, once full) the frames that go
+-- are not read at all: the numbers are contiguous (only prefixes ever leave),
+-- so the last one to go is number n - max_frames, and its field ``c`` (the
+-- log's bytes appended through it, the running total kept in the hash's ``c``)
+-- gives the bytes left without summing the frames that go. Reading them cost
+-- Redis about as much as appending them (bench/README.md, "queues.py"). A log
+-- written before ``c`` existed has entries without it: those are summed.
 local function trim(now, max_age, max_frames, max_bytes)
   local count = redis.call('XLEN', stream)
-  local m = redis.call('HMGET', meta, 'b', 'a')
+  local m = redis.call('HMGET', meta, 'b', 'a', 'n', 'c')
   local size, acked = tonumber(m[1]), tonumber(m[2])
   local lost, last = 0, nil
   local from = '-'
+  -- Past the frames over max_frames, the head that stays: one entry, which the age
+  -- and byte bounds usually keep (a page of 16 at a time once they do not).
+  local ahead = 1
+  if count > max_frames and m[4] then
+    local k = tonumber(m[3]) - max_frames
+    local e = redis.call('XRANGE', stream, '0-' .. k, '0-' .. k)[1]
+    if e and e[2][6] then
+      size = tonumber(m[4]) - tonumber(e[2][6])
+      count = max_frames
+      last = k
+      if last > acked then lost = last end
+      from = '(0-' .. k
+    end
+  end
   while count > 0 do
-    -- The frames over max_frames go whatever their age; a few more are read
-    -- for the byte and age bounds, and the next page if those go on.
+    -- The frames over max_frames go whatever their age; then the head for the
+    -- byte and age bounds, and the next page if those go on.
     local page = redis.call('XRANGE', stream, from, '+', 'COUNT',
-                            math.max(count - max_frames, 0) + 16)
+                            math.max(count - max_frames, 0) + ahead)
+    ahead = 16
     if #page == 0 then break end
     local stop = false
     for _, head in ipairs(page) do
@@ -152,7 +179,8 @@ local function append(frame, at, max_age, max_frames, max_bytes, prefix, channel
   local now = tonumber(at)
   if not live(now) then return 0 end
   local n = redis.call('HINCRBY', meta, 'n', 1)
-  redis.call('XADD', stream, '0-' .. n, 'f', frame, 't', at)
+  local c = redis.call('HINCRBY', meta, 'c', #frame)
+  redis.call('XADD', stream, '0-' .. n, 'f', frame, 't', at, 'c', c)
   redis.call('HINCRBY', meta, 'b', #frame)
   trim(now, tonumber(max_age), tonumber(max_frames), tonumber(max_bytes))
   wake_waiting(prefix, channel, cap)
@@ -202,7 +230,8 @@ LOG_OPEN: Final = Script(
     _PRELUDE
     + """
 redis.call('DEL', meta, stream, waiting)
-redis.call('HSET', meta, 'h', ARGV[1], 'x', ARGV[2], 's', ARGV[3], 'n', 0, 'a', 0, 'l', 0, 'b', 0)
+redis.call('HSET', meta, 'h', ARGV[1], 'x', ARGV[2], 's', ARGV[3], 'n', 0, 'a', 0, 'l', 0, 'b', 0,
+           'c', 0)
 redis.call('PEXPIRE', meta, tonumber(ARGV[2]) + 60000)
 return 1
 """,
@@ -372,11 +401,13 @@ redis.call('HSET', meta, 's', now)
 local count = #ARGV - 8
 local n = redis.call('HINCRBY', meta, 'n', count) - count
 local size = 0
+local c = tonumber(redis.call('HGET', meta, 'c') or '0')
 for i = 9, #ARGV do
   n = n + 1
-  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1])
   size = size + #ARGV[i]
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1], 'c', c + size)
 end
+redis.call('HSET', meta, 'c', c + size)
 redis.call('HINCRBY', meta, 'b', size)
 trim(now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
 return n
