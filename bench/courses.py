@@ -1,7 +1,7 @@
 """Courses: a round trip across two buses beside the same round trip inside one, and a drain.
 
     python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
-                            [--engine memory|redis] [--http2 | --h2c]
+                            [--engine memory|redis] [--http2 | --h2c] [--hold SECONDS]
 
 Brokers run as processes (``python -m gateway``, Hypercorn, each its own bus with
 its own engine: ``memory``, or with ``--engine redis`` a database each of one
@@ -580,6 +580,13 @@ async def measure(
         # Warm up every path (and wait for the Courses to come up).
         for to in layouts.values():
             await round_trips(alice, alice_s, to, args.requests // 10, args.window)
+        if args.hold:
+            # Two-bus round trips only, for a profiler to attach to the brokers.
+            print(f"holding two-buses for {args.hold:g} s: a.test pid {a.pid}, b.test pid {b.pid}")
+            sys.stdout.flush()
+            began = time.perf_counter()
+            while time.perf_counter() - began < args.hold:
+                await round_trips(alice, alice_s, layouts["two-buses"], 2000, args.window)
         for _ in range(args.repeats):
             for layout, to in layouts.items():
                 cpu0 = brokers_cpu()
@@ -704,6 +711,13 @@ def main() -> None:
         help="every bus's engine (redis: one private redis-server, a database per bus)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0,
+        help="first run two-bus round trips this many seconds (printing the brokers' "
+        "pids), to profile them",
+    )
     args = parser.parse_args()
     if (args.http2 or args.h2c) and args.server != "hypercorn":
         parser.error("--http2 and --h2c need --server hypercorn (Uvicorn has no HTTP/2)")

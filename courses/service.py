@@ -34,6 +34,7 @@ Replies are Commands too: the recipient answers with ``r`` set to the ``p`` it g
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -63,7 +64,7 @@ from gateway.auth.credentials import AgentCredentials
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject
 from gateway.connections.tubes import Tube
-from gateway.engines.base import Engine, QueueFull
+from gateway.engines.base import Engine
 from gateway.plane.base import Envelope, EnvelopeKind, Plane, PlaneUnavailable
 
 __all__ = ["AddressHolders", "Courses", "LocalReplies"]
@@ -191,6 +192,11 @@ class Courses:
         self.spoofed = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._stopped = False
+        #: ``course.id`` values: 32 hex digits, a random half per process and a count
+        #: (unique per sending bus, restarts included, at a fraction of a random id's
+        #: cost per crossing).
+        self._id_prefix = os.urandom(8).hex()
+        self._ids = itertools.count()
 
     def peers(self) -> list[tuple[str, bool, int, int, int]]:
         """Per peer dialled: (domain, up, queued, sent, acknowledged), for the metrics."""
@@ -401,8 +407,9 @@ class Courses:
                 self._accept_claimed(peer, command, frame, located, waits)
             else:
                 self.duplicates += 1
-        for wait in waits:
-            # Stored for the next Course (or refused, and then faulted): accepted.
+        # Stored for the next Course (or refused, and then faulted): accepted. The
+        # crossings stored in one loop turn share one future.
+        for wait in dict.fromkeys(waits):
             await asyncio.gather(wait, return_exceptions=True)
 
     def _accept_claimed(
@@ -549,7 +556,7 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            crossing_id = os.urandom(16).hex()
+            crossing_id = f"{self._id_prefix}{next(self._ids):016x}"
             crossed = [*via, self.domain]
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
@@ -569,7 +576,7 @@ class Courses:
                 else None
             )
             if frame is not None:
-                stored = link.submit_frame(crossing_id, frame, notify=notify)
+                stored = link.submit_frame(crossing_id, frame, notify=notify, refuse=refuse)
             else:
                 keys: dict[str, Any] = {VIA_KEY: crossed, ID_KEY: crossing_id}
                 if not whole:
@@ -577,37 +584,16 @@ class Courses:
                     # case), ``r`` stays as it was and is not checked a second time.
                     keys["r"] = list(addresses)
                 outbound = command if stamped is None else stamped()
-                stored = link.submit(outbound.with_keys(keys), notify=notify)
-            self._watch(stored, refuse, peer.domain)
-            if waits is not None:
-                waits.append(stored)
-
-    def _watch(
-        self,
-        stored: asyncio.Future[None],
-        refuse: Callable[[FaultCode, str], None],
-        domain: str,
-    ) -> None:
-
-        def done(future: asyncio.Future[None]) -> None:
-            self._pending.discard(future)
-            if future.cancelled():
-                return
-            exc = future.exception()
-            if isinstance(exc, QueueFull):
-                refuse(FaultCode.COURSE_QUEUE_FULL, f"the queue for {domain} is full")
-            elif isinstance(exc, ProtocolError):
-                refuse(exc.code, exc.message)
-            elif exc is not None:
-                refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {exc}")
-
-        if stored.done():
-            # Stored already (the memory engine's enqueue runs eagerly): no callback
-            # to schedule and no trip through the loop for it.
-            done(stored)
-            return
-        self._pending.add(stored)
-        stored.add_done_callback(done)
+                stored = link.submit(outbound.with_keys(keys), notify=notify, refuse=refuse)
+            if stored is not None:
+                # One future per loop turn's store, shared by its crossings: kept
+                # until done so that stopping waits for it.
+                pending = self._pending
+                if stored not in pending:
+                    pending.add(stored)
+                    stored.add_done_callback(pending.discard)
+                if waits is not None:
+                    waits.append(stored)
 
     async def _locate(self, addresses: Iterable[str]) -> dict[str, frozenset[str]]:
         """The other brokers of the bus holding each of ``addresses``.
