@@ -111,6 +111,9 @@ def unpack(body: bytes) -> list[bytes]:
     return frames
 
 
+_VIA_PAIR: Final = f",{VIA_KEY}=[".encode("ascii")
+#: ``course.id``'s pair right after ``course.via``'s list closes.
+_ID_PAIR: Final = f"],{ID_KEY}=".encode("ascii")
 #: Keys a crossing must not carry for :func:`with_subject` to splice: this bus's own.
 _SPLICE_REFUSES: Final = frozenset(("s", "i", "a", "b", "d", "g"))
 
@@ -139,11 +142,24 @@ def with_subject(
     ):
         return None
     header = frame[:end]
-    for key in (ID_KEY, VIA_KEY):
-        if key in command:
-            header = _without_pair(header, key.encode("ascii"))
-    if not header:
-        return None
+    # The sending bus puts ``course.via`` then ``course.id`` last (crossing_from,
+    # and ``with_keys`` when it encodes): cut them off at once when they are the
+    # tail, each pair once (keys are unique), else take each pair out.
+    tail = header.rfind(_VIA_PAIR)
+    if (
+        tail > 0
+        and header.find(b"]", tail) == (at := header.find(_ID_PAIR, tail))
+        and at > 0
+        and header.find(b",", at + len(_ID_PAIR)) == -1
+        and ID_KEY in command
+    ):
+        header = header[:tail]
+    else:
+        for key in (ID_KEY, VIA_KEY):
+            if key in command:
+                header = _without_pair(header, key.encode("ascii"))
+        if not header:
+            return None
     spliced = b"".join((header, b",s=", subject_id.encode("ascii"), frame[end:]))
     # ",s=" and 32 hex digits: within the limit encoding would enforce.
     return spliced if len(header) + 35 <= max_header_bytes else None
@@ -177,26 +193,29 @@ def crossing_from(
     marker, none of the keys the bus removes or stamps but ``s``, and every value
     added is a bare token; the limits the encoder would enforce are checked.
     """
+    header_keys = command.header
     end = len(frame) - len(command.body) - 1
     if (
         end <= 0
         or frame[0] == 0x2B  # "+": a UTF-8 header
         or frame.find(b"'", 0, end) != -1
-        or not _CROSSING_REFUSES.isdisjoint(command.header)
-        or len(command.header) + 3 - ("s" in command) > limits.max_keys
+        or not _CROSSING_REFUSES.isdisjoint(header_keys)
+        or len(header_keys) + 3 - ("s" in header_keys) > limits.max_keys
         or len(via) > limits.max_list_items
-        or _NOT_BARE.search(publisher) is not None
-        or _NOT_BARE.search(crossing_id) is not None
-        or any(_NOT_BARE.search(domain) is not None for domain in via)
     ):
         return None
-    header = frame[:end]
-    if "s" in command:
-        header = _without_pair(header, b"s")
-    if not header:
+    joined = ",".join(via)
+    # Every value added is a bare token: one search over them all, since a
+    # character that is not bare is found in the concatenation if in any of them
+    # (the commas that join ``via`` are ours, not searched).
+    if _NOT_BARE.search(f"{publisher}{crossing_id}{''.join(via)}") is not None:
         return None
-    added = f",p={publisher},{VIA_KEY}=[{','.join(via)}],{ID_KEY}={crossing_id}"
-    header += added.encode("ascii")
+    header = frame[:end]
+    if "s" in header_keys:
+        header = _without_pair(header, b"s")
+        if not header:
+            return None
+    header += f",p={publisher},{VIA_KEY}=[{joined}],{ID_KEY}={crossing_id}".encode("ascii")
     if len(header) > limits.max_header_bytes or len(header) + len(frame) - end > (
         limits.max_frame_bytes
     ):

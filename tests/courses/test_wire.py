@@ -68,6 +68,12 @@ SUBJECT = "0123456789abcdef0123456789abcdef"
         b"course.id=00ff,c=chat,course.via=[x.test,a.test],p=alice*a.test,x=1.2.3;",
         b"c=chat,course.via=a.test,course.id=00ff,u=7;body;with;semicolons",
         b"course.via=[a.test],course.id=00ff,c=chat;",
+        # The sending bus's own order, cut off as a tail: a list of several, and not
+        # the tail when a pair follows or only the list is there.
+        b"c=chat,r=bob*b.test,course.via=[x.test,a.test],course.id=00ff;hi",
+        b"c=chat,course.via=[a.test],course.id=00ff,u=7;hi",
+        b"c=chat,course.id=00ff,course.via=[a.test];hi",
+        b"c=chat,course.via=[a.test],r=[bob*b.test],course.id=00ff;hi",
     ],
 )
 def test_a_recipients_frame_is_spliced_as_encoding_would_give_it(frame: bytes) -> None:
