@@ -585,8 +585,11 @@ async def measure(
             print(f"holding two-buses for {args.hold:g} s: a.test pid {a.pid}, b.test pid {b.pid}")
             sys.stdout.flush()
             began = time.perf_counter()
+            held = 0
             while time.perf_counter() - began < args.hold:
                 await round_trips(alice, alice_s, layouts["two-buses"], 2000, args.window)
+                held += 2000
+            print(f"held: {held} round trips in {time.perf_counter() - began:.1f} s")
         for _ in range(args.repeats):
             for layout, to in layouts.items():
                 cpu0 = brokers_cpu()

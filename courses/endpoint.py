@@ -34,7 +34,7 @@ from asbp import Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
 from courses.credential import answer_jti
 from courses.service import Courses
-from courses.wire import ACK, BATCH, HELLO, ID_KEY, unpack
+from courses.wire import BATCH, HELLO, ID_KEY, ack_frame, unpack
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.transports.asgi import is_loopback, remote_address
 
@@ -44,6 +44,9 @@ __all__ = ["course_endpoint"]
 _MAX_ACKS: Final = 200
 
 _BATCH_PREFIX: Final = f"c={BATCH};".encode()
+#: Seconds between two acknowledgements on one Course at least (while crossings
+#: keep coming; the first after a pause goes on the next loop turn).
+_ACK_EVERY: Final = 0.002
 #: A crossing id in a header that does not decode (ids are 32 hex digits, courses.link).
 _SNIFF_ID: Final = re.compile(rb"(?:^|,)course\.id=([0-9a-f]{32})(?=[,;]|$)")
 
@@ -169,19 +172,23 @@ def _crossings(data: bytes) -> list[tuple[str, Command | None, bytes]]:
 
 
 async def _acknowledge(send: Send, acks: list[str], ready: asyncio.Event) -> None:
-    """Send what was accepted, as few Commands as the pace allows."""
+    """Send what was accepted, as few Commands as the pace allows: at most one per
+    :data:`_ACK_EVERY` while crossings keep coming."""
+    loop = asyncio.get_running_loop()
+    last = -_ACK_EVERY
     while True:
         await ready.wait()
-        # One loop turn more: crossings that arrived meanwhile share this
+        # One loop turn more at least: crossings that arrived meanwhile share this
         # acknowledgement, which is off every Command's path (a sender needs it
-        # only to free its window and its queue).
-        await asyncio.sleep(0)
+        # only to free its window and its queue). Under load, a few turns more:
+        # each acknowledgement costs both buses a WebSocket message.
+        await asyncio.sleep(max(0.0, last + _ACK_EVERY - loop.time()))
         ready.clear()
         while acks:
             batch = acks[:_MAX_ACKS]
             del acks[:_MAX_ACKS]
-            frame = asbp.encode(Command({"c": ACK, ID_KEY: batch}))
-            await send({"type": "websocket.send", "bytes": frame})
+            await send({"type": "websocket.send", "bytes": ack_frame(batch)})
+        last = loop.time()
 
 
 async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message: str) -> None:

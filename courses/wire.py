@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from asbp import Command, Limits
+from asbp import Command, Limits, encode
 
 __all__ = [
     "ACK",
@@ -32,6 +32,7 @@ __all__ = [
     "ID_KEY",
     "MAX_BATCH_BYTES",
     "VIA_KEY",
+    "ack_frame",
     "crossing_from",
     "domain_of",
     "pack",
@@ -58,6 +59,21 @@ ID_KEY: Final = "course.id"
 VIA_KEY: Final = "course.via"
 #: Keys a User-Agent may not write: the broker's alone.
 BROKER_KEYS: Final = (ID_KEY, VIA_KEY)
+
+
+_ACK_PREFIX: Final = f"c={ACK},{ID_KEY}=".encode("ascii")
+#: Ids as a sending bus makes them (courses.service), joined by commas.
+_OUR_IDS: Final = re.compile(r"[0-9a-f]{32}(?:,[0-9a-f]{32})*")
+
+
+def ack_frame(ids: list[str]) -> bytes:
+    """The encoded ``c=asbp.course.ack,course.id=[…]`` for ``ids``: written straight
+    when every id is 32 hex digits (bare tokens, as a sending bus of ours makes
+    them), else encoded (an id another implementation chose may need quoting)."""
+    joined = ",".join(ids)
+    if _OUR_IDS.fullmatch(joined):
+        return b"%b[%b];" % (_ACK_PREFIX, joined.encode("ascii"))
+    return encode(Command({"c": ACK, ID_KEY: ids}))
 
 
 def pack(frames: list[bytes], *, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:

@@ -9,7 +9,10 @@ from hypothesis import strategies as st
 from asbp import Command, Limits, decode, encode
 from asbp.header import RESERVED_KEYS
 from courses.wire import (
+    ACK,
     BATCH,
+    ID_KEY,
+    ack_frame,
     crossing_from,
     pack,
     split_by_domain,
@@ -46,6 +49,22 @@ def test_a_lone_frame_travels_as_itself_and_several_as_one_batch() -> None:
 def test_a_body_that_is_not_a_batch_is_refused(body: bytes) -> None:
     with pytest.raises(ValueError):
         unpack(body)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ["0123456789abcdef" * 2],
+        ["a" * 32, "0123456789abcdef" * 2, "f" * 32],
+        ["a" * 32, "an id, quoted"],  # another implementation's: encoded
+        ["A" * 32],
+        [""],
+    ],
+)
+def test_an_acknowledgement_is_what_encoding_gives(ids: list[str]) -> None:
+    frame = ack_frame(ids)
+    assert frame == encode(Command({"c": ACK, ID_KEY: ids}))
+    assert decode(frame).get(ID_KEY) == tuple(ids)
 
 
 def test_domains_and_via() -> None:
