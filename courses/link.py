@@ -39,7 +39,15 @@ from courses.settings import CourseSettings, PeerSettings
 from courses.transport import CourseSocket, Dialler
 from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
-from gateway.engines.base import Delivery, Engine, Message, NoticeEvent, QueueFull, new_message
+from gateway.engines.base import (
+    Delivery,
+    Engine,
+    EngineLimits,
+    Message,
+    NoticeEvent,
+    QueueFull,
+    new_message,
+)
 from gateway.errors import LocalError
 from gateway.messaging.eager import start_eagerly
 from gateway.tasks import cancel_and_wait
@@ -61,6 +69,9 @@ _Submitted: TypeAlias = tuple[str, bytes, Mapping[str, str], Refuse]
 class _StoresMany(Protocol):
     """An engine that stores several messages in one call, done on return
     (gateway.engines.memory's ``enqueue_many``)."""
+
+    @property
+    def limits(self) -> EngineLimits: ...
 
     def enqueue_many(self, messages: Sequence[Message]) -> list[Exception | None]: ...
 
@@ -144,7 +155,7 @@ class OutboundCourse:
         #: Crossings submitted in this loop turn, and the future of their store.
         self._batch: list[_Submitted] = []
         self._stored: asyncio.Future[None] | None = None
-        self._enqueue_many = engine.enqueue_many if isinstance(engine, _StoresMany) else None
+        self._stores_many = engine if isinstance(engine, _StoresMany) else None
 
     async def start(self) -> None:
         """Count what the queue already holds and start dialling (if there are URLs)."""
@@ -219,13 +230,18 @@ class OutboundCourse:
         # One headers mapping for the crossings that asked for no notice: a
         # message's headers are never changed once stored.
         plain = {"expires": repr(now + self._settings.max_age)}
+        many = self._stores_many
+        # The engine's own expiration, as it would set it (its ``default_ttl``), so
+        # that it stores the message as given rather than a copy with one; the
+        # Course's ``max_age`` is judged by the sender (``expires``).
+        expiration = None if many is None else now + many.limits.default_ttl
         messages = [
             new_message(
                 crossing_id,
                 queue,
                 frame,
                 now,
-                None,
+                expiration,
                 4,
                 None,
                 None,
@@ -234,10 +250,9 @@ class OutboundCourse:
             )
             for crossing_id, frame, notify, _ in batch
         ]
-        many = self._enqueue_many
         if many is not None:
             try:
-                outcomes: list[BaseException | None] = list(many(messages))
+                outcomes: list[BaseException | None] = list(many.enqueue_many(messages))
             except Exception as exc:  # the engine closed: none was stored
                 outcomes = [exc] * len(messages)
             self._settle(batch, outcomes, stored)

@@ -55,6 +55,7 @@ from courses.wire import (
     VIA_KEY,
     crossing_from,
     domain_of,
+    recipients_of,
     split_by_domain,
     via_of,
     with_subject,
@@ -235,11 +236,12 @@ class Courses:
         """A Command with ``r`` from a User-Agent: to its recipients, here or across.
         ``frame``: the bytes it arrived in, from which its crossings are spliced
         (courses.wire.crossing_from) rather than encoded."""
-        command_id = command.command_id
-        name = command.name or ""
 
         def refuse(code: FaultCode, message: str) -> None:
-            self._replies.fault(channel, code, message, command_id=command_id, cause=name)
+            # ``u`` and ``c`` read only for a fault: none in the common case.
+            self._replies.fault(
+                channel, code, message, command_id=command.command_id, cause=command.name or ""
+            )
 
         self._route(subject, command, refuse, frame)
 
@@ -282,7 +284,7 @@ class Courses:
         may_cross = self._may_cross
         # Dropping the UA's own keys and stamping ``p`` changes none of ``c``, ``r``,
         # ``x`` or ``notice``: they are read from the Command as it came.
-        by_domain = split_by_domain(command.recipients)
+        by_domain = split_by_domain(recipients_of(command))
         if may_cross is not None:
             access = subject.access
             for domain in by_domain:
@@ -354,7 +356,7 @@ class Courses:
             return None
         wanted: dict[str, None] = {}
         for command in commands:
-            for address in split_by_domain(command.recipients).get(self.domain, ()):
+            for address in split_by_domain(recipients_of(command)).get(self.domain, ()):
                 wanted[address] = None
         return await self._locate(wanted) if wanted else {}
 
@@ -392,7 +394,7 @@ class Courses:
             own = [
                 address
                 for _, command, _ in crossings
-                for address in split_by_domain(command.recipients).get(self.domain, ())
+                for address in split_by_domain(recipients_of(command)).get(self.domain, ())
             ]
             if own and (located is None or any(address not in located for address in own)):
                 located = await self._locate(dict.fromkeys(own))
@@ -423,7 +425,6 @@ class Courses:
         """A crossing claimed: delivered or passed on, with no await (the futures of
         what must be stored first are added to ``waits``)."""
         via = via_of(command)
-        name = command.name or ""
         publisher = command.publisher
         looped = self.domain in via
         if (not looped and publisher is not None and domain_of(publisher) == self.domain) or (
@@ -449,6 +450,7 @@ class Courses:
             return built[0]
 
         def refuse(code: FaultCode, message: str) -> None:
+            name = command.name or ""
             self._log.info(
                 "course.refused_command",
                 extra={"peer": peer, "code": int(code), "reason": message, "command": name},
@@ -476,17 +478,38 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
-            # c, r, x, p and notice read the same on the crossing as on ``bare``.
-            self._send(
-                command,
-                via=via,
-                came_from=peer,
-                refuse=refuse,
-                waits=waits,
-                located=located,
-                received=(frame, command) if frame is not None else None,
-                stamped=bare,
-            )
+            received = (frame, command) if frame is not None else None
+            by_domain = split_by_domain(recipients_of(command))
+            own = by_domain.get(self.domain)
+            if (
+                own is not None
+                and len(by_domain) == 1
+                and (self._plane is None or located is not None)
+            ):
+                # All for this bus, nothing to look up (the common case): straight to
+                # its Subjects, without the checks of a Command going further.
+                self._deliver_here(
+                    command,
+                    own,
+                    refuse,
+                    located=located,
+                    waits=waits,
+                    received=received,
+                    stamped=bare,
+                )
+            else:
+                # c, r, x, p and notice read the same on the crossing as on ``bare``.
+                self._send(
+                    command,
+                    via=via,
+                    came_from=peer,
+                    refuse=refuse,
+                    waits=waits,
+                    located=located,
+                    received=received,
+                    by_domain=by_domain,
+                    stamped=bare,
+                )
         self.accepted += 1
 
     # -- both ---------------------------------------------------------------------------
@@ -518,7 +541,7 @@ class Courses:
         the ``p`` to stamp; or a crossing as received, its keys still in): makes
         that Command, called only where it must be encoded rather than spliced."""
         name = command.name or ""
-        recipients = command.recipients
+        recipients = recipients_of(command)
         if by_domain is None:
             by_domain = split_by_domain(recipients)
         if publisher is None:
@@ -687,18 +710,21 @@ class Courses:
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
         address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`."""
         registry = self._subjects
-        holders = {
-            address: registry.holding(address) if registry is not None else []
-            for address in addresses
-        }
         elsewhere: dict[str, list[str]] = {}
-        for address in addresses:
-            for broker_id in sorted((located or {}).get(address, ())):
-                elsewhere.setdefault(broker_id, []).append(address)
+        if located:
+            for address in addresses:
+                brokers = located.get(address)
+                if brokers:
+                    for broker_id in sorted(brokers):
+                        elsewhere.setdefault(broker_id, []).append(address)
         if elsewhere:
             self._forward(command if stamped is None else stamped(), elsewhere, refuse, waits)
-        delivered: set[str] = set()
-        for address, subjects in holders.items():
+        # A Subject holds one address, so it is met once unless an address repeats
+        # under another spelling: tracked only when there are several.
+        delivered: set[str] | None = set() if len(addresses) > 1 else None
+        deliver = self._replies.deliver
+        for address in addresses:
+            subjects = registry.holding(address) if registry is not None else ()
             if not subjects:
                 if not any(address in held for held in elsewhere.values()):
                     code, message = unknown or (
@@ -708,9 +734,10 @@ class Courses:
                     refuse(code, message)
                 continue
             for subject in subjects:
-                if subject.id in delivered:
-                    continue
-                delivered.add(subject.id)
+                if delivered is not None:
+                    if subject.id in delivered:
+                        continue
+                    delivered.add(subject.id)
                 frame = (
                     with_subject(
                         received[0],
@@ -728,7 +755,7 @@ class Courses:
                     except ProtocolError as exc:
                         refuse(exc.code, exc.message)
                         return
-                self._replies.deliver(subject.channel, frame)
+                deliver(subject.channel, frame)
 
     def _forward(
         self,
@@ -797,7 +824,7 @@ class Courses:
         else:
             notice = fault_command(
                 FaultCode.COURSE_EXPIRED,
-                f"not accepted by {', '.join(sorted(split_by_domain(command.recipients)))} "
+                f"not accepted by {', '.join(sorted(split_by_domain(recipients_of(command))))} "
                 f"within {self.settings.max_age:g} seconds",
                 command_id=command.command_id,
                 cause=name,

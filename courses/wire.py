@@ -36,6 +36,7 @@ __all__ = [
     "crossing_from",
     "domain_of",
     "pack",
+    "recipients_of",
     "split_by_domain",
     "unpack",
     "via_of",
@@ -265,6 +266,14 @@ def split_by_domain(recipients: Iterable[str]) -> dict[str, tuple[str, ...]]:
     for address in recipients:
         groups.setdefault(domain_of(address), {})[address] = None
     return {domain: tuple(addresses) for domain, addresses in groups.items()}
+
+
+def recipients_of(command: Command) -> tuple[str, ...]:
+    """``r`` as written (``Command.recipients`` without a conversion per address)."""
+    value = command.get("r")
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def via_of(command: Command) -> tuple[str, ...]:

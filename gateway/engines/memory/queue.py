@@ -230,7 +230,8 @@ class MemoryQueue:
             )
         expiration = message.expiration
         assert expiration is not None, "put() takes stored_form(message)"
-        self._promote(now)  # due delayed messages were "received" before this one
+        if self._delayed:
+            self._promote(now)  # due delayed messages were "received" before this one
         not_before = message.not_before
         delayed = not_before is not None and not_before > now
         entry = _Entry(message, seq, expiration, _DELAYED if delayed else _READY)
@@ -243,7 +244,8 @@ class MemoryQueue:
             self._ready[message.priority].append(entry)
             self._ready_live += 1
             self.woken += 1
-        self._notice(message, NoticeEvent.QUEUED, now)
+        if message.notify is not None:
+            self._notice(message, NoticeEvent.QUEUED, now)
 
     def take(self, count: int, now: float, receipt: Callable[[], str]) -> list[Delivery]:
         """Lease up to ``count`` deliverable messages, highest priority first.
