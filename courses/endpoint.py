@@ -46,7 +46,7 @@ _MAX_ACKS: Final = 200
 _BATCH_PREFIX: Final = f"c={BATCH};".encode()
 #: Seconds between two acknowledgements on one Course at least (while crossings
 #: keep coming; the first after a pause goes on the next loop turn).
-_ACK_EVERY: Final = 0.002
+_ACK_EVERY: Final = 0.005
 #: A crossing id in a header that does not decode (ids are 32 hex digits, courses.link).
 _SNIFF_ID: Final = re.compile(rb"(?:^|,)course\.id=([0-9a-f]{32})(?=[,;]|$)")
 

@@ -71,6 +71,7 @@ from gateway.engines.base import (
     NoticeEvent,
     QueuedMessage,
     QueueFull,
+    new_delivery,
     new_message,
 )
 
@@ -278,7 +279,7 @@ class MemoryQueue:
                 self._leases[lease] = entry
                 heapq.heappush(self._deadlines, (deadline, lease))
                 deliveries.append(
-                    Delivery(entry.message, self.name, entry.deliveries, deadline, lease)
+                    new_delivery(entry.message, self.name, entry.deliveries, deadline, lease)
                 )
             if len(deliveries) >= count or not self._ready_live:
                 break
