@@ -155,6 +155,8 @@ class OutboundCourse:
         #: Crossings submitted in this loop turn, and the future of their store.
         self._batch: list[_Submitted] = []
         self._stored: asyncio.Future[None] | None = None
+        #: The engine calls made for them, when it stores one message per call.
+        self._calls: list[asyncio.Future[None]] = []
         self._stores_many = engine if isinstance(engine, _StoresMany) else None
 
     async def start(self) -> None:
@@ -195,7 +197,9 @@ class OutboundCourse:
         (courses.wire.crossing_from).
 
         It is stored at the end of this loop turn together with every crossing
-        submitted in the turn, in one call to the engine, and sent no sooner.
+        submitted in the turn, in one call to an engine that has one (the memory
+        engine's ``enqueue_many``; another's ``enqueue`` is called now, one per
+        crossing), and sent no sooner.
         Returns the future of that store, shared by the turn's crossings, done once
         each is stored or refused; None when it is refused at once (past the
         queue's bounds). A refusal is told to ``refuse``: 2209 past the bounds,
@@ -211,6 +215,11 @@ class OutboundCourse:
         self.depth += 1
         self.bytes += len(frame)
         self._batch.append((crossing_id, frame, notify, refuse))
+        if self._stores_many is None:
+            # An engine without a call for several (redis): its call made now, in
+            # order, as the Commands of this turn make theirs, so that its batcher
+            # sends them in the same round trip; settled together at the turn's end.
+            self._calls.append(self._enqueue(crossing_id, frame, notify))
         stored = self._stored
         if stored is None:
             loop = asyncio.get_running_loop()
@@ -220,21 +229,51 @@ class OutboundCourse:
             loop.call_soon(self._store)
         return stored
 
+    def _enqueue(
+        self, crossing_id: str, frame: bytes, notify: Mapping[str, str]
+    ) -> asyncio.Future[None]:
+        """One crossing stored by the engine's ``enqueue``, started now."""
+        now = time.time()
+        headers = {**notify, "expires": repr(now + self._settings.max_age)}
+        awaitable = self._engine.enqueue(
+            new_message(
+                crossing_id, self.queue, frame, now, None, 4, None, None, _NO_NOTICES, headers
+            )
+        )
+        if isinstance(awaitable, asyncio.Future):
+            return awaitable
+        assert isinstance(awaitable, Coroutine), awaitable
+        return start_eagerly(awaitable)
+
     def _store(self) -> None:
-        """Store the crossings submitted in the last loop turn, in order, in one call."""
+        """Store the crossings submitted in the last loop turn, in order, in one call
+        (or settle the calls made for them)."""
         batch, self._batch = self._batch, []
         stored, self._stored = self._stored, None
         assert stored is not None
+        many = self._stores_many
+        if many is None:
+            calls, self._calls = self._calls, []
+            gathered = asyncio.gather(*calls, return_exceptions=True)
+
+            def settled(done: asyncio.Future[list[BaseException | None]]) -> None:
+                if done.cancelled():
+                    outcomes: list[BaseException | None] = [asyncio.CancelledError()] * len(batch)
+                else:
+                    outcomes = done.result()
+                self._settle(batch, outcomes, stored)
+
+            gathered.add_done_callback(settled)
+            return
         now = time.time()
         queue = self.queue
         # One headers mapping for the crossings that asked for no notice: a
         # message's headers are never changed once stored.
         plain = {"expires": repr(now + self._settings.max_age)}
-        many = self._stores_many
         # The engine's own expiration, as it would set it (its ``default_ttl``), so
         # that it stores the message as given rather than a copy with one; the
         # Course's ``max_age`` is judged by the sender (``expires``).
-        expiration = None if many is None else now + many.limits.default_ttl
+        expiration = now + many.limits.default_ttl
         messages = [
             new_message(
                 crossing_id,
@@ -250,33 +289,11 @@ class OutboundCourse:
             )
             for crossing_id, frame, notify, _ in batch
         ]
-        if many is not None:
-            try:
-                outcomes: list[BaseException | None] = list(many.enqueue_many(messages))
-            except Exception as exc:  # the engine closed: none was stored
-                outcomes = [exc] * len(messages)
-            self._settle(batch, outcomes, stored)
-            return
-        # Another engine: a call per crossing, made now and in order (the Redis
-        # engine's batcher sends the turn's calls in one round trip).
-        calls: list[asyncio.Future[None]] = []
-        for message in messages:
-            awaitable = self._engine.enqueue(message)
-            if isinstance(awaitable, asyncio.Future):
-                calls.append(awaitable)
-            else:
-                assert isinstance(awaitable, Coroutine), awaitable
-                calls.append(start_eagerly(awaitable))
-        gathered = asyncio.gather(*calls, return_exceptions=True)
-
-        def settled(done: asyncio.Future[list[BaseException | None]]) -> None:
-            if done.cancelled():
-                outcomes: list[BaseException | None] = [asyncio.CancelledError()] * len(batch)
-            else:
-                outcomes = done.result()
-            self._settle(batch, outcomes, stored)
-
-        gathered.add_done_callback(settled)
+        try:
+            outcomes: list[BaseException | None] = list(many.enqueue_many(messages))
+        except Exception as exc:  # the engine closed: none was stored
+            outcomes = [exc] * len(messages)
+        self._settle(batch, outcomes, stored)
 
     def _settle(
         self,
