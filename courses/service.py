@@ -38,6 +38,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 import asbp
@@ -75,6 +76,9 @@ _LIMITS: Final = asbp.Limits()
 _MAX_HEADER_BYTES: Final = _LIMITS.max_header_bytes
 #: Keys a Command loses on its way out of this bus: the sender's and this broker's.
 _LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
+#: What a crossing's sender stores beside it (never changed: courses.link copies it).
+_NOTIFY_DELIVERED: Final[Mapping[str, str]] = MappingProxyType({"notice": DELIVERED})
+_NOTIFY_NONE: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class LocalReplies(Protocol):
@@ -198,6 +202,9 @@ class Courses:
         #: cost per crossing).
         self._id_prefix = os.urandom(8).hex()
         self._ids = itertools.count()
+        #: ``course.via`` of a Command leaving from this bus: never changed (read only
+        #: by crossing_from and the encoder), so made once.
+        self._left_here = [self.domain]
 
     def peers(self) -> list[tuple[str, bool, int, int, int]]:
         """Per peer dialled: (domain, up, queued, sent, acknowledged), for the metrics."""
@@ -580,10 +587,10 @@ class Courses:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
             crossing_id = f"{self._id_prefix}{next(self._ids):016x}"
-            crossed = [*via, self.domain]
+            crossed = [*via, self.domain] if via else self._left_here
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
-            notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
+            notify = _NOTIFY_DELIVERED if command.get("notice") == DELIVERED else _NOTIFY_NONE
             link = self.links[peer.domain]
             whole = len(addresses) == len(recipients)
             frame = (
