@@ -563,6 +563,8 @@ async def measure(
     drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
     drain_cpu: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
     counts = (0, 0, 0.0)
+    #: (layout, domain) -> that broker's CPU per round trip, per repeat.
+    per_bus: dict[tuple[str, str], list[float]] = {}
 
     def brokers_cpu() -> float:
         # The brokers' processes, and with --engine redis the redis-server they share.
@@ -593,14 +595,27 @@ async def measure(
         for _ in range(args.repeats):
             for layout, to in layouts.items():
                 cpu0 = brokers_cpu()
+                by_bus0 = (_cpu_seconds(a.pid), _cpu_seconds(b.pid))
                 own0 = time.process_time()
                 seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
                 used = brokers_cpu() - cpu0
+                for bus, pid, before in zip((a, b), (a.pid, b.pid), by_bus0, strict=True):
+                    per_bus.setdefault((layout, bus.domain), []).append(
+                        (_cpu_seconds(pid) - before) / args.requests * 1e6
+                    )
                 own[layout].append((time.process_time() - own0) / args.requests * 1e6)
                 rows[layout].append(args.requests / seconds)
                 cpu[layout].append(used / args.requests * 1e6)
         for task in echoes:
             task.cancel()
+        # Each broker's share, to see which side of a Course a change moved.
+        print(
+            "brokers' CPU us/trip by bus (median): "
+            + ", ".join(
+                f"{layout} {domain} {statistics.median(values):.1f}"
+                for (layout, domain), values in per_bus.items()
+            )
+        )
         # The drains and the outage: to bob on d.test (and e.test over HTTP/2), whose
         # Courses go through a relay the bench holds down.
         courses = [("two-buses", to_d, d, b"bob*d.test", await sign_in(d, "bob"))]
