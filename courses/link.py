@@ -383,6 +383,17 @@ class OutboundCourse:
         room.set()
         reader = asyncio.create_task(self._read_acks(ws, in_flight, room))
         consumer = f"course-{uuid.uuid4().hex}"
+        # The memory engine's queue is this process's and every crossing reaches it
+        # through this link (_store), which sets ``_wake``: the pump waits on that,
+        # and fetches without waiting in the engine, whose waiting fetch costs a
+        # waiter, a timeout timer and its queue's timer, armed and cancelled per
+        # fetch. A tick every _FETCH_WAIT seconds covers what comes back by itself
+        # (a lease run out) and the reader's end is a wake-up too.
+        local = self._stores_many is not None
+        ticker = asyncio.create_task(self._tick()) if local else None
+        if local:
+            reader.add_done_callback(lambda _: self._wake.set())
+            self._wake.set()  # what the last link left unacknowledged goes first
         try:
             while not reader.done():
                 free = self._settings.window - len(in_flight)
@@ -390,10 +401,20 @@ class OutboundCourse:
                     room.clear()
                     await _first(room.wait(), reader)
                     continue
-                deliveries = await self._engine.fetch(
-                    self.queue, consumer, count=free, wait=0 if self._wake.is_set() else _FETCH_WAIT
-                )
-                self._wake.clear()
+                if local:
+                    await self._wake.wait()
+                    self._wake.clear()
+                    deliveries = await self._engine.fetch(self.queue, consumer, count=free)
+                    if len(deliveries) >= free:
+                        self._wake.set()  # more may be ready: look again once there is room
+                else:
+                    deliveries = await self._engine.fetch(
+                        self.queue,
+                        consumer,
+                        count=free,
+                        wait=0 if self._wake.is_set() else _FETCH_WAIT,
+                    )
+                    self._wake.clear()
                 frames: list[bytes] = []
                 expired: list[Delivery] = []
                 now = time.time()
@@ -417,12 +438,20 @@ class OutboundCourse:
                     await ws.send(message)
             await reader
         finally:
+            if ticker is not None:
+                await cancel_and_wait(ticker)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, WebSocketException, OSError):
                 await reader
             if in_flight:
                 # Back to the head of the queue, in order: the next link sends them first.
                 await self._engine.release(self.queue, [d.receipt for d in in_flight.values()])
+
+    async def _tick(self) -> None:
+        """Wake the pump every _FETCH_WAIT seconds (see :meth:`_pump`)."""
+        while True:
+            await asyncio.sleep(_FETCH_WAIT)
+            self._wake.set()
 
     async def _read_acks(
         self, ws: CourseSocket, in_flight: dict[str, Delivery], room: asyncio.Event
