@@ -262,6 +262,9 @@ def domain_of(address: str) -> str:
 
 def split_by_domain(recipients: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """Recipients grouped by domain, each once, in the order first named."""
+    if isinstance(recipients, tuple) and len(recipients) == 1:
+        # One recipient (most Commands): no grouping to do.
+        return {domain_of(recipients[0]): recipients}
     groups: dict[str, dict[str, None]] = {}
     for address in recipients:
         groups.setdefault(domain_of(address), {})[address] = None

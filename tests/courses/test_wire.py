@@ -72,6 +72,9 @@ def test_domains_and_via() -> None:
         "x.test": ("a*X.test", "b*x.test"),
         "y.test": ("c*y.test",),
     }
+    assert (
+        split_by_domain(("a*X.test",)) == split_by_domain(["a*X.test"]) == {"x.test": ("a*X.test",)}
+    )
     assert via_of(Command(c="x")) == ()
     assert via_of(Command({"c": "x", "course.via": "a.test"})) == ("a.test",)
     assert via_of(Command({"c": "x", "course.via": ["a.test", "b.test"]})) == ("a.test", "b.test")
