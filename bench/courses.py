@@ -1,7 +1,7 @@
 """Courses: a round trip across two buses beside the same round trip inside one, and a drain.
 
     python bench/courses.py [--repeats N] [--requests N] [--window N] [--backlog N]
-                            [--engine memory|redis] [--http2 | --h2c]
+                            [--engine memory|redis] [--http2 | --h2c] [--hold SECONDS]
 
 Brokers run as processes (``python -m gateway``, Hypercorn, each its own bus with
 its own engine: ``memory``, or with ``--engine redis`` a database each of one
@@ -563,6 +563,8 @@ async def measure(
     drains: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
     drain_cpu: dict[str, list[float]] = {"two-buses": [], "two-buses-h2": []}
     counts = (0, 0, 0.0)
+    #: (layout, domain) -> that broker's CPU per round trip, per repeat.
+    per_bus: dict[tuple[str, str], list[float]] = {}
 
     def brokers_cpu() -> float:
         # The brokers' processes, and with --engine redis the redis-server they share.
@@ -580,17 +582,40 @@ async def measure(
         # Warm up every path (and wait for the Courses to come up).
         for to in layouts.values():
             await round_trips(alice, alice_s, to, args.requests // 10, args.window)
+        if args.hold:
+            # Two-bus round trips only, for a profiler to attach to the brokers.
+            print(f"holding two-buses for {args.hold:g} s: a.test pid {a.pid}, b.test pid {b.pid}")
+            sys.stdout.flush()
+            began = time.perf_counter()
+            held = 0
+            while time.perf_counter() - began < args.hold:
+                await round_trips(alice, alice_s, layouts["two-buses"], 2000, args.window)
+                held += 2000
+            print(f"held: {held} round trips in {time.perf_counter() - began:.1f} s")
         for _ in range(args.repeats):
             for layout, to in layouts.items():
                 cpu0 = brokers_cpu()
+                by_bus0 = (_cpu_seconds(a.pid), _cpu_seconds(b.pid))
                 own0 = time.process_time()
                 seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
                 used = brokers_cpu() - cpu0
+                for bus, pid, before in zip((a, b), (a.pid, b.pid), by_bus0, strict=True):
+                    per_bus.setdefault((layout, bus.domain), []).append(
+                        (_cpu_seconds(pid) - before) / args.requests * 1e6
+                    )
                 own[layout].append((time.process_time() - own0) / args.requests * 1e6)
                 rows[layout].append(args.requests / seconds)
                 cpu[layout].append(used / args.requests * 1e6)
         for task in echoes:
             task.cancel()
+        # Each broker's share, to see which side of a Course a change moved.
+        print(
+            "brokers' CPU us/trip by bus (median): "
+            + ", ".join(
+                f"{layout} {domain} {statistics.median(values):.1f}"
+                for (layout, domain), values in per_bus.items()
+            )
+        )
         # The drains and the outage: to bob on d.test (and e.test over HTTP/2), whose
         # Courses go through a relay the bench holds down.
         courses = [("two-buses", to_d, d, b"bob*d.test", await sign_in(d, "bob"))]
@@ -704,6 +729,13 @@ def main() -> None:
         help="every bus's engine (redis: one private redis-server, a database per bus)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small counts")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0,
+        help="first run two-bus round trips this many seconds (printing the brokers' "
+        "pids), to profile them",
+    )
     args = parser.parse_args()
     if (args.http2 or args.h2c) and args.server != "hypercorn":
         parser.error("--http2 and --h2c need --server hypercorn (Uvicorn has no HTTP/2)")

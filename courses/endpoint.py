@@ -34,7 +34,7 @@ from asbp import Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
 from courses.credential import answer_jti
 from courses.service import Courses
-from courses.wire import ACK, BATCH, HELLO, ID_KEY, unpack
+from courses.wire import BATCH, HELLO, ID_KEY, ack_frame, unpack
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
 from gateway.transports.asgi import is_loopback, remote_address
 
@@ -44,6 +44,10 @@ __all__ = ["course_endpoint"]
 _MAX_ACKS: Final = 200
 
 _BATCH_PREFIX: Final = f"c={BATCH};".encode()
+#: Seconds between two acknowledgements on one Course at least while crossings keep
+#: coming (the first after a pause goes on the next loop turn, and so does one of
+#: _MAX_ACKS ids): a sender's window (1,024 by default) is not held up by it.
+_ACK_EVERY: Final = 0.01
 #: A crossing id in a header that does not decode (ids are 32 hex digits, courses.link).
 _SNIFF_ID: Final = re.compile(rb"(?:^|,)course\.id=([0-9a-f]{32})(?=[,;]|$)")
 
@@ -94,8 +98,10 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     log.info("course.accepted", extra={"peer": peer, "remote": remote})
     acks: list[str] = []
     ready = asyncio.Event()
+    #: Set when a full acknowledgement's worth waits: sent without waiting out the pace.
+    full = asyncio.Event()
     closed = False
-    writer = asyncio.create_task(_acknowledge(send, acks, ready))
+    writer = asyncio.create_task(_acknowledge(send, acks, ready, full))
     try:
         while True:
             message = await receive()
@@ -130,6 +136,8 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             await courses.accept_batch(peer, legible, located=located)
             acks.extend(crossing_id for crossing_id, _, _ in crossings)
             ready.set()
+            if len(acks) >= _MAX_ACKS:
+                full.set()
     finally:
         writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
@@ -168,20 +176,34 @@ def _crossings(data: bytes) -> list[tuple[str, Command | None, bytes]]:
     return crossings
 
 
-async def _acknowledge(send: Send, acks: list[str], ready: asyncio.Event) -> None:
-    """Send what was accepted, as few Commands as the pace allows."""
+async def _acknowledge(
+    send: Send, acks: list[str], ready: asyncio.Event, full: asyncio.Event
+) -> None:
+    """Send what was accepted, as few Commands as the pace allows: while crossings
+    keep coming, at most one per :data:`_ACK_EVERY`, unless a full one
+    (:data:`_MAX_ACKS` ids) is waiting (``full``)."""
+    loop = asyncio.get_running_loop()
+    last = -_ACK_EVERY
     while True:
         await ready.wait()
-        # One loop turn more: crossings that arrived meanwhile share this
+        # One loop turn more at least: crossings that arrived meanwhile share this
         # acknowledgement, which is off every Command's path (a sender needs it
-        # only to free its window and its queue).
-        await asyncio.sleep(0)
+        # only to free its window and its queue). Under load, until the pace
+        # allows: each acknowledgement costs both buses a WebSocket message.
+        pause = last + _ACK_EVERY - loop.time()
+        if pause > 0 and len(acks) < _MAX_ACKS:
+            full.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(full.wait(), pause)
+        else:
+            await asyncio.sleep(0)
         ready.clear()
+        full.clear()
         while acks:
             batch = acks[:_MAX_ACKS]
             del acks[:_MAX_ACKS]
-            frame = asbp.encode(Command({"c": ACK, ID_KEY: batch}))
-            await send({"type": "websocket.send", "bytes": frame})
+            await send({"type": "websocket.send", "bytes": ack_frame(batch)})
+        last = loop.time()
 
 
 async def _deny(scope: Scope, send: Send, status: int, code: FaultCode, message: str) -> None:

@@ -25,21 +25,29 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 from urllib.parse import urlsplit
 
 from websockets.exceptions import WebSocketException
 
 import asbp
-from asbp import Command, ProtocolError
+from asbp import Command, FaultCode, ProtocolError
 from courses.credential import SigningKey, answer_jti
 from courses.settings import CourseSettings, PeerSettings
 from courses.transport import CourseSocket, Dialler
 from courses.wire import ACK, HELLO, ID_KEY, pack
 from gateway.auth.credentials import AgentCredentials, CredentialRefused
-from gateway.engines.base import Delivery, Engine, QueueFull, new_message
+from gateway.engines.base import (
+    Delivery,
+    Engine,
+    EngineLimits,
+    Message,
+    NoticeEvent,
+    QueueFull,
+    new_message,
+)
 from gateway.errors import LocalError
 from gateway.messaging.eager import start_eagerly
 from gateway.tasks import cancel_and_wait
@@ -49,6 +57,23 @@ __all__ = ["CourseRefusedError", "Crossing", "OutboundCourse", "queue_name"]
 #: Seconds one fetch waits for a crossing before the sender looks again.
 _FETCH_WAIT: Final = 0.5
 _LOOPBACK: Final = frozenset({"127.0.0.1", "::1", "localhost"})
+_NO_NOTICES: Final[frozenset[NoticeEvent]] = frozenset()
+
+#: Where a refusal goes: the sender's fault (code, message).
+Refuse: TypeAlias = Callable[[FaultCode, str], None]
+#: A crossing submitted in this loop turn: (course.id, frame, notify, refuse).
+_Submitted: TypeAlias = tuple[str, bytes, Mapping[str, str], Refuse]
+
+
+@runtime_checkable
+class _StoresMany(Protocol):
+    """An engine that stores several messages in one call, done on return
+    (gateway.engines.memory's ``enqueue_many``)."""
+
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    def enqueue_many(self, messages: Sequence[Message]) -> list[Exception | None]: ...
 
 
 def queue_name(domain: str) -> str:
@@ -84,7 +109,8 @@ class OutboundCourse:
         signing: this bus's signing key.
         engine: where the queue lives.
         allow_plain: ``ws://`` to a loopback address allowed (the Tubes' dev flag).
-        on_done: called for each crossing acknowledged or expired.
+        on_done: called for each crossing expired, and for each acknowledged whose
+            sender asked for a notice.
         log: the broker's logger.
     """
 
@@ -126,6 +152,12 @@ class OutboundCourse:
         #: Whether the link up (or last up) runs on HTTP/2 (RFC 8441); None: never up.
         self.http2: bool | None = None
         self._dialler = Dialler(ca=settings.ca, http2=peer.http2)
+        #: Crossings submitted in this loop turn, and the future of their store.
+        self._batch: list[_Submitted] = []
+        self._stored: asyncio.Future[None] | None = None
+        #: The engine calls made for them, when it stores one message per call.
+        self._calls: list[asyncio.Future[None]] = []
+        self._stores_many = engine if isinstance(engine, _StoresMany) else None
 
     async def start(self) -> None:
         """Count what the queue already holds and start dialling (if there are URLs)."""
@@ -139,14 +171,11 @@ class OutboundCourse:
         if self._task is not None:
             await cancel_and_wait(self._task)
 
-    def submit(self, command: Command, *, notify: dict[str, str]) -> asyncio.Future[None]:
+    def submit(
+        self, command: Command, *, notify: Mapping[str, str], refuse: Refuse
+    ) -> asyncio.Future[None] | None:
         """Queue ``command`` for the peer with its ``course.id`` (a fresh one if it
-        has none).
-
-        Returns a future done once stored; it fails with
-        :class:`~gateway.engines.base.QueueFull` past the bounds.
-        """
-        loop = asyncio.get_running_loop()
+        has none); as :meth:`submit_frame`."""
         given = command.get(ID_KEY)
         if isinstance(given, str):
             # Set by the caller along with its own keys: one Command built, not two.
@@ -157,56 +186,137 @@ class OutboundCourse:
         try:
             frame = asbp.encode(command)
         except ProtocolError as exc:
-            future: asyncio.Future[None] = loop.create_future()
-            future.set_exception(exc)
-            return future
-        return self.submit_frame(crossing_id, frame, notify=notify)
+            refuse(exc.code, exc.message)
+            return None
+        return self.submit_frame(crossing_id, frame, notify=notify, refuse=refuse)
 
     def submit_frame(
-        self, crossing_id: str, frame: bytes, *, notify: dict[str, str]
-    ) -> asyncio.Future[None]:
-        """:meth:`submit` for a crossing already encoded, with ``crossing_id`` as its
-        ``course.id`` (courses.wire.crossing_from)."""
-        loop = asyncio.get_running_loop()
+        self, crossing_id: str, frame: bytes, *, notify: Mapping[str, str], refuse: Refuse
+    ) -> asyncio.Future[None] | None:
+        """Queue a crossing already encoded, with ``crossing_id`` as its ``course.id``
+        (courses.wire.crossing_from).
+
+        It is stored at the end of this loop turn together with every crossing
+        submitted in the turn, in one call to an engine that has one (the memory
+        engine's ``enqueue_many``; another's ``enqueue`` is called now, one per
+        crossing), and sent no sooner.
+        Returns the future of that store, shared by the turn's crossings, done once
+        each is stored or refused; None when it is refused at once (past the
+        queue's bounds). A refusal is told to ``refuse``: 2209 past the bounds,
+        2005 when the engine cannot store it.
+        """
         settings = self._settings
         if (
             self.depth >= settings.queue_max_commands
             or self.bytes + len(frame) > settings.queue_max_bytes
         ):
-            future: asyncio.Future[None] = loop.create_future()
-            future.set_exception(QueueFull(self.queue))
-            return future
+            refuse(FaultCode.COURSE_QUEUE_FULL, f"the queue for {self.peer.domain} is full")
+            return None
         self.depth += 1
         self.bytes += len(frame)
-        now = time.time()
-        headers = dict(notify)
-        headers["expires"] = repr(now + settings.max_age)
-        message = new_message(
-            crossing_id, self.queue, frame, now, None, 4, None, None, frozenset(), headers
-        )
-        # Started on the spot: the memory engine's enqueue is done on return, with
-        # no task and no trip through the loop (gateway/messaging/eager.py).
-        # The Redis engine's returns its batcher's future, the call already made.
-        awaitable = self._engine.enqueue(message)
-        stored: asyncio.Future[None]
-        if isinstance(awaitable, asyncio.Future):
-            stored = awaitable
-        else:
-            assert isinstance(awaitable, Coroutine), awaitable
-            stored = start_eagerly(awaitable)
-
-        def undo(done: asyncio.Future[None]) -> None:
-            if done.cancelled() or done.exception() is not None:
-                self.depth -= 1
-                self.bytes -= len(frame)
-            else:
-                self._wake.set()
-
-        if stored.done():
-            undo(stored)  # stored on the spot: no callback through the loop
-        else:
-            stored.add_done_callback(undo)
+        self._batch.append((crossing_id, frame, notify, refuse))
+        if self._stores_many is None:
+            # An engine without a call for several (redis): its call made now, in
+            # order, as the Commands of this turn make theirs, so that its batcher
+            # sends them in the same round trip; settled together at the turn's end.
+            self._calls.append(self._enqueue(crossing_id, frame, notify))
+        stored = self._stored
+        if stored is None:
+            loop = asyncio.get_running_loop()
+            stored = self._stored = loop.create_future()
+            # After the callbacks already due in this turn (the rest of a read's
+            # Commands, the rest of a Course message's crossings): one store for all.
+            loop.call_soon(self._store)
         return stored
+
+    def _enqueue(
+        self, crossing_id: str, frame: bytes, notify: Mapping[str, str]
+    ) -> asyncio.Future[None]:
+        """One crossing stored by the engine's ``enqueue``, started now."""
+        now = time.time()
+        headers = {**notify, "expires": repr(now + self._settings.max_age)}
+        awaitable = self._engine.enqueue(
+            new_message(
+                crossing_id, self.queue, frame, now, None, 4, None, None, _NO_NOTICES, headers
+            )
+        )
+        if isinstance(awaitable, asyncio.Future):
+            return awaitable
+        assert isinstance(awaitable, Coroutine), awaitable
+        return start_eagerly(awaitable)
+
+    def _store(self) -> None:
+        """Store the crossings submitted in the last loop turn, in order, in one call
+        (or settle the calls made for them)."""
+        batch, self._batch = self._batch, []
+        stored, self._stored = self._stored, None
+        assert stored is not None
+        many = self._stores_many
+        if many is None:
+            calls, self._calls = self._calls, []
+            gathered = asyncio.gather(*calls, return_exceptions=True)
+
+            def settled(done: asyncio.Future[list[BaseException | None]]) -> None:
+                if done.cancelled():
+                    outcomes: list[BaseException | None] = [asyncio.CancelledError()] * len(batch)
+                else:
+                    outcomes = done.result()
+                self._settle(batch, outcomes, stored)
+
+            gathered.add_done_callback(settled)
+            return
+        now = time.time()
+        queue = self.queue
+        # One headers mapping for the crossings that asked for no notice: a
+        # message's headers are never changed once stored.
+        plain = {"expires": repr(now + self._settings.max_age)}
+        # The engine's own expiration, as it would set it (its ``default_ttl``), so
+        # that it stores the message as given rather than a copy with one; the
+        # Course's ``max_age`` is judged by the sender (``expires``).
+        expiration = now + many.limits.default_ttl
+        messages = [
+            new_message(
+                crossing_id,
+                queue,
+                frame,
+                now,
+                expiration,
+                4,
+                None,
+                None,
+                _NO_NOTICES,
+                {**notify, **plain} if notify else plain,
+            )
+            for crossing_id, frame, notify, _ in batch
+        ]
+        try:
+            outcomes: list[BaseException | None] = list(many.enqueue_many(messages))
+        except Exception as exc:  # the engine closed: none was stored
+            outcomes = [exc] * len(messages)
+        self._settle(batch, outcomes, stored)
+
+    def _settle(
+        self,
+        batch: list[_Submitted],
+        outcomes: Sequence[BaseException | None],
+        stored: asyncio.Future[None],
+    ) -> None:
+        """Undo the bounds and tell the senders of what was not stored; wake the pump."""
+        domain = self.peer.domain
+        for (_, frame, _, refuse), outcome in zip(batch, outcomes, strict=True):
+            if outcome is None:
+                continue
+            self.depth -= 1
+            self.bytes -= len(frame)
+            if isinstance(outcome, QueueFull):
+                refuse(FaultCode.COURSE_QUEUE_FULL, f"the queue for {domain} is full")
+            elif isinstance(outcome, ProtocolError):
+                refuse(outcome.code, outcome.message)
+            elif isinstance(outcome, Exception):
+                refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {outcome}")
+        self._wake.set()
+        if not stored.done():
+            stored.set_result(None)
 
     # -- the link ----------------------------------------------------------------
 
@@ -273,6 +383,17 @@ class OutboundCourse:
         room.set()
         reader = asyncio.create_task(self._read_acks(ws, in_flight, room))
         consumer = f"course-{uuid.uuid4().hex}"
+        # The memory engine's queue is this process's and every crossing reaches it
+        # through this link (_store), which sets ``_wake``: the pump waits on that,
+        # and fetches without waiting in the engine, whose waiting fetch costs a
+        # waiter, a timeout timer and its queue's timer, armed and cancelled per
+        # fetch. A tick every _FETCH_WAIT seconds covers what comes back by itself
+        # (a lease run out) and the reader's end is a wake-up too.
+        local = self._stores_many is not None
+        ticker = asyncio.create_task(self._tick()) if local else None
+        if local:
+            reader.add_done_callback(lambda _: self._wake.set())
+            self._wake.set()  # what the last link left unacknowledged goes first
         try:
             while not reader.done():
                 free = self._settings.window - len(in_flight)
@@ -280,10 +401,20 @@ class OutboundCourse:
                     room.clear()
                     await _first(room.wait(), reader)
                     continue
-                deliveries = await self._engine.fetch(
-                    self.queue, consumer, count=free, wait=0 if self._wake.is_set() else _FETCH_WAIT
-                )
-                self._wake.clear()
+                if local:
+                    await self._wake.wait()
+                    self._wake.clear()
+                    deliveries = await self._engine.fetch(self.queue, consumer, count=free)
+                    if len(deliveries) >= free:
+                        self._wake.set()  # more may be ready: look again once there is room
+                else:
+                    deliveries = await self._engine.fetch(
+                        self.queue,
+                        consumer,
+                        count=free,
+                        wait=0 if self._wake.is_set() else _FETCH_WAIT,
+                    )
+                    self._wake.clear()
                 frames: list[bytes] = []
                 expired: list[Delivery] = []
                 now = time.time()
@@ -307,12 +438,20 @@ class OutboundCourse:
                     await ws.send(message)
             await reader
         finally:
+            if ticker is not None:
+                await cancel_and_wait(ticker)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, WebSocketException, OSError):
                 await reader
             if in_flight:
                 # Back to the head of the queue, in order: the next link sends them first.
                 await self._engine.release(self.queue, [d.receipt for d in in_flight.values()])
+
+    async def _tick(self) -> None:
+        """Wake the pump every _FETCH_WAIT seconds (see :meth:`_pump`)."""
+        while True:
+            await asyncio.sleep(_FETCH_WAIT)
+            self._wake.set()
 
     async def _read_acks(
         self, ws: CourseSocket, in_flight: dict[str, Delivery], room: asyncio.Event
@@ -328,8 +467,13 @@ class OutboundCourse:
                 continue
             await self._engine.ack(self.queue, [d.receipt for d in done])
             self.acknowledged += len(done)
+            self.depth -= len(done)
             for delivery in done:
-                self._finish(delivery, delivered=True)
+                message = delivery.message
+                self.bytes -= len(message.payload)
+                if "notice" in message.headers:
+                    # Only a sender who asked hears of a delivery (Courses._crossed).
+                    self._on_done(Crossing(message.id, message.payload, True, message.headers))
             room.set()
 
     def _finish(self, delivery: Delivery, *, delivered: bool) -> None:

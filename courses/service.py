@@ -34,9 +34,11 @@ Replies are Commands too: the recipient answers with ``r`` set to the ``p`` it g
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 import asbp
@@ -54,6 +56,7 @@ from courses.wire import (
     VIA_KEY,
     crossing_from,
     domain_of,
+    recipients_of,
     split_by_domain,
     via_of,
     with_subject,
@@ -63,7 +66,7 @@ from gateway.auth.credentials import AgentCredentials
 from gateway.connections.channels import Channel
 from gateway.connections.subjects import Subject
 from gateway.connections.tubes import Tube
-from gateway.engines.base import Engine, QueueFull
+from gateway.engines.base import Engine
 from gateway.plane.base import Envelope, EnvelopeKind, Plane, PlaneUnavailable
 
 __all__ = ["AddressHolders", "Courses", "LocalReplies"]
@@ -73,6 +76,9 @@ _LIMITS: Final = asbp.Limits()
 _MAX_HEADER_BYTES: Final = _LIMITS.max_header_bytes
 #: Keys a Command loses on its way out of this bus: the sender's and this broker's.
 _LOCAL_KEYS = ("s", "i", "a", "b", "d", "g", *BROKER_KEYS)
+#: What a crossing's sender stores beside it (never changed: courses.link copies it).
+_NOTIFY_DELIVERED: Final[Mapping[str, str]] = MappingProxyType({"notice": DELIVERED})
+_NOTIFY_NONE: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class LocalReplies(Protocol):
@@ -191,6 +197,14 @@ class Courses:
         self.spoofed = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._stopped = False
+        #: ``course.id`` values: 32 hex digits, a random half per process and a count
+        #: (unique per sending bus, restarts included, at a fraction of a random id's
+        #: cost per crossing).
+        self._id_prefix = os.urandom(8).hex()
+        self._ids = itertools.count()
+        #: ``course.via`` of a Command leaving from this bus: never changed (read only
+        #: by crossing_from and the encoder), so made once.
+        self._left_here = [self.domain]
 
     def peers(self) -> list[tuple[str, bool, int, int, int]]:
         """Per peer dialled: (domain, up, queued, sent, acknowledged), for the metrics."""
@@ -229,11 +243,12 @@ class Courses:
         """A Command with ``r`` from a User-Agent: to its recipients, here or across.
         ``frame``: the bytes it arrived in, from which its crossings are spliced
         (courses.wire.crossing_from) rather than encoded."""
-        command_id = command.command_id
-        name = command.name or ""
 
         def refuse(code: FaultCode, message: str) -> None:
-            self._replies.fault(channel, code, message, command_id=command_id, cause=name)
+            # ``u`` and ``c`` read only for a fault: none in the common case.
+            self._replies.fault(
+                channel, code, message, command_id=command.command_id, cause=command.name or ""
+            )
 
         self._route(subject, command, refuse, frame)
 
@@ -276,7 +291,7 @@ class Courses:
         may_cross = self._may_cross
         # Dropping the UA's own keys and stamping ``p`` changes none of ``c``, ``r``,
         # ``x`` or ``notice``: they are read from the Command as it came.
-        by_domain = split_by_domain(command.recipients)
+        by_domain = split_by_domain(recipients_of(command))
         if may_cross is not None:
             access = subject.access
             for domain in by_domain:
@@ -348,7 +363,7 @@ class Courses:
             return None
         wanted: dict[str, None] = {}
         for command in commands:
-            for address in split_by_domain(command.recipients).get(self.domain, ()):
+            for address in split_by_domain(recipients_of(command)).get(self.domain, ()):
                 wanted[address] = None
         return await self._locate(wanted) if wanted else {}
 
@@ -386,7 +401,7 @@ class Courses:
             own = [
                 address
                 for _, command, _ in crossings
-                for address in split_by_domain(command.recipients).get(self.domain, ())
+                for address in split_by_domain(recipients_of(command)).get(self.domain, ())
             ]
             if own and (located is None or any(address not in located for address in own)):
                 located = await self._locate(dict.fromkeys(own))
@@ -401,8 +416,9 @@ class Courses:
                 self._accept_claimed(peer, command, frame, located, waits)
             else:
                 self.duplicates += 1
-        for wait in waits:
-            # Stored for the next Course (or refused, and then faulted): accepted.
+        # Stored for the next Course (or refused, and then faulted): accepted. The
+        # crossings stored in one loop turn share one future.
+        for wait in dict.fromkeys(waits):
             await asyncio.gather(wait, return_exceptions=True)
 
     def _accept_claimed(
@@ -416,7 +432,6 @@ class Courses:
         """A crossing claimed: delivered or passed on, with no await (the futures of
         what must be stored first are added to ``waits``)."""
         via = via_of(command)
-        name = command.name or ""
         publisher = command.publisher
         looped = self.domain in via
         if (not looped and publisher is not None and domain_of(publisher) == self.domain) or (
@@ -442,6 +457,7 @@ class Courses:
             return built[0]
 
         def refuse(code: FaultCode, message: str) -> None:
+            name = command.name or ""
             self._log.info(
                 "course.refused_command",
                 extra={"peer": peer, "code": int(code), "reason": message, "command": name},
@@ -469,17 +485,38 @@ class Courses:
                 f"the Command crossed {len(via)} Courses; at most {self.settings.max_hops}",
             )
         else:
-            # c, r, x, p and notice read the same on the crossing as on ``bare``.
-            self._send(
-                command,
-                via=via,
-                came_from=peer,
-                refuse=refuse,
-                waits=waits,
-                located=located,
-                received=(frame, command) if frame is not None else None,
-                stamped=bare,
-            )
+            received = (frame, command) if frame is not None else None
+            by_domain = split_by_domain(recipients_of(command))
+            own = by_domain.get(self.domain)
+            if (
+                own is not None
+                and len(by_domain) == 1
+                and (self._plane is None or located is not None)
+            ):
+                # All for this bus, nothing to look up (the common case): straight to
+                # its Subjects, without the checks of a Command going further.
+                self._deliver_here(
+                    command,
+                    own,
+                    refuse,
+                    located=located,
+                    waits=waits,
+                    received=received,
+                    stamped=bare,
+                )
+            else:
+                # c, r, x, p and notice read the same on the crossing as on ``bare``.
+                self._send(
+                    command,
+                    via=via,
+                    came_from=peer,
+                    refuse=refuse,
+                    waits=waits,
+                    located=located,
+                    received=received,
+                    by_domain=by_domain,
+                    stamped=bare,
+                )
         self.accepted += 1
 
     # -- both ---------------------------------------------------------------------------
@@ -511,7 +548,7 @@ class Courses:
         the ``p`` to stamp; or a crossing as received, its keys still in): makes
         that Command, called only where it must be encoded rather than spliced."""
         name = command.name or ""
-        recipients = command.recipients
+        recipients = recipients_of(command)
         if by_domain is None:
             by_domain = split_by_domain(recipients)
         if publisher is None:
@@ -549,11 +586,11 @@ class Courses:
                 if why is not None:
                     refuse(FaultCode.COURSE_NOT_PERMITTED, why)
                     continue
-            crossing_id = os.urandom(16).hex()
-            crossed = [*via, self.domain]
+            crossing_id = f"{self._id_prefix}{next(self._ids):016x}"
+            crossed = [*via, self.domain] if via else self._left_here
             # Read back when it is done, so the common case (acknowledged, no notice
             # asked for) costs no decoding of the frame.
-            notify = {"notice": DELIVERED} if command.get("notice") == DELIVERED else {}
+            notify = _NOTIFY_DELIVERED if command.get("notice") == DELIVERED else _NOTIFY_NONE
             link = self.links[peer.domain]
             whole = len(addresses) == len(recipients)
             frame = (
@@ -569,7 +606,7 @@ class Courses:
                 else None
             )
             if frame is not None:
-                stored = link.submit_frame(crossing_id, frame, notify=notify)
+                stored = link.submit_frame(crossing_id, frame, notify=notify, refuse=refuse)
             else:
                 keys: dict[str, Any] = {VIA_KEY: crossed, ID_KEY: crossing_id}
                 if not whole:
@@ -577,37 +614,16 @@ class Courses:
                     # case), ``r`` stays as it was and is not checked a second time.
                     keys["r"] = list(addresses)
                 outbound = command if stamped is None else stamped()
-                stored = link.submit(outbound.with_keys(keys), notify=notify)
-            self._watch(stored, refuse, peer.domain)
-            if waits is not None:
-                waits.append(stored)
-
-    def _watch(
-        self,
-        stored: asyncio.Future[None],
-        refuse: Callable[[FaultCode, str], None],
-        domain: str,
-    ) -> None:
-
-        def done(future: asyncio.Future[None]) -> None:
-            self._pending.discard(future)
-            if future.cancelled():
-                return
-            exc = future.exception()
-            if isinstance(exc, QueueFull):
-                refuse(FaultCode.COURSE_QUEUE_FULL, f"the queue for {domain} is full")
-            elif isinstance(exc, ProtocolError):
-                refuse(exc.code, exc.message)
-            elif exc is not None:
-                refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {exc}")
-
-        if stored.done():
-            # Stored already (the memory engine's enqueue runs eagerly): no callback
-            # to schedule and no trip through the loop for it.
-            done(stored)
-            return
-        self._pending.add(stored)
-        stored.add_done_callback(done)
+                stored = link.submit(outbound.with_keys(keys), notify=notify, refuse=refuse)
+            if stored is not None:
+                # One future per loop turn's store, shared by its crossings: kept
+                # until done so that stopping waits for it.
+                pending = self._pending
+                if stored not in pending:
+                    pending.add(stored)
+                    stored.add_done_callback(pending.discard)
+                if waits is not None:
+                    waits.append(stored)
 
     async def _locate(self, addresses: Iterable[str]) -> dict[str, frozenset[str]]:
         """The other brokers of the bus holding each of ``addresses``.
@@ -701,18 +717,21 @@ class Courses:
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
         address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`."""
         registry = self._subjects
-        holders = {
-            address: registry.holding(address) if registry is not None else []
-            for address in addresses
-        }
         elsewhere: dict[str, list[str]] = {}
-        for address in addresses:
-            for broker_id in sorted((located or {}).get(address, ())):
-                elsewhere.setdefault(broker_id, []).append(address)
+        if located:
+            for address in addresses:
+                brokers = located.get(address)
+                if brokers:
+                    for broker_id in sorted(brokers):
+                        elsewhere.setdefault(broker_id, []).append(address)
         if elsewhere:
             self._forward(command if stamped is None else stamped(), elsewhere, refuse, waits)
-        delivered: set[str] = set()
-        for address, subjects in holders.items():
+        # A Subject holds one address, so it is met once unless an address repeats
+        # under another spelling: tracked only when there are several.
+        delivered: set[str] | None = set() if len(addresses) > 1 else None
+        deliver = self._replies.deliver
+        for address in addresses:
+            subjects = registry.holding(address) if registry is not None else ()
             if not subjects:
                 if not any(address in held for held in elsewhere.values()):
                     code, message = unknown or (
@@ -722,9 +741,10 @@ class Courses:
                     refuse(code, message)
                 continue
             for subject in subjects:
-                if subject.id in delivered:
-                    continue
-                delivered.add(subject.id)
+                if delivered is not None:
+                    if subject.id in delivered:
+                        continue
+                    delivered.add(subject.id)
                 frame = (
                     with_subject(
                         received[0],
@@ -742,7 +762,7 @@ class Courses:
                     except ProtocolError as exc:
                         refuse(exc.code, exc.message)
                         return
-                self._replies.deliver(subject.channel, frame)
+                deliver(subject.channel, frame)
 
     def _forward(
         self,
@@ -811,7 +831,7 @@ class Courses:
         else:
             notice = fault_command(
                 FaultCode.COURSE_EXPIRED,
-                f"not accepted by {', '.join(sorted(split_by_domain(command.recipients)))} "
+                f"not accepted by {', '.join(sorted(split_by_domain(recipients_of(command))))} "
                 f"within {self.settings.max_age:g} seconds",
                 command_id=command.command_id,
                 cause=name,

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from asbp import Command, Limits
+from asbp import Command, Limits, encode
 
 __all__ = [
     "ACK",
@@ -32,9 +32,11 @@ __all__ = [
     "ID_KEY",
     "MAX_BATCH_BYTES",
     "VIA_KEY",
+    "ack_frame",
     "crossing_from",
     "domain_of",
     "pack",
+    "recipients_of",
     "split_by_domain",
     "unpack",
     "via_of",
@@ -58,6 +60,21 @@ ID_KEY: Final = "course.id"
 VIA_KEY: Final = "course.via"
 #: Keys a User-Agent may not write: the broker's alone.
 BROKER_KEYS: Final = (ID_KEY, VIA_KEY)
+
+
+_ACK_PREFIX: Final = f"c={ACK},{ID_KEY}=".encode("ascii")
+#: Ids as a sending bus makes them (courses.service), joined by commas.
+_OUR_IDS: Final = re.compile(r"[0-9a-f]{32}(?:,[0-9a-f]{32})*")
+
+
+def ack_frame(ids: list[str]) -> bytes:
+    """The encoded ``c=asbp.course.ack,course.id=[…]`` for ``ids``: written straight
+    when every id is 32 hex digits (bare tokens, as a sending bus of ours makes
+    them), else encoded (an id another implementation chose may need quoting)."""
+    joined = ",".join(ids)
+    if _OUR_IDS.fullmatch(joined):
+        return b"%b[%b];" % (_ACK_PREFIX, joined.encode("ascii"))
+    return encode(Command({"c": ACK, ID_KEY: ids}))
 
 
 def pack(frames: list[bytes], *, max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
@@ -111,6 +128,9 @@ def unpack(body: bytes) -> list[bytes]:
     return frames
 
 
+_VIA_PAIR: Final = f",{VIA_KEY}=[".encode("ascii")
+#: ``course.id``'s pair right after ``course.via``'s list closes.
+_ID_PAIR: Final = f"],{ID_KEY}=".encode("ascii")
 #: Keys a crossing must not carry for :func:`with_subject` to splice: this bus's own.
 _SPLICE_REFUSES: Final = frozenset(("s", "i", "a", "b", "d", "g"))
 
@@ -139,11 +159,24 @@ def with_subject(
     ):
         return None
     header = frame[:end]
-    for key in (ID_KEY, VIA_KEY):
-        if key in command:
-            header = _without_pair(header, key.encode("ascii"))
-    if not header:
-        return None
+    # The sending bus puts ``course.via`` then ``course.id`` last (crossing_from,
+    # and ``with_keys`` when it encodes): cut them off at once when they are the
+    # tail, each pair once (keys are unique), else take each pair out.
+    tail = header.rfind(_VIA_PAIR)
+    if (
+        tail > 0
+        and header.find(b"]", tail) == (at := header.find(_ID_PAIR, tail))
+        and at > 0
+        and header.find(b",", at + len(_ID_PAIR)) == -1
+        and ID_KEY in command
+    ):
+        header = header[:tail]
+    else:
+        for key in (ID_KEY, VIA_KEY):
+            if key in command:
+                header = _without_pair(header, key.encode("ascii"))
+        if not header:
+            return None
     spliced = b"".join((header, b",s=", subject_id.encode("ascii"), frame[end:]))
     # ",s=" and 32 hex digits: within the limit encoding would enforce.
     return spliced if len(header) + 35 <= max_header_bytes else None
@@ -177,26 +210,29 @@ def crossing_from(
     marker, none of the keys the bus removes or stamps but ``s``, and every value
     added is a bare token; the limits the encoder would enforce are checked.
     """
+    header_keys = command.header
     end = len(frame) - len(command.body) - 1
     if (
         end <= 0
         or frame[0] == 0x2B  # "+": a UTF-8 header
         or frame.find(b"'", 0, end) != -1
-        or not _CROSSING_REFUSES.isdisjoint(command.header)
-        or len(command.header) + 3 - ("s" in command) > limits.max_keys
+        or not _CROSSING_REFUSES.isdisjoint(header_keys)
+        or len(header_keys) + 3 - ("s" in header_keys) > limits.max_keys
         or len(via) > limits.max_list_items
-        or _NOT_BARE.search(publisher) is not None
-        or _NOT_BARE.search(crossing_id) is not None
-        or any(_NOT_BARE.search(domain) is not None for domain in via)
     ):
         return None
-    header = frame[:end]
-    if "s" in command:
-        header = _without_pair(header, b"s")
-    if not header:
+    joined = ",".join(via)
+    # Every value added is a bare token: one search over them all, since a
+    # character that is not bare is found in the concatenation if in any of them
+    # (the commas that join ``via`` are ours, not searched).
+    if _NOT_BARE.search(f"{publisher}{crossing_id}{''.join(via)}") is not None:
         return None
-    added = f",p={publisher},{VIA_KEY}=[{','.join(via)}],{ID_KEY}={crossing_id}"
-    header += added.encode("ascii")
+    header = frame[:end]
+    if "s" in header_keys:
+        header = _without_pair(header, b"s")
+        if not header:
+            return None
+    header += f",p={publisher},{VIA_KEY}=[{joined}],{ID_KEY}={crossing_id}".encode("ascii")
     if len(header) > limits.max_header_bytes or len(header) + len(frame) - end > (
         limits.max_frame_bytes
     ):
@@ -226,10 +262,21 @@ def domain_of(address: str) -> str:
 
 def split_by_domain(recipients: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """Recipients grouped by domain, each once, in the order first named."""
+    if isinstance(recipients, tuple) and len(recipients) == 1:
+        # One recipient (most Commands): no grouping to do.
+        return {domain_of(recipients[0]): recipients}
     groups: dict[str, dict[str, None]] = {}
     for address in recipients:
         groups.setdefault(domain_of(address), {})[address] = None
     return {domain: tuple(addresses) for domain, addresses in groups.items()}
+
+
+def recipients_of(command: Command) -> tuple[str, ...]:
+    """``r`` as written (``Command.recipients`` without a conversion per address)."""
+    value = command.get("r")
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def via_of(command: Command) -> tuple[str, ...]:

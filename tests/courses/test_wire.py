@@ -9,7 +9,10 @@ from hypothesis import strategies as st
 from asbp import Command, Limits, decode, encode
 from asbp.header import RESERVED_KEYS
 from courses.wire import (
+    ACK,
     BATCH,
+    ID_KEY,
+    ack_frame,
     crossing_from,
     pack,
     split_by_domain,
@@ -48,11 +51,30 @@ def test_a_body_that_is_not_a_batch_is_refused(body: bytes) -> None:
         unpack(body)
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ["0123456789abcdef" * 2],
+        ["a" * 32, "0123456789abcdef" * 2, "f" * 32],
+        ["a" * 32, "an id, quoted"],  # another implementation's: encoded
+        ["A" * 32],
+        [""],
+    ],
+)
+def test_an_acknowledgement_is_what_encoding_gives(ids: list[str]) -> None:
+    frame = ack_frame(ids)
+    assert frame == encode(Command({"c": ACK, ID_KEY: ids}))
+    assert decode(frame).get(ID_KEY) == tuple(ids)
+
+
 def test_domains_and_via() -> None:
     assert split_by_domain(["a*X.test", "b*x.test", "a*X.test", "c*y.test"]) == {
         "x.test": ("a*X.test", "b*x.test"),
         "y.test": ("c*y.test",),
     }
+    assert (
+        split_by_domain(("a*X.test",)) == split_by_domain(["a*X.test"]) == {"x.test": ("a*X.test",)}
+    )
     assert via_of(Command(c="x")) == ()
     assert via_of(Command({"c": "x", "course.via": "a.test"})) == ("a.test",)
     assert via_of(Command({"c": "x", "course.via": ["a.test", "b.test"]})) == ("a.test", "b.test")
@@ -68,6 +90,12 @@ SUBJECT = "0123456789abcdef0123456789abcdef"
         b"course.id=00ff,c=chat,course.via=[x.test,a.test],p=alice*a.test,x=1.2.3;",
         b"c=chat,course.via=a.test,course.id=00ff,u=7;body;with;semicolons",
         b"course.via=[a.test],course.id=00ff,c=chat;",
+        # The sending bus's own order, cut off as a tail: a list of several, and not
+        # the tail when a pair follows or only the list is there.
+        b"c=chat,r=bob*b.test,course.via=[x.test,a.test],course.id=00ff;hi",
+        b"c=chat,course.via=[a.test],course.id=00ff,u=7;hi",
+        b"c=chat,course.id=00ff,course.via=[a.test];hi",
+        b"c=chat,course.via=[a.test],r=[bob*b.test],course.id=00ff;hi",
     ],
 )
 def test_a_recipients_frame_is_spliced_as_encoding_would_give_it(frame: bytes) -> None:

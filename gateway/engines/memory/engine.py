@@ -184,6 +184,38 @@ class MemoryEngine:
         queue.put(stored, next(self._seq), self._clock())
         self._flush(queue)
 
+    def enqueue_many(self, messages: Sequence[Message]) -> list[Exception | None]:
+        """:meth:`enqueue` for each of ``messages``, in order, done on return: for
+        each, None once stored or the exception :meth:`enqueue` would have raised.
+
+        Not part of :class:`~gateway.engines.base.Engine`: a Course's sender
+        (courses.link) stores what one loop turn gave it in one call, where
+        ``enqueue`` costs each message a coroutine, a future and a wake-up of the
+        queue's waiters.
+
+        Raises:
+            EngineUnavailable: the engine is closed (nothing was stored).
+        """
+        self._check_open()
+        outcomes: list[Exception | None] = []
+        touched: dict[str, MemoryQueue] = {}
+        now = self._clock()
+        for message in messages:
+            try:
+                stored = stored_form(message, self._limits)
+                queue = self._queues.get(message.destination)
+                if queue is None:
+                    queue = self._create(message.destination)
+                queue.put(stored, next(self._seq), now)
+            except (QueueLimitReached, ValueError) as exc:
+                outcomes.append(exc)
+                continue
+            touched[message.destination] = queue
+            outcomes.append(None)
+        for queue in touched.values():
+            self._flush(queue)
+        return outcomes
+
     async def fetch(
         self, queue: str, consumer: str, *, count: int = 1, wait: float = 0.0
     ) -> list[Delivery]:

@@ -71,6 +71,7 @@ from gateway.engines.base import (
     NoticeEvent,
     QueuedMessage,
     QueueFull,
+    new_delivery,
     new_message,
 )
 
@@ -230,7 +231,8 @@ class MemoryQueue:
             )
         expiration = message.expiration
         assert expiration is not None, "put() takes stored_form(message)"
-        self._promote(now)  # due delayed messages were "received" before this one
+        if self._delayed:
+            self._promote(now)  # due delayed messages were "received" before this one
         not_before = message.not_before
         delayed = not_before is not None and not_before > now
         entry = _Entry(message, seq, expiration, _DELAYED if delayed else _READY)
@@ -243,7 +245,8 @@ class MemoryQueue:
             self._ready[message.priority].append(entry)
             self._ready_live += 1
             self.woken += 1
-        self._notice(message, NoticeEvent.QUEUED, now)
+        if message.notify is not None:
+            self._notice(message, NoticeEvent.QUEUED, now)
 
     def take(self, count: int, now: float, receipt: Callable[[], str]) -> list[Delivery]:
         """Lease up to ``count`` deliverable messages, highest priority first.
@@ -276,7 +279,7 @@ class MemoryQueue:
                 self._leases[lease] = entry
                 heapq.heappush(self._deadlines, (deadline, lease))
                 deliveries.append(
-                    Delivery(entry.message, self.name, entry.deliveries, deadline, lease)
+                    new_delivery(entry.message, self.name, entry.deliveries, deadline, lease)
                 )
             if len(deliveries) >= count or not self._ready_live:
                 break

@@ -221,6 +221,42 @@ async def test_one_enqueue_wakes_one_waiter() -> None:
     await engine.close()
 
 
+async def test_enqueue_many_stores_in_order_and_wakes_waiters_once_stored() -> None:
+    engine = MemoryEngine(limits=EngineLimits(max_queue_depth=3, max_queues=2))
+    waiting = asyncio.create_task(engine.fetch(QUEUE, "consumer", count=10, wait=5 * T))
+    await anyio.wait_all_tasks_blocked()
+    other = "/queue/other"
+    messages = [
+        make_message(QUEUE, payload=b"1"),
+        make_message(other, payload=b"o"),
+        make_message(QUEUE, payload=b"2", priority=10),  # refused: not 0-9
+        make_message(QUEUE, payload=b"3"),
+        make_message(QUEUE, payload=b"4"),
+        make_message(QUEUE, payload=b"5"),  # refused: the queue holds 3
+        make_message("/queue/third", payload=b"t"),  # refused: max_queues is 2
+    ]
+
+    outcomes = engine.enqueue_many(messages)
+
+    assert [type(outcome).__name__ for outcome in outcomes] == [
+        "NoneType",
+        "NoneType",
+        "ValueError",
+        "NoneType",
+        "NoneType",
+        "QueueFull",
+        "QueueLimitReached",
+    ]
+    assert not waiting.done()  # woken, not run inside the call
+    async with asyncio.timeout(5 * T):
+        fetched = await waiting
+    assert [d.message.payload for d in fetched] == [b"1", b"3", b"4"]
+    assert await engine.depth(other) == 1
+    await engine.close()
+    with pytest.raises(EngineUnavailable):
+        engine.enqueue_many([make_message(QUEUE)])
+
+
 async def test_close_ends_waiting_fetches_and_refuses_calls() -> None:
     engine = MemoryEngine()
     await engine.start()
