@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import hiredis
 from redis._parsers import BaseParser
@@ -161,8 +161,10 @@ class RespConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A cast, not an isinstance check: uvloop's TCPTransport and UnixTransport
+        # (the broker's loop by default: gateway.ops.loops) do not derive from
+        # asyncio.Transport, though they are one.
+        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc is not None else ""
