@@ -227,6 +227,10 @@ class OutboundCourse:
             # After the callbacks already due in this turn (the rest of a read's
             # Commands, the rest of a Course message's crossings): one store for all.
             loop.call_soon(self._store)
+            if self._stores_many is not None:
+                # The pump, if it waits, resumes right after that store, in the same
+                # loop turn: a crossing waits no turn more than an eager enqueue's.
+                self._wake.set()
         return stored
 
     def _enqueue(
