@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import hiredis
@@ -39,34 +35,9 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the gateway package of this checkout
 
+from cluster import redis_server  # noqa: E402  # bench/cluster.py: a private redis-server
+
 from gateway.engines.redis.resp import open_connection  # noqa: E402  # after the path above
-
-START_TIMEOUT = 10.0
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[str]:
-    """A private ``redis-server`` on a free port; its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:  # the port answers once Redis listens
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.01)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait()
 
 
 def cpu_seconds() -> float:
