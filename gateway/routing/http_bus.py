@@ -282,12 +282,7 @@ class HttpBus:
     def _record(self, channel: Channel) -> None:
         """A home HTTP Channel's groups changed: its record beside the log follows
         (with the Subjects it hands over, once its broker is stopping)."""
-        if (
-            channel.kind is not ChannelKind.HTTP
-            or channel.visitor
-            or channel.closed
-            or not isinstance(channel.outbox, LogMailbox)
-        ):
+        if not _home_copy(channel):
             return
         with contextlib.suppress(PlaneUnavailable):
             self._plane.channel_log.keep(channel.id, self._record_of(channel).encode())
@@ -310,12 +305,7 @@ class HttpBus:
             return 0
         writes: dict[Channel, asyncio.Future[None]] = {}
         for channel in list(self._broker.channels):
-            if (
-                channel.kind is not ChannelKind.HTTP
-                or channel.visitor
-                or channel.closed
-                or not isinstance(channel.outbox, LogMailbox)
-            ):
+            if not _home_copy(channel):
                 continue
             kept = resumes.kept(channel)
             if not kept:
@@ -428,3 +418,14 @@ class HttpBus:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _home_copy(channel: Channel) -> bool:
+    """Whether ``channel`` is an open HTTP Channel whose home is this broker, its
+    mailbox the Channel log: the copy that keeps the record beside the log."""
+    return (
+        channel.kind is ChannelKind.HTTP
+        and not channel.visitor
+        and not channel.closed
+        and isinstance(channel.outbox, LogMailbox)
+    )
