@@ -19,6 +19,7 @@ from gateway.config.fields import (
     AGENTS,
     AGENTS_BASE_DIR,
     COURSES,
+    FOREIGN_ENV_VARS,
     Setting,
     settings,
     table_classes,
@@ -137,7 +138,8 @@ def _security_comments(summary: Mapping[str, Any]) -> list[str]:
 
 def config_reference() -> str:
     """Every setting as Markdown: ``docs/configuration.md``."""
-    lines = [_REFERENCE_INTRO.strip(), ""]
+    foreign = ", ".join(f"`{name}`" for name in sorted(FOREIGN_ENV_VARS))
+    lines = [_REFERENCE_INTRO.strip().replace("{foreign}", foreign), ""]
     for table in (None, *table_classes()):
         if table is None:
             lines += ["## Top-level settings", ""]
@@ -208,8 +210,9 @@ The broker reads its settings from four places, each overriding the one before:
 Nothing is silently ignored. An unknown key in the file, an unknown `ASBP_*` variable,
 a value of the wrong type or out of range is an error that names where the value came
 from (`broker.toml:channels.long_poll_timeout`, `ASBP_PORT`, `--port`), and the broker
-exits with status 2. The one exception is `ASBP_TEST_TIMEOUT_UNIT`, which belongs to
-the test suite.
+exits with status 2. The exceptions are the `ASBP_*` variables that belong to other
+programs (the test suite's, the SDK's and the examples'), which the broker leaves alone:
+{foreign}.
 
 - **File:** top-level keys, then one table per group: `[tls]`, `[limits]`,
   `[channels]`, `[tubes]`, `[messaging]`, `[event_log]`, `[metrics]`, `[management]`,
