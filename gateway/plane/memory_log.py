@@ -33,6 +33,7 @@ class _Log:
 
     __slots__ = (
         "acked",
+        "barrier",
         "digest",
         "frames",
         "holder",
@@ -61,6 +62,9 @@ class _Log:
         self.holder = ""
         #: The record a resumable Channel takes with it (ChannelLog.keep).
         self.kept = b""
+        #: The broker that released the log, until it has handled what was handed
+        #: to it before ('' none; ChannelLog.pending).
+        self.barrier = ""
 
     def wake(self) -> None:
         for waiter in self.waiters:
@@ -169,11 +173,18 @@ class MemoryChannelLog:
         if log is None:
             return _done(None)
         previous, log.holder = log.holder, self._broker_id
+        log.barrier = ""
         return _done((previous, log.last))
 
     async def holder(self, channel_id: str) -> str:
         log = self._store.live(channel_id)
         return "" if log is None else log.holder
+
+    async def pending(self, channel_id: str) -> str:
+        log = self._store.live(channel_id)
+        if log is None:
+            return ""
+        return log.holder or log.barrier
 
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         log = self._store.live(channel_id)
@@ -190,7 +201,15 @@ class MemoryChannelLog:
         log = self._store.live(channel_id)
         if log is not None and log.holder == self._broker_id:
             log.holder = ""
+            # What other brokers handed this one (gateway.plane.memory: call_soon)
+            # before now is handled before this callback runs, in the order handed.
+            log.barrier = self._broker_id
+            asyncio.get_running_loop().call_soon(self._settled, log)
         return _done(None)
+
+    def _settled(self, log: _Log) -> None:
+        if log.barrier == self._broker_id:
+            log.barrier = ""
 
     def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

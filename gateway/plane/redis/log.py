@@ -14,15 +14,22 @@ which releases every local reader of that Channel to read again: one
 round trip plus one XREAD, a few milliseconds, and no connection held per
 parked reader. A waiter is registered locally *before* the read is sent, so
 a wake-up that overtakes the read's reply is not lost.
+
+A release puts up a barrier that this broker lifts once its reader has handled
+what its inbound stream held then (gateway.plane.redis.release_barriers); a
+resume elsewhere waits for it (``pending``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import LogRead, LogRetention
 from gateway.plane.redis.keys import stream_key
@@ -37,10 +44,13 @@ from gateway.plane.redis.log_scripts import (
     LOG_KEPT,
     LOG_OPEN,
     LOG_OR_FORWARD,
+    LOG_PENDING,
     LOG_READ,
     LOG_RELEASE,
     LOG_SALVAGE,
+    LOG_SETTLED,
 )
+from gateway.plane.redis.release_barriers import ReleaseBarriers
 
 __all__ = ["RedisChannelLog", "Submit"]
 
@@ -67,6 +77,11 @@ def _held(reply: Any) -> tuple[str, int] | None:
     if reply is None:
         return None
     return (_text(reply[0]), int(reply[1]))
+
+
+def _newest(reply: Any) -> bytes | None:
+    """The ID of the one entry an XREVRANGE ... COUNT 1 found (None: the stream is empty)."""
+    return bytes(reply[0][0]) if reply else None
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -116,6 +131,9 @@ class RedisChannelLog:
         )
         #: Channel → the futures of this broker's readers parked on its log.
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: The release barriers this broker has up; its plane's reader says how far
+        #: it has handled the inbound stream (:meth:`handled`).
+        self._barriers = ReleaseBarriers(self._settled)
 
     @property
     def retention(self) -> LogRetention:
@@ -158,7 +176,60 @@ class RedisChannelLog:
         command = script_command(
             LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
         )
-        return self._submit(command, _none)
+        released: asyncio.Future[int] = self._submit(command, int)
+        released.add_done_callback(functools.partial(self._released, channel_id))
+        return self._submit_after(released)
+
+    def _submit_after(self, future: asyncio.Future[int]) -> asyncio.Future[None]:
+        """``future``, settled with None (the release's caller learns only that it ran)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(settled: asyncio.Future[int]) -> None:
+            if done.done():  # pragma: no cover - nothing else settles it
+                return
+            if settled.cancelled():
+                done.cancel()
+            elif (error := settled.exception()) is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+        future.add_done_callback(settle)
+        return done
+
+    def _released(self, channel_id: str, future: asyncio.Future[int]) -> None:
+        """The release ran; if it put up the barrier, learn which entry of the inbound
+        stream this broker must handle before lifting it (release_barriers.py)."""
+        if future.cancelled() or future.exception() is not None or future.result() != 1:
+            return
+        stream = stream_key(self._prefix, self._broker_id)
+        with contextlib.suppress(EngineUnavailable):
+            self._submit(("XREVRANGE", stream, "+", "-", "COUNT", 1), _newest).add_done_callback(
+                functools.partial(self._looked, channel_id)
+            )
+
+    def _looked(self, channel_id: str, future: asyncio.Future[bytes | None]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # the bus is unreachable: a resume waits for the barrier at most a lease
+        self._barriers.released(channel_id, future.result())
+
+    def _settled(self, channel_id: str) -> None:
+        command = script_command(LOG_SETTLED, self._keys(channel_id), (self._broker_id,))
+        with contextlib.suppress(EngineUnavailable):
+            self._submit(command, _none)
+
+    def handled(self, entry_id: bytes) -> None:
+        """The plane's reader handed every entry of the inbound stream through
+        ``entry_id`` to the router: the barriers waiting for it are lifted."""
+        self._barriers.handled(entry_id)
+
+    async def pending(self, channel_id: str) -> str:
+        prefix = "" if self._cluster else self._prefix
+        args = (self._now(), *self._limits, prefix, channel_id, self._stream_max)
+        reply = await self._submit(
+            script_command(LOG_PENDING, self._keys(channel_id), args), lambda reply: reply
+        )
+        return "" if reply is None else _text(reply)
 
     def salvage(self, stream: str, broker_id: str) -> tuple[Any, ...]:
         """The script call that saves into their logs the frames the dead broker

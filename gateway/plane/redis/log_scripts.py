@@ -7,7 +7,11 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
   newest number, ``a`` acknowledged through, ``l`` the newest number dropped
   unacknowledged (the gap), ``b`` the bytes the stream holds, ``c`` the
   bytes ever appended (each entry's ``c``: see below), ``w`` the
-  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does.
+  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does,
+  ``v`` the broker that released it last (LOG_RELEASE) while that broker may
+  still have frames for the Channel in its inbound stream, unread: the
+  *release barrier*, lifted by that broker once it has handled them
+  (LOG_SETTLED), passed over once it is dead (LOG_PENDING salvages them).
 - ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
   ``n``: fields ``f`` (the frame), ``t`` (when appended, ms) and ``c`` (the
   bytes appended to the log through this frame: the hash's ``c`` then, so
@@ -49,10 +53,12 @@ __all__ = [
     "LOG_KEPT",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
+    "LOG_PENDING",
     "LOG_READ",
     "LOG_RELEASE",
     "LOG_SALVAGE",
     "LOG_SCRIPTS",
+    "LOG_SETTLED",
 ]
 
 #: KEYS: meta, stream, waiting. The functions every script below shares.
@@ -376,6 +382,16 @@ if previous ~= '' and previous ~= ARGV[8] then
   holder(ARGV[5])
   salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
+-- A release barrier still up (the resume waited for it at most the bus lease,
+-- gateway.connections.resume): a dead broker's unread frames go into the log first;
+-- a live one's come later, forwarded here (as before the barrier existed).
+local barrier = redis.call('HGET', meta, 'v')
+if barrier and ARGV[5] ~= '' and redis.call('EXISTS', '{' .. ARGV[5] .. '}alive:' .. barrier) == 0
+then
+  dead = barrier
+  salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+redis.call('HDEL', meta, 'v')
 redis.call('HSET', meta, 'w', ARGV[8])
 return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 """,
@@ -414,16 +430,60 @@ return n
 """,
 )
 
-#: ARGV: broker, now ms. The log is no longer held, if this broker held it.
+#: ARGV: broker, now ms. The log is no longer held, if this broker held it: then
+#: the release barrier (``v``) is this broker until it lifts it (LOG_SETTLED), and
+#: 1 is returned (else 0). Frames routed to the Channel from now on go into the log;
+#: those already in this broker's inbound stream are still to be handled there.
 LOG_RELEASE: Final = Script(
     "log_release",
     _PRELUDE
     + """
 if redis.call('HGET', meta, 'w') == ARGV[1] then
   redis.call('HDEL', meta, 'w')
+  redis.call('HSET', meta, 'v', ARGV[1])
   live(tonumber(ARGV[2]))
+  return 1
 end
+return 0
+""",
+)
+
+#: ARGV: broker. The release barrier lifted, if this broker's: every frame its inbound
+#: stream held for the Channel when it released the log has been handled (delivered
+#: into the log or forwarded), by calls that reached Redis before this one.
+LOG_SETTLED: Final = Script(
+    "log_settled",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'v') == ARGV[1] then redis.call('HDEL', meta, 'v') end
 return 1
+""",
+)
+
+#: What a resume waits for before it holds the log (gateway.connections.resume): the
+#: broker holding it, else the broker whose release barrier is up, else '' (false:
+#: no log). A dead holder is forgotten and a dead barrier's broker passed over, its
+#: unread frames for the Channel salvaged into the log first (with an empty prefix,
+#: on a cluster, leases are in other slots: the broker is returned, the caller asks
+#: whether it is alive). ARGV: now ms, max age ms, max frames, max bytes, plane
+#: prefix, channel, inbound stream cap.
+LOG_PENDING: Final = Script(
+    "log_pending",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return false end
+local w = holder(ARGV[5])
+if w then return w end
+salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+local barrier = redis.call('HGET', meta, 'v')
+if not barrier then return '' end
+if ARGV[5] ~= '' and redis.call('EXISTS', '{' .. ARGV[5] .. '}alive:' .. barrier) == 0 then
+  dead = barrier
+  salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  redis.call('HDEL', meta, 'v')
+  return ''
+end
+return barrier
 """,
 )
 
@@ -450,6 +510,8 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     meta = prefix .. 'log:' .. tag
     stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
+    -- Its frames for the Channel are saved here: its release barrier is down.
+    if redis.call('HGET', meta, 'v') == gone then redis.call('HDEL', meta, 'v') end
     local w = redis.call('HGET', meta, 'w')
     -- A ``d`` entry packs several frames for the Channel (gateway.plane.redis.batches).
     local list = {f['f']}
@@ -483,6 +545,8 @@ LOG_SCRIPTS: Final = (
     LOG_HOLD,
     LOG_HELD_APPEND,
     LOG_RELEASE,
+    LOG_SETTLED,
+    LOG_PENDING,
     LOG_OPEN,
     LOG_APPEND,
     LOG_ACK,
