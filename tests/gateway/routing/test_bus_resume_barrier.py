@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -23,12 +24,22 @@ import redis.asyncio
 from websockets.asyncio.client import ClientConnection
 
 from asbp import Command
+from gateway.app import create_app
+from gateway.config.model import GatewayConfig
 from gateway.plane.redis.keys import stream_key
 from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
-from tests.support import RedisServer, T
+from tests.support import RedisServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import flush, frame, holder_of, open_resumable, resume_at, until_in_directory
+from tests.support.bus import (
+    DIRECTORY,
+    flush,
+    frame,
+    holder_of,
+    open_resumable,
+    resume_at,
+    until_in_directory,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -150,3 +161,36 @@ async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
             await agent.send(Command({"c": "news", "d": channel_id, "u": 999}, b"marker"))
             assert (await frame(resumed)).command_id == 999
             await resumed.close()
+
+
+async def test_a_holder_that_never_lets_go_is_taken_from_after_the_lease(
+    tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A broker from before LET_GO holding the log, alive, its connection lingering:
+    # its real presence key and the log's holder field, written as it would write
+    # them (nothing answers for it). The resume waits the lease for it, no longer.
+    redis_url = redis_server.url
+    await flush(redis_url)
+    lease = 1.5
+    settings = GatewayConfig(
+        data_dir=tmp_path / "b", broker_id="broker-b", engine="redis", redis_url=redis_url,
+        bus_lease=lease,
+    )  # fmt: skip
+    settings.data_dir.mkdir()
+    async with serve_app_async(create_app(settings)) as b:
+        connection, channel_id, secret = await open_resumable(b.ws_url + "/asbp")
+        await until_in_directory(redis_url, "ch", channel_id)
+        abandon(connection)
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await client.set(f"{DIRECTORY}alive:broker-old", "1", px=int(30_000 * T))
+            await client.hset(f"{PREFIX}log:{{{channel_id}}}", "w", "broker-old")
+            with caplog.at_level(logging.WARNING, logger="asbp.plane"):
+                resumed, answer = await resume_at(b.ws_url + "/asbp", channel_id, secret, 0)
+        finally:
+            await client.delete(f"{DIRECTORY}alive:broker-old")
+            await client.aclose()
+        assert answer.name == "asbp.resumed", answer
+        assert any(r.msg == "plane.resume_not_released" for r in caplog.records)
+        assert await holder_of(redis_url, channel_id) == "broker-b"
+        await resumed.close()
