@@ -58,9 +58,6 @@ class ReleaseBarriers:
         #: Channel -> the entry the reader must pass before its barrier lifts.
         self._waiting: dict[str, tuple[int, int]] = {}
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
     def released(self, channel_id: str, last: bytes | None) -> None:
         """The log of ``channel_id`` was released; ``last`` is the newest entry of the
         inbound stream after that (None: the stream was empty)."""
