@@ -33,6 +33,7 @@ class _Log:
 
     __slots__ = (
         "acked",
+        "aside",
         "barrier",
         "digest",
         "frames",
@@ -65,6 +66,9 @@ class _Log:
         #: The broker that released the log, until it has handled what was handed
         #: to it before ('' none; ChannelLog.pending).
         self.barrier = ""
+        #: Frames other brokers routed to it while the barrier was up: they follow
+        #: what its broker passes on (gateway.plane.redis.release_barriers).
+        self.aside: list[bytes] = []
 
     def wake(self) -> None:
         for waiter in self.waiters:
@@ -158,7 +162,18 @@ class MemoryChannelLog:
         log = self._store.live(channel_id)
         if log is None or log.holder:
             return _done(0)
+        if log.barrier and log.barrier != self._broker_id:
+            log.aside.append(frame)
+            if len(log.aside) >= self._retention.max_frames:
+                self._lift(log)
+            return _done(log.last + len(log.aside))
         return _done(self._append(log, frame))
+
+    def _lift(self, log: _Log) -> None:
+        log.barrier = ""
+        aside, log.aside = log.aside, []
+        for frame in aside:
+            self._append(log, frame)
 
     def _append(self, log: _Log, frame: bytes) -> int:
         log.last += 1
@@ -173,7 +188,7 @@ class MemoryChannelLog:
         if log is None:
             return _done(None)
         previous, log.holder = log.holder, self._broker_id
-        log.barrier = ""
+        self._lift(log)
         return _done((previous, log.last))
 
     async def holder(self, channel_id: str) -> str:
@@ -209,7 +224,7 @@ class MemoryChannelLog:
 
     def _settled(self, log: _Log) -> None:
         if log.barrier == self._broker_id:
-            log.barrier = ""
+            self._lift(log)
 
     def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

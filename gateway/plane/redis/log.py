@@ -23,13 +23,11 @@ resume elsewhere waits for it (``pending``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from gateway.engines.base import EngineUnavailable
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import LogRead, LogRetention
 from gateway.plane.redis.keys import stream_key
@@ -79,9 +77,10 @@ def _held(reply: Any) -> tuple[str, int] | None:
     return (_text(reply[0]), int(reply[1]))
 
 
-def _newest(reply: Any) -> bytes | None:
-    """The ID of the one entry an XREVRANGE ... COUNT 1 found (None: the stream is empty)."""
-    return bytes(reply[0][0]) if reply else None
+def _last_forwarded(reply: Any) -> bytes | None:
+    """LOG_RELEASE's answer: the last entry forwarded here for the Channel (b'' none),
+    None when this broker did not hold the log."""
+    return None if reply is None else bytes(reply)
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -139,10 +138,16 @@ class RedisChannelLog:
     def retention(self) -> LogRetention:
         return self._retention
 
-    def _keys(self, channel_id: str) -> tuple[str, str, str]:
+    def _keys(self, channel_id: str) -> tuple[str, str, str, str]:
         tag = "{" + channel_id + "}"
         prefix = self._prefix
-        return (f"{prefix}log:{tag}", f"{prefix}logs:{tag}", f"{prefix}logw:{tag}")
+        return (
+            f"{prefix}log:{tag}",
+            f"{prefix}logs:{tag}",
+            f"{prefix}logw:{tag}",
+            # Frames held back behind a release barrier (release_barriers.py).
+            f"{prefix}logv:{tag}",
+        )
 
     def _now(self) -> int:
         return _ms(self._clock())
@@ -157,7 +162,9 @@ class RedisChannelLog:
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
         command = script_command(
-            LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
+            LOG_APPEND,
+            self._keys(channel_id),
+            (*self._append_args(channel_id, frame), self._broker_id),
         )
         if not self._cluster:
             return self._submit(command, int)
@@ -176,15 +183,15 @@ class RedisChannelLog:
         command = script_command(
             LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
         )
-        released: asyncio.Future[int] = self._submit(command, int)
+        released: asyncio.Future[bytes | None] = self._submit(command, _last_forwarded)
         released.add_done_callback(functools.partial(self._released, channel_id))
         return self._submit_after(released)
 
-    def _submit_after(self, future: asyncio.Future[int]) -> asyncio.Future[None]:
+    def _submit_after(self, future: asyncio.Future[bytes | None]) -> asyncio.Future[None]:
         """``future``, settled with None (the release's caller learns only that it ran)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def settle(settled: asyncio.Future[int]) -> None:
+        def settle(settled: asyncio.Future[bytes | None]) -> None:
             if done.done():  # pragma: no cover - nothing else settles it
                 return
             if settled.cancelled():
@@ -197,26 +204,18 @@ class RedisChannelLog:
         future.add_done_callback(settle)
         return done
 
-    def _released(self, channel_id: str, future: asyncio.Future[int]) -> None:
-        """The release ran; if it put up the barrier, learn which entry of the inbound
-        stream this broker must handle before lifting it (release_barriers.py)."""
-        if future.cancelled() or future.exception() is not None or future.result() != 1:
-            return
-        stream = stream_key(self._prefix, self._broker_id)
-        with contextlib.suppress(EngineUnavailable):
-            self._submit(("XREVRANGE", stream, "+", "-", "COUNT", 1), _newest).add_done_callback(
-                functools.partial(self._looked, channel_id)
-            )
-
-    def _looked(self, channel_id: str, future: asyncio.Future[bytes | None]) -> None:
+    def _released(self, channel_id: str, future: asyncio.Future[bytes | None]) -> None:
+        """The release ran; if it put up the barrier, it is lifted once the reader has
+        handled the last entry forwarded here for the Channel (release_barriers.py)."""
         if future.cancelled() or future.exception() is not None:
             return  # the bus is unreachable: a resume waits for the barrier at most a lease
-        self._barriers.released(channel_id, future.result())
+        last = future.result()
+        if last:
+            self._barriers.released(channel_id, last)
 
     def _settled(self, channel_id: str) -> None:
-        command = script_command(LOG_SETTLED, self._keys(channel_id), (self._broker_id,))
-        with contextlib.suppress(EngineUnavailable):
-            self._submit(command, _none)
+        args = (*self._append_args(channel_id, b"")[1:], self._broker_id)
+        self._submit(script_command(LOG_SETTLED, self._keys(channel_id), args), _none)
 
     def handled(self, entry_id: bytes) -> None:
         """The plane's reader handed every entry of the inbound stream through

@@ -14,17 +14,19 @@ frames, these older ones would arrive after them: out of order (issue 11,
 
 What
 ----
-So the release puts up a *barrier* in the log (its field ``v``: this broker),
-and the broker lifts it (``LOG_SETTLED``) once its reader has handled every
-entry its stream held when the release happened; a resume elsewhere waits for
-the barrier before it holds the log (gateway.connections.resume,
-``ChannelLog.pending``). The entry to reach is learnt after the release
-(an ``XREVRANGE`` of the stream, submitted when the release's reply comes, so
-it runs after it): every entry added before the release is at or before it,
-and an entry trimmed already was handled before its trim was sent. The reader
-hands each entry to the router synchronously, and a frame forwarded again is
-submitted to the same Batcher then, so the lift, submitted after the reader
-has passed that entry, reaches Redis after every one of those forwards.
+Each forward to the holder records, in the log, the ID of the entry it added to
+the holder's stream (``wp``). The release puts up a *barrier* in the log (its
+field ``v``: this broker) when there was such an entry, and returns its ID. While
+the barrier is up, frames other brokers route to the Channel are held back in a
+list beside the log (``logv``), while the frames this broker passes on go into the
+log at once. The broker lifts the barrier (``LOG_SETTLED``: the held-back frames
+follow into the log) once its reader has handled that entry: the reader hands
+each entry to the router synchronously, and a frame passed on is submitted to the
+same Batcher then, so the lift, submitted after the reader has passed that entry,
+reaches Redis after every one of those. A resume elsewhere waits for the barrier
+before it holds the log (gateway.connections.resume, ``ChannelLog.pending``).
+So the log takes the frames in the order they were routed, whichever way each
+went.
 
 A broker that dies with its barrier up is passed over: ``LOG_PENDING`` and
 ``LOG_HOLD`` salvage its unread frames into the log, as for a dead holder.
@@ -59,8 +61,8 @@ class ReleaseBarriers:
         self._waiting: dict[str, tuple[int, int]] = {}
 
     def released(self, channel_id: str, last: bytes | None) -> None:
-        """The log of ``channel_id`` was released; ``last`` is the newest entry of the
-        inbound stream after that (None: the stream was empty)."""
+        """The log of ``channel_id`` was released; ``last`` is the last entry forwarded
+        to this broker for it (None: none)."""
         if last is None or entry_order(last) <= self._through:
             self._lift(channel_id)
             return
