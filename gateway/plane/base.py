@@ -233,7 +233,11 @@ class ChannelLog(Protocol):
         ...
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
-        """Append ``frame``; the future: its number, or 0 when no such log exists."""
+        """Append ``frame``; the future: its number, or 0 when no such log exists.
+
+        Behind another broker's release barrier (``pending``) the frame waits until
+        the barrier lifts and is numbered then: the future is positive all the same.
+        """
         ...
 
     def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
