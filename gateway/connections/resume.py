@@ -101,7 +101,7 @@ HANDOVER: Final = "last="
 #: Seconds a resume waits for the broker its connection dropped from to release
 #: the log (:meth:`ChannelResume._released`): that broker's last appends land
 #: within a pipeline of the drop; one that has not noticed the drop in this time
-#: is told to close its connection instead.
+#: is asked to close its connection (LET_GO), and waited for up to the bus lease.
 RELEASE_WAIT: Final = 1.0
 #: Seconds between looks at whether it did.
 _RELEASE_CHECK: Final = 0.005
@@ -702,6 +702,8 @@ class ChannelResume:
                         extra={"channel": channel_id, "broker": waited},
                     )
                     return
+                if waited == me and await log.holder(channel_id) == me:
+                    return  # held here already (a connection here that never logged)
                 if waited != me:
                     if not await plane.alive(waited):
                         return  # the hold salvages what it left
