@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import pytest
 
-from gateway.plane.base import Envelope, EnvelopeKind
+from gateway.engines.base import EngineUnavailable
+from gateway.plane.base import Envelope, EnvelopeKind, LogRetention
+from gateway.plane.redis.plane import RedisPlane
 from gateway.plane.redis.release_barriers import ReleaseBarriers, entry_order
 from tests.support import RedisServer, T
 from tests.support.planes import Bus
@@ -120,3 +122,37 @@ async def test_frames_passed_on_after_a_release_go_into_the_log_before_later_one
     read = await log_b.read(CHANNEL, 0, 2 * FIRST, 0)
     assert read is not None
     assert [frame for _, frame in read.frames] == first[1:] + later
+
+
+@pytest.mark.anyio
+async def test_frames_held_back_are_bounded_by_the_logs_retention(bus: Bus) -> None:
+    # A barrier that stays up (its broker stuck) holds back at most max_frames frames:
+    # at that many it lifts, and they go into the log, in order.
+    retention = LogRetention(max_frames=3)
+    a = await bus.join("broker-a", retention=retention)
+    b = await bus.join("broker-b", retention=retention)
+    log_a, log_b = a.plane.channel_log, b.plane.channel_log
+    await log_a.open(CHANNEL, digest=b"digest", idle=3600.0)
+    await log_a.hold(CHANNEL)
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.locate_channel(CHANNEL)
+    news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=news,u=0;")
+    assert await b.plane.forward_to_channel(CHANNEL, news) == "broker-a"
+    await log_a.release(CHANNEL)
+    frames = [b"c=news,u=%d;" % u for u in range(1, 4)]
+    for frame in frames:
+        news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, frame)
+        assert await b.plane.forward_to_channel(CHANNEL, news) is not None
+    with anyio.fail_after(5 * T):
+        while await log_b.pending(CHANNEL):
+            await asyncio.sleep(0)
+    read = await log_b.read(CHANNEL, 0, 10, 0)
+    assert read is not None
+    assert [frame for _, frame in read.frames] == frames
+
+
+@pytest.mark.anyio
+async def test_a_release_on_an_unreachable_bus_fails_as_every_call_does() -> None:
+    plane = RedisPlane("redis://127.0.0.1:1/0", broker_id="broker-a")  # never started
+    with pytest.raises(EngineUnavailable):
+        await plane.channel_log.release(CHANNEL)
