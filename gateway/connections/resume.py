@@ -101,7 +101,7 @@ HANDOVER: Final = "last="
 #: Seconds a resume waits for the broker its connection dropped from to release
 #: the log (:meth:`ChannelResume._released`): that broker's last appends land
 #: within a pipeline of the drop; one that has not noticed the drop in this time
-#: is told to close its connection instead.
+#: is asked to close its connection (LET_GO), and waited for up to the bus lease.
 RELEASE_WAIT: Final = 1.0
 #: Seconds between looks at whether it did.
 _RELEASE_CHECK: Final = 0.005
@@ -356,6 +356,7 @@ class ChannelResume:
         if remote is not None:
             remote.on_resumed = self._resumed_elsewhere
             remote.on_handover = self._on_handover
+            remote.on_let_go = self._let_go
         elif self.enabled:
             # A lone broker asks no plane when a Channel is not here: it asks this.
             broker.router.away = self._away
@@ -667,27 +668,59 @@ class ChannelResume:
         return Resumed(channel, outbox)
 
     async def _released(self, channel_id: str) -> None:
-        """Wait until no other live broker holds the log, for at most RELEASE_WAIT.
+        """Wait until no live broker holds the log or has frames for it on their way
+        (``ChannelLog.pending``), for at most the bus lease.
 
         Where the connection dropped, the outbox's last appends were submitted
         before its release, on one Batcher, so once the log is released they are
         in it. Held now, their appends would be refused (-1) and forwarded here
         as new frames: a frame the client already had would come twice, after
-        frames routed since (the numbers of ``newest`` would miss it). A holder
-        whose connection lingers (it has not noticed the drop) is waited for
-        only RELEASE_WAIT, then told to close it (RESUMED, after the hold).
+        frames routed since (the numbers of ``newest`` would miss it). Frames
+        forwarded to that broker while it held the log and not read by it yet
+        are forwarded on into the log once it reads them: held here before
+        that, they would arrive after newer frames (issue 11; the release
+        barrier, gateway.plane.redis.release_barriers). A holder whose
+        connection lingers (it has not noticed the drop) is asked after
+        RELEASE_WAIT to close it (LET_GO), which releases the log behind what it
+        was sent. A broker that does neither within the lease (one from before
+        LET_GO, or a stuck one) is taken from anyway: told with RESUMED, after
+        the hold, as before.
         """
         plane = self._broker.plane
         log = plane.channel_log
         me = self._broker.broker_id
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + RELEASE_WAIT
+        start = loop.time()
+        deadline = start + max(RELEASE_WAIT, plane.lease)
+        asked = False
         with contextlib.suppress(EngineUnavailable):
-            while (holder := await log.holder(channel_id)) not in ("", me):
-                if loop.time() >= deadline or not await plane.alive(holder):
+            while waited := await log.pending(channel_id):
+                now = loop.time()
+                if now >= deadline:
+                    _log.warning(
+                        "plane.resume_not_released",
+                        extra={"channel": channel_id, "broker": waited},
+                    )
                     return
-                # A release is one pipeline away: a few of these at most.
+                if waited == me and await log.holder(channel_id) == me:
+                    return  # held here already (a connection here that never logged)
+                if waited != me:
+                    if not await plane.alive(waited):
+                        return  # the hold salvages what it left
+                    if not asked and now >= start + RELEASE_WAIT:
+                        asked = True
+                        let_go = Envelope(EnvelopeKind.LET_GO, me, channel_id, b"")
+                        _unawaited(plane.send_to(waited, let_go), "let_go", channel_id)
+                # A release, or the reader passing what was sent before it, is a
+                # pipeline or a stream read away: a few of these at most.
                 await asyncio.sleep(_RELEASE_CHECK)
+
+    def _let_go(self, channel_id: str) -> None:
+        """Another broker waits to resume ``channel_id`` (LET_GO): a connection for it
+        here that has not noticed its drop is closed, releasing its log."""
+        channel = self._broker.channels.get(channel_id)
+        if channel is not None and channel.kind is ChannelKind.WEBSOCKET:
+            self._broker.close_channel(channel, FaultCode.CHANNEL_RESUMED)
 
     async def _replay(
         self, channel: Channel, write: Callable[[bytes], Awaitable[None]], after: int, newest: int

@@ -151,6 +151,11 @@ class EnvelopeKind(enum.Enum):
     #: broker that took each request in faults only those left (2102) when this
     #: broker dies (gateway.routing.remote).
     REQUESTS_DONE = "k"
+    #: The WebSocket Channel ``channel`` is resuming at ``origin``, which waits for
+    #: the receiving broker to let go of its log first: a connection for it still
+    #: open there (its drop not noticed yet) is closed (fault 2112), and the log
+    #: released behind the frames already on their way to it (ChannelLog.pending).
+    LET_GO = "y"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +233,11 @@ class ChannelLog(Protocol):
         ...
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
-        """Append ``frame``; the future: its number, or 0 when no such log exists."""
+        """Append ``frame``; the future: its number, or 0 when no such log exists.
+
+        Behind another broker's release barrier (``pending``) the frame waits until
+        the barrier lifts and is numbered then: the future is positive all the same.
+        """
         ...
 
     def acknowledge(self, channel_id: str, through: int) -> asyncio.Future[None]:
@@ -273,13 +282,29 @@ class ChannelLog(Protocol):
         (gateway.connections.resume)."""
         ...
 
+    async def pending(self, channel_id: str) -> str:
+        """Whom a resume waits for before it holds the log ('' nobody, or no such log).
+
+        The broker holding it; else the broker that released it last, until that
+        broker has handled every frame for the Channel that was on its way to it
+        when it released it (forwarded to it while it held the log: it forwards
+        them on, into the log, in order). Frames routed after those go into the log
+        after them, so a resume that waits for '' replays them all in order. A
+        broker that died is passed over: its unread frames for the Channel go
+        into the log first (where the implementation can tell that it died).
+        """
+        ...
+
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         """Append ``frames``, in order, if this broker holds the log: the number of
         the last, 0 (no such log) or -1 (another broker holds it now: none appended)."""
         ...
 
     def release(self, channel_id: str) -> asyncio.Future[None]:
-        """Stop holding the log, if this broker holds it; it expires when idle from now."""
+        """Stop holding the log, if this broker holds it; it expires when idle from now.
+
+        Until this broker has handled the frames already on their way to it, the
+        log is ``pending`` on it (a release barrier)."""
         ...
 
     # What a resumable Channel takes with it (gateway.connections.resume_state): a

@@ -33,6 +33,8 @@ class _Log:
 
     __slots__ = (
         "acked",
+        "aside",
+        "barrier",
         "digest",
         "frames",
         "holder",
@@ -61,6 +63,12 @@ class _Log:
         self.holder = ""
         #: The record a resumable Channel takes with it (ChannelLog.keep).
         self.kept = b""
+        #: The broker that released the log, until it has handled what was handed
+        #: to it before ('' none; ChannelLog.pending).
+        self.barrier = ""
+        #: Frames other brokers routed to it while the barrier was up: they follow
+        #: what its broker passes on (gateway.plane.redis.release_barriers).
+        self.aside: list[bytes] = []
 
     def wake(self) -> None:
         for waiter in self.waiters:
@@ -154,7 +162,18 @@ class MemoryChannelLog:
         log = self._store.live(channel_id)
         if log is None or log.holder:
             return _done(0)
+        if log.barrier and log.barrier != self._broker_id:
+            log.aside.append(frame)
+            if len(log.aside) >= self._retention.max_frames:
+                self._lift(log)
+            return _done(log.last + len(log.aside))
         return _done(self._append(log, frame))
+
+    def _lift(self, log: _Log) -> None:
+        log.barrier = ""
+        aside, log.aside = log.aside, []
+        for frame in aside:
+            self._append(log, frame)
 
     def _append(self, log: _Log, frame: bytes) -> int:
         log.last += 1
@@ -169,11 +188,18 @@ class MemoryChannelLog:
         if log is None:
             return _done(None)
         previous, log.holder = log.holder, self._broker_id
+        self._lift(log)
         return _done((previous, log.last))
 
     async def holder(self, channel_id: str) -> str:
         log = self._store.live(channel_id)
         return "" if log is None else log.holder
+
+    async def pending(self, channel_id: str) -> str:
+        log = self._store.live(channel_id)
+        if log is None:
+            return ""
+        return log.holder or log.barrier
 
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
         log = self._store.live(channel_id)
@@ -190,7 +216,15 @@ class MemoryChannelLog:
         log = self._store.live(channel_id)
         if log is not None and log.holder == self._broker_id:
             log.holder = ""
+            # What other brokers handed this one (gateway.plane.memory: call_soon)
+            # before now is handled before this callback runs, in the order handed.
+            log.barrier = self._broker_id
+            asyncio.get_running_loop().call_soon(self._settled, log)
         return _done(None)
+
+    def _settled(self, log: _Log) -> None:
+        if log.barrier == self._broker_id:
+            self._lift(log)
 
     def keep(self, channel_id: str, record: bytes) -> asyncio.Future[None]:
         log = self._store.live(channel_id)

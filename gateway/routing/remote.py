@@ -316,6 +316,8 @@ class Remote:
         #: carries one: the handover of a resumed Channel's parked topic
         #: subscriptions between brokers (gateway.connections.resume).
         self.on_handover: Callable[[str, str, bytes], object] | None = None
+        #: Called with ``i`` of a LET_GO envelope: a broker waits to resume it.
+        self.on_let_go: Callable[[str], object] | None = None
         #: Called with a Channel an operator closed here through another broker's
         #: API (an HTTP Channel's log goes too: gateway.routing.http_bus).
         self.on_operator_close: Callable[[Channel], object] | None = None
@@ -693,6 +695,9 @@ class Remote:
                 self.on_resumed(envelope.channel, envelope.origin)
             if envelope.frame and self.on_handover is not None:
                 self.on_handover(envelope.channel, envelope.origin, envelope.frame)
+        elif kind is EnvelopeKind.LET_GO:
+            if self.on_let_go is not None:
+                self.on_let_go(envelope.channel)
         else:
             self._for_membership(envelope)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.plane.base import Envelope, LogRetention, Plane
@@ -53,8 +54,15 @@ class Bus:
         return time.time() + self.skew
 
     async def join(
-        self, broker_id: str, *, lease: float | None = None, retention: LogRetention | None = None
+        self,
+        broker_id: str,
+        *,
+        lease: float | None = None,
+        retention: LogRetention | None = None,
+        inbound: Callable[[Envelope], None] | None = None,
     ) -> Broker:
+        """A broker's plane on the bus; ``inbound`` is called with each envelope it
+        gets, before it is queued (as a router acts on it, in the reader's turn)."""
         lease = self._lease if lease is None else lease
         plane: MemoryPlane | Plane
         if self.kind == "memory":
@@ -72,7 +80,14 @@ class Bus:
                 clock=self.log_clock,
             )
         broker = Broker(plane)
-        await plane.start(broker.inbound.put_nowait, broker.lost.put_nowait)
+        queued = broker.inbound.put_nowait
+
+        def received(envelope: Envelope) -> None:
+            if inbound is not None:
+                inbound(envelope)
+            queued(envelope)
+
+        await plane.start(received, broker.lost.put_nowait)
         self._brokers.append(broker)
         return broker
 

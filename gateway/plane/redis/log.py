@@ -14,11 +14,16 @@ which releases every local reader of that Channel to read again: one
 round trip plus one XREAD, a few milliseconds, and no connection held per
 parked reader. A waiter is registered locally *before* the read is sent, so
 a wake-up that overtakes the read's reply is not lost.
+
+A release puts up a barrier that this broker lifts once its reader has handled
+what its inbound stream held then (gateway.plane.redis.release_barriers); a
+resume elsewhere waits for it (``pending``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -37,10 +42,13 @@ from gateway.plane.redis.log_scripts import (
     LOG_KEPT,
     LOG_OPEN,
     LOG_OR_FORWARD,
+    LOG_PENDING,
     LOG_READ,
     LOG_RELEASE,
     LOG_SALVAGE,
+    LOG_SETTLED,
 )
+from gateway.plane.redis.release_barriers import ReleaseBarriers
 
 __all__ = ["RedisChannelLog", "Submit"]
 
@@ -67,6 +75,12 @@ def _held(reply: Any) -> tuple[str, int] | None:
     if reply is None:
         return None
     return (_text(reply[0]), int(reply[1]))
+
+
+def _last_forwarded(reply: Any) -> bytes | None:
+    """LOG_RELEASE's answer: the last entry forwarded here for the Channel (b'' none),
+    None when this broker did not hold the log."""
+    return None if reply is None else bytes(reply)
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -116,15 +130,24 @@ class RedisChannelLog:
         )
         #: Channel → the futures of this broker's readers parked on its log.
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: The release barriers this broker has up; its plane's reader says how far
+        #: it has handled the inbound stream (:meth:`handled`).
+        self._barriers = ReleaseBarriers(self._settled)
 
     @property
     def retention(self) -> LogRetention:
         return self._retention
 
-    def _keys(self, channel_id: str) -> tuple[str, str, str]:
+    def _keys(self, channel_id: str) -> tuple[str, str, str, str]:
         tag = "{" + channel_id + "}"
         prefix = self._prefix
-        return (f"{prefix}log:{tag}", f"{prefix}logs:{tag}", f"{prefix}logw:{tag}")
+        return (
+            f"{prefix}log:{tag}",
+            f"{prefix}logs:{tag}",
+            f"{prefix}logw:{tag}",
+            # Frames held back behind a release barrier (release_barriers.py).
+            f"{prefix}logv:{tag}",
+        )
 
     def _now(self) -> int:
         return _ms(self._clock())
@@ -139,7 +162,9 @@ class RedisChannelLog:
 
     def append(self, channel_id: str, frame: bytes) -> asyncio.Future[int]:
         command = script_command(
-            LOG_APPEND, self._keys(channel_id), self._append_args(channel_id, frame)
+            LOG_APPEND,
+            self._keys(channel_id),
+            (*self._append_args(channel_id, frame), self._broker_id),
         )
         if not self._cluster:
             return self._submit(command, int)
@@ -158,7 +183,52 @@ class RedisChannelLog:
         command = script_command(
             LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
         )
-        return self._submit(command, _none)
+        released: asyncio.Future[bytes | None] = self._submit(command, _last_forwarded)
+        released.add_done_callback(functools.partial(self._released, channel_id))
+        return self._submit_after(released)
+
+    def _submit_after(self, future: asyncio.Future[bytes | None]) -> asyncio.Future[None]:
+        """``future``, settled with None (the release's caller learns only that it ran)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(settled: asyncio.Future[bytes | None]) -> None:
+            if done.done():  # pragma: no cover - nothing else settles it
+                return
+            if settled.cancelled():
+                done.cancel()
+            elif (error := settled.exception()) is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+        future.add_done_callback(settle)
+        return done
+
+    def _released(self, channel_id: str, future: asyncio.Future[bytes | None]) -> None:
+        """The release ran; if it put up the barrier, it is lifted once the reader has
+        handled the last entry forwarded here for the Channel (release_barriers.py)."""
+        if future.cancelled() or future.exception() is not None:
+            return  # the bus is unreachable: a resume waits for the barrier at most a lease
+        last = future.result()
+        if last:
+            self._barriers.released(channel_id, last)
+
+    def _settled(self, channel_id: str) -> None:
+        args = (*self._append_args(channel_id, b"")[1:], self._broker_id)
+        self._submit(script_command(LOG_SETTLED, self._keys(channel_id), args), _none)
+
+    def handled(self, entry_id: bytes) -> None:
+        """The plane's reader handed every entry of the inbound stream through
+        ``entry_id`` to the router: the barriers waiting for it are lifted."""
+        self._barriers.handled(entry_id)
+
+    async def pending(self, channel_id: str) -> str:
+        prefix = "" if self._cluster else self._prefix
+        args = (self._now(), *self._limits, prefix, channel_id, self._stream_max)
+        reply = await self._submit(
+            script_command(LOG_PENDING, self._keys(channel_id), args), lambda reply: reply
+        )
+        return "" if reply is None else _text(reply)
 
     def salvage(self, stream: str, broker_id: str) -> tuple[Any, ...]:
         """The script call that saves into their logs the frames the dead broker

@@ -7,7 +7,16 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
   newest number, ``a`` acknowledged through, ``l`` the newest number dropped
   unacknowledged (the gap), ``b`` the bytes the stream holds, ``c`` the
   bytes ever appended (each entry's ``c``: see below), ``w`` the
-  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does.
+  broker holding a resumable WebSocket Channel's log (LOG_HOLD), if one does,
+  ``wp`` the ID of the last entry forwarded to that broker's inbound stream for
+  the Channel while it held the log, ``v`` the broker that released it last
+  (LOG_RELEASE) while frames forwarded to it may still be unread there: the
+  *release barrier*, lifted by that broker once it has handled them
+  (LOG_SETTLED), passed over once it is dead (LOG_PENDING salvages them).
+- ``<prefix>logv:{<i>}``: a list, the frames routed to the Channel by other
+  brokers while the barrier is up, held back so that they go into the log after
+  the ones the barrier's broker passes on (gateway.plane.redis.release_barriers);
+  appended when it lifts.
 - ``<prefix>logs:{<i>}``: the stream. Entry ``0-<n>`` is Command number
   ``n``: fields ``f`` (the frame), ``t`` (when appended, ms) and ``c`` (the
   bytes appended to the log through this frame: the hash's ``c`` then, so
@@ -49,21 +58,23 @@ __all__ = [
     "LOG_KEPT",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
+    "LOG_PENDING",
     "LOG_READ",
     "LOG_RELEASE",
     "LOG_SALVAGE",
     "LOG_SCRIPTS",
+    "LOG_SETTLED",
 ]
 
 #: KEYS: meta, stream, waiting. The functions every script below shares.
 _PRELUDE: Final = """
-local meta, stream, waiting = KEYS[1], KEYS[2], KEYS[3]
+local meta, stream, waiting, aside = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local function live(now)
   local m = redis.call('HMGET', meta, 'x', 's')
   if not m[1] then return false end
   local idle = tonumber(m[1])
   if tonumber(m[2]) + idle <= now then
-    redis.call('DEL', meta, stream, waiting)
+    redis.call('DEL', meta, stream, waiting, aside)
     return false
   end
   redis.call('HSET', meta, 's', now)
@@ -222,6 +233,33 @@ local function salvage(at, max_age, max_frames, max_bytes, prefix, channel, cap)
     end
   end
 end
+-- The release barrier (``v``): lifted, the frames held back behind it go into the
+-- log, after everything its broker passed on before.
+local function lift(at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  redis.call('HDEL', meta, 'v')
+  for _, frame in ipairs(redis.call('LRANGE', aside, 0, -1)) do
+    append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  end
+  redis.call('DEL', aside)
+end
+-- A frame routed to the Channel by broker ``by`` while nobody holds its log: into
+-- the log, or, while the barrier of another broker is up, held back behind it (at
+-- most max_frames: past that the barrier lifts, so the list stays bounded). The
+-- number it got, a positive number when held back (it gets one when the barrier
+-- lifts), 0 when there is no log.
+local function route(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap, by)
+  local barrier = redis.call('HGET', meta, 'v')
+  if not barrier or barrier == by then
+    return append(frame, at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  end
+  if not live(tonumber(at)) then return 0 end
+  local waiting_frames = redis.call('RPUSH', aside, frame)
+  redis.call('PEXPIRE', aside, tonumber(redis.call('HGET', meta, 'x')) + 60000)
+  if waiting_frames >= tonumber(max_frames) then
+    lift(at, max_age, max_frames, max_bytes, prefix, channel, cap)
+  end
+  return tonumber(redis.call('HGET', meta, 'n')) + waiting_frames
+end
 """
 
 #: ARGV: digest, idle ms, now ms.
@@ -229,7 +267,7 @@ LOG_OPEN: Final = Script(
     "log_open",
     _PRELUDE
     + """
-redis.call('DEL', meta, stream, waiting)
+redis.call('DEL', meta, stream, waiting, aside)
 redis.call('HSET', meta, 'h', ARGV[1], 'x', ARGV[2], 's', ARGV[3], 'n', 0, 'a', 0, 'l', 0, 'b', 0,
            'c', 0)
 redis.call('PEXPIRE', meta, tonumber(ARGV[2]) + 60000)
@@ -238,8 +276,9 @@ return 1
 )
 
 #: ARGV: frame, now ms, max age ms, max frames, max bytes, plane prefix, channel,
-#: inbound stream cap. Returns the frame's number, 0 when there is no log (with an
-#: empty prefix, on a cluster: {number, the brokers to wake, ...}).
+#: inbound stream cap, the appending broker. Returns the frame's number, 0 when
+#: there is no log (with an empty prefix, on a cluster: {number, the brokers to
+#: wake, ...}); behind another broker's release barrier, held back (``route``).
 LOG_APPEND: Final = Script(
     "log_append",
     _PRELUDE
@@ -247,7 +286,7 @@ LOG_APPEND: Final = Script(
 local n = 0
 if not holder(ARGV[6]) then
   salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
-  n = append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+  n = route(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9] or '')
 end
 if ARGV[6] == '' then
   table.insert(woken, 1, n)
@@ -261,24 +300,28 @@ return n
 #: when it has one (an HTTP Channel on a bus: any broker serves its client, so
 #: the log is its only address), else to the live broker the directory lists
 #: for it. ARGV: frame, now ms, max age ms, max frames, max bytes, plane
-#: prefix, channel, inbound stream cap, self; KEYS[4]: the directory hash.
-#: Returns '' (logged), the broker, or false.
+#: prefix, channel, inbound stream cap, self; KEYS[5]: the directory hash.
+#: Returns '' (logged), the broker, or false. A forward to the holder records the
+#: entry's ID (``wp``: its release barrier waits for it to be read).
 LOG_OR_FORWARD: Final = Script(
     "log_or_forward",
     _PRELUDE
     + """
 local target = holder(ARGV[6])
+local held = target
 if not target then
   salvage(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
-  if append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) > 0 then
+  if route(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]) > 0
+  then
     return ''
   end
-  target = redis.call('HGET', KEYS[4], ARGV[7])
+  target = redis.call('HGET', KEYS[5], ARGV[7])
 end
 if not target then return false end
 if redis.call('EXISTS', '{' .. ARGV[6] .. '}alive:' .. target) == 0 then return false end
-redis.call('XADD', '{' .. ARGV[6] .. 'in:' .. target .. '}', 'MAXLEN', '~', ARGV[8], '*',
-  'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
+local id = redis.call('XADD', '{' .. ARGV[6] .. 'in:' .. target .. '}', 'MAXLEN', '~', ARGV[8],
+  '*', 'k', 'c', 'o', ARGV[9], 'i', ARGV[7], 'g', '', 'f', ARGV[1])
+if held then redis.call('HSET', meta, 'wp', id) end
 return target
 """,
 )
@@ -357,7 +400,7 @@ LOG_DROP: Final = Script(
     _PRELUDE
     + """
 wake_waiting(ARGV[1], ARGV[2], ARGV[3])
-redis.call('DEL', meta, stream, waiting)
+redis.call('DEL', meta, stream, waiting, aside)
 return woken
 """,
 )
@@ -376,6 +419,19 @@ if previous ~= '' and previous ~= ARGV[8] then
   holder(ARGV[5])
   salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
+-- A release barrier still up (the resume waited for it at most the bus lease,
+-- gateway.connections.resume): a dead broker's unread frames go into the log first;
+-- a live one's come later, forwarded here (as before the barrier existed). Then
+-- what was held back behind it.
+local barrier = redis.call('HGET', meta, 'v')
+if barrier then
+  if ARGV[5] ~= '' and redis.call('EXISTS', '{' .. ARGV[5] .. '}alive:' .. barrier) == 0 then
+    dead = barrier
+    salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  end
+  lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+redis.call('HDEL', meta, 'wp')
 redis.call('HSET', meta, 'w', ARGV[8])
 return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 """,
@@ -414,16 +470,65 @@ return n
 """,
 )
 
-#: ARGV: broker, now ms. The log is no longer held, if this broker held it.
+#: ARGV: broker, now ms. The log is no longer held, if this broker held it: then,
+#: if frames were forwarded to this broker for the Channel, the release barrier
+#: (``v``) is this broker until it lifts it (LOG_SETTLED) and the ID of the last of
+#: those entries is returned ('' none; false: not held here). Frames this broker
+#: passes on go into the log from now on; other brokers' wait behind the barrier.
 LOG_RELEASE: Final = Script(
     "log_release",
     _PRELUDE
     + """
-if redis.call('HGET', meta, 'w') == ARGV[1] then
-  redis.call('HDEL', meta, 'w')
-  live(tonumber(ARGV[2]))
+if redis.call('HGET', meta, 'w') ~= ARGV[1] then return false end
+redis.call('HDEL', meta, 'w')
+local last = redis.call('HGET', meta, 'wp')
+redis.call('HDEL', meta, 'wp')
+if last then redis.call('HSET', meta, 'v', ARGV[1]) end
+live(tonumber(ARGV[2]))
+return last or ''
+""",
+)
+
+#: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
+#: stream cap, broker. The release barrier lifted, if this broker's: every frame
+#: forwarded to it for the Channel while it held the log has been handled (passed
+#: on into the log by calls that reached Redis before this one), so the frames held
+#: back behind the barrier follow them into the log.
+LOG_SETTLED: Final = Script(
+    "log_settled",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'v') == ARGV[8] then
+  lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
 return 1
+""",
+)
+
+#: What a resume waits for before it holds the log (gateway.connections.resume): the
+#: broker holding it, else the broker whose release barrier is up, else '' (false:
+#: no log). A dead holder is forgotten and a dead barrier's broker passed over, its
+#: unread frames for the Channel salvaged into the log first (with an empty prefix,
+#: on a cluster, leases are in other slots: the broker is returned, the caller asks
+#: whether it is alive). ARGV: now ms, max age ms, max frames, max bytes, plane
+#: prefix, channel, inbound stream cap.
+LOG_PENDING: Final = Script(
+    "log_pending",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return false end
+local w = holder(ARGV[5])
+if w then return w end
+salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+local barrier = redis.call('HGET', meta, 'v')
+if not barrier then return '' end
+if ARGV[5] ~= '' and redis.call('EXISTS', '{' .. ARGV[5] .. '}alive:' .. barrier) == 0 then
+  dead = barrier
+  salvage(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  return ''
+end
+return barrier
 """,
 )
 
@@ -449,7 +554,10 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     -- The prelude's functions work on these: this Channel's log now.
     meta = prefix .. 'log:' .. tag
     stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
+    aside = prefix .. 'logv:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
+    -- Its frames for the Channel are saved here: its release barrier is down.
+    if redis.call('HGET', meta, 'v') == gone then redis.call('HDEL', meta, 'v') end
     local w = redis.call('HGET', meta, 'w')
     -- A ``d`` entry packs several frames for the Channel (gateway.plane.redis.batches).
     local list = {f['f']}
@@ -464,8 +572,9 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
       -- Resumed at a live broker meanwhile (a rolling restart): the frames go
       -- there, as a forward would, instead of being dropped.
       for _, frame in ipairs(list) do
-        redis.call('XADD', '{' .. prefix .. 'in:' .. w .. '}', 'MAXLEN', '~', ARGV[7], '*',
-          'k', 'c', 'o', gone, 'i', f['i'], 'g', '', 'f', frame)
+        local id = redis.call('XADD', '{' .. prefix .. 'in:' .. w .. '}', 'MAXLEN', '~', ARGV[7],
+          '*', 'k', 'c', 'o', gone, 'i', f['i'], 'g', '', 'f', frame)
+        redis.call('HSET', meta, 'wp', id)
         saved = saved + 1
       end
     end
@@ -483,6 +592,8 @@ LOG_SCRIPTS: Final = (
     LOG_HOLD,
     LOG_HELD_APPEND,
     LOG_RELEASE,
+    LOG_SETTLED,
+    LOG_PENDING,
     LOG_OPEN,
     LOG_APPEND,
     LOG_ACK,

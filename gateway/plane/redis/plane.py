@@ -1059,6 +1059,9 @@ class RedisPlane:
                 for entry_id, flat in entries:
                     self._deliver(dict(zip(flat[::2], flat[1::2], strict=True)))
                     last = self._read_through = entry_id
+                # Every forward those entries caused is submitted: release barriers
+                # waiting for them are lifted behind those (release_barriers.py).
+                self._log.handled(last)
                 trim = _after(last)
         finally:
             if connection is not None:

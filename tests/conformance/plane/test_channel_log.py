@@ -287,6 +287,45 @@ async def test_a_held_log_takes_frames_only_from_its_holder_and_the_rest_goes_th
     await log_a.release(other)
 
 
+async def test_a_log_is_pending_on_its_holder_and_then_on_what_was_sent_to_it(
+    bus: Bus,
+) -> None:
+    # What a resume waits for before it holds the log (ChannelLog.pending): its holder,
+    # then, once released, the frames forwarded to the holder until it has passed
+    # them on (the release barrier; the order it keeps is tested on the planes that
+    # keep it, tests/gateway/plane/redis/test_release_barriers.py).
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    log_a, log_b = a.plane.channel_log, b.plane.channel_log
+    assert await log_b.pending(CHANNEL) == ""  # no log
+    await log_a.open(CHANNEL, digest=DIGEST, idle=IDLE)
+    assert await log_b.pending(CHANNEL) == ""
+    await log_a.hold(CHANNEL)
+    a.plane.channel_opened(CHANNEL)  # on a cluster (and in memory) the directory says where
+    await a.plane.locate_channel(CHANNEL)
+    assert await log_b.pending(CHANNEL) == "broker-a"
+    sent = [b"c=news,u=%d;" % u for u in range(1, 6)]
+    for frame in sent:
+        news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, frame)
+        assert await b.plane.forward_to_channel(CHANNEL, news) == "broker-a"
+    await log_b.release(CHANNEL)  # not B's: nothing changes
+    assert await log_b.pending(CHANNEL) == "broker-a"
+    await log_a.release(CHANNEL)
+    with anyio.fail_after(5 * T):
+        while await log_b.pending(CHANNEL):
+            await asyncio.sleep(0)  # each look is a call to the plane: no busy loop
+        got = [(await a.inbound.get()).frame for _ in sent]
+    assert got == sent
+    # Held at B (a resume): pending on B; released there, on nobody (nothing was
+    # forwarded to B while it held it).
+    assert await log_b.hold(CHANNEL) == ("", 0)
+    assert await log_a.pending(CHANNEL) == "broker-b"
+    await log_b.release(CHANNEL)
+    with anyio.fail_after(5 * T):
+        while await log_a.pending(CHANNEL):
+            await asyncio.sleep(0)
+
+
 async def test_a_record_kept_with_a_log_is_read_at_another_broker_and_goes_with_it(
     bus: Bus,
 ) -> None:
