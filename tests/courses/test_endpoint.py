@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from asbp import Command, decode, encode
 from courses.credential import SigningKey
 from tests.courses.buses import bus_config, make_bus, serve_bus, user
-from tests.support import T
+from tests.support import RedisServer, T
 
 pytestmark = pytest.mark.anyio
 
@@ -72,3 +72,32 @@ async def test_messages_read_while_one_is_stored_onwards_keep_their_order(
         assert acked == [f"{n:032x}" for n in range(len(frames))]
         got = [(await bob.recv()).body for _ in range(1, len(frames))]
         assert got == [str(n).encode() for n in range(1, len(frames))]
+
+
+async def test_on_redis_the_task_takes_each_message_and_ends_a_course_sending_junk(
+    tmp_path: Path,
+) -> None:
+    """Claims in Redis wait for it: the endpoint's task takes the messages (not the
+    read path), accepts crossings in order, and ends the Course at one that is not
+    a crossing, as the read path does (tests/courses/test_handshake.py)."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    with RedisServer(tmp_path / "redis-b") as redis_b:
+        config_b = bus_config(b, {a: []}, tls=None, engine="redis", redis_url=redis_b.url)
+        async with (
+            serve_bus(b, config_b, None) as running,
+            user(running.ws_url, "bob", None) as bob,
+        ):
+            token, _ = SigningKey((a.directory / "bus.pem").read_bytes(), domain="a.test").sign(
+                "b.test", lifetime=60
+            )
+            async with connect(
+                f"{running.ws_url}/course", additional_headers={"Authorization": f"Bearer {token}"}
+            ) as course:
+                await asyncio.wait_for(course.recv(), 5 * T)  # asbp.course
+                for n in range(1, 4):
+                    await course.send(_crossing(n, "bob*b.test"))
+                await course.send(b"not asbp")
+                await asyncio.wait_for(course.wait_closed(), 5 * T)
+            assert course.close_code == 1008
+            got = [(await bob.recv()).body for _ in range(3)]
+            assert got == [b"1", b"2", b"3"]
