@@ -27,7 +27,7 @@ import contextlib
 import re
 from typing import Final
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 import asbp
 from asbp import Command, FaultCode, ProtocolError
@@ -36,7 +36,9 @@ from courses.credential import answer_jti
 from courses.service import Courses
 from courses.wire import BATCH, HELLO, ID_KEY, ack_frame, unpack
 from gateway.auth.credentials import CredentialRefused, RefusalReason, credential_from_headers
+from gateway.messaging.eager import start_eagerly
 from gateway.transports.asgi import is_loopback, remote_address
+from gateway.transports.websocket import RECEIVE_FRAMES, ReceiveFrames
 
 __all__ = ["course_endpoint"]
 
@@ -102,43 +104,106 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
     full = asyncio.Event()
     closed = False
     writer = asyncio.create_task(_acknowledge(send, acks, ready, full))
+
+    async def take(data: bytes) -> bool:
+        """One message's crossings accepted and queued for acknowledgement; False
+        for one that is not crossings, which ends the Course."""
+        try:
+            crossings = _crossings(data)
+        except (ProtocolError, ValueError) as exc:
+            # A peer that sends what is not a crossing is broken or hostile: end
+            # its Course (what it sent before this stays accepted).
+            log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
+            return False
+        # Where this bus's recipients are, for the whole batch in one round of
+        # lookups, before any of them is claimed (courses.service).
+        located = await courses.locate(c for _, c, _ in crossings if c is not None)
+        legible: list[tuple[str, Command, bytes | None]] = []
+        for crossing_id, command, frame in crossings:
+            if command is None:
+                # Its id is legible but it does not decode here (a peer with larger
+                # limits than ours): acknowledged and dropped, or it would come back
+                # after every reconnection and hold the whole Course.
+                log.warning("course.undecodable", extra={"peer": peer, "course_id": crossing_id})
+            else:
+                legible.append((crossing_id, command, frame))
+        # The whole message claimed in one step, then delivered in order.
+        await courses.accept_batch(peer, legible, located=located)
+        acks.extend(crossing_id for crossing_id, _, _ in crossings)
+        ready.set()
+        if len(acks) >= _MAX_ACKS:
+            full.set()
+        return True
+
+    # The read path (the server's RECEIVE_FRAMES, gateway.transports.websocket): where
+    # accepting needs no round trip (memory claims, no routing plane), each message
+    # is accepted as it is parsed, with no ``websocket.receive`` queued for this task
+    # and no wake-up of it per message, as Channels and Tubes take their frames. A
+    # message whose acceptance does wait (a crossing stored for a further Course)
+    # stops the read path: the next messages queue for this task, which takes them
+    # once that one is accepted, so they keep their order, and reopens it.
+    extensions = scope.get("extensions") or {}
+    receive_frames: ReceiveFrames | None = (
+        extensions.get(RECEIVE_FRAMES) if courses.accepts_at_once else None
+    )
+    loop = asyncio.get_running_loop()
+    #: What the read path handed over: a message still being accepted (or refused).
+    handed: asyncio.Future[asyncio.Future[bool]] = loop.create_future()
+
+    def on_frame(data: bytes, _text: bool) -> None:
+        step = start_eagerly(take(data), task=True)
+        if step.done() and step.exception() is None and step.result():
+            return
+        assert receive_frames is not None
+        receive_frames(None)
+        handed.set_result(step)
+
+    async def next_message() -> Message:
+        message = await receive()
+        # Taken out of the queue: in this same step the read path stops, so that
+        # nothing read after it is accepted before it.
+        assert receive_frames is not None
+        receive_frames(None)
+        return message
+
+    if receive_frames is not None:
+        receive_frames(on_frame)
+    #: The next message from the server's queue (the read path is stopped, or the
+    #: server has none).
+    getter: asyncio.Future[Message] | None = None
     try:
         while True:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                closed = True
+            if receive_frames is None:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    closed = True
+                    break
+                if not await take(_data(message)):
+                    break
+                continue
+            if getter is None:
+                getter = asyncio.ensure_future(next_message())
+            if not handed.done() and not getter.done():
+                await asyncio.wait((getter, handed), return_when=asyncio.FIRST_COMPLETED)
+            if handed.done():
+                # Read before anything the queue holds (the read path stopped then).
+                step, handed = handed.result(), loop.create_future()
+            else:
+                message, getter = getter.result(), None
+                if message["type"] == "websocket.disconnect":
+                    closed = True
+                    break
+                step = start_eagerly(take(_data(message)), task=True)
+            if not await step:
                 break
-            data = message.get("bytes")
-            if data is None:
-                data = (message.get("text") or "").encode("utf-8")
-            try:
-                crossings = _crossings(data)
-            except (ProtocolError, ValueError) as exc:
-                # A peer that sends what is not a crossing is broken or hostile: end
-                # its Course (what it sent before this stays accepted).
-                log.warning("course.bad_frame", extra={"peer": peer, "error": str(exc)})
-                break
-            # Where this bus's recipients are, for the whole batch in one round of
-            # lookups, before any of them is claimed (courses.service).
-            located = await courses.locate(c for _, c, _ in crossings if c is not None)
-            legible: list[tuple[str, Command, bytes | None]] = []
-            for crossing_id, command, frame in crossings:
-                if command is None:
-                    # Its id is legible but it does not decode here (a peer with larger
-                    # limits than ours): acknowledged and dropped, or it would come back
-                    # after every reconnection and hold the whole Course.
-                    log.warning(
-                        "course.undecodable", extra={"peer": peer, "course_id": crossing_id}
-                    )
-                else:
-                    legible.append((crossing_id, command, frame))
-            # The whole message claimed in one step, then delivered in order.
-            await courses.accept_batch(peer, legible, located=located)
-            acks.extend(crossing_id for crossing_id, _, _ in crossings)
-            ready.set()
-            if len(acks) >= _MAX_ACKS:
-                full.set()
+            if getter is None or not getter.done():
+                # Nothing taken from the queue waits: the read path again.
+                receive_frames(on_frame)
     finally:
+        if receive_frames is not None:
+            receive_frames(None)
+        if getter is not None:
+            getter.cancel()
         writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await writer
@@ -146,6 +211,11 @@ async def course_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
             with contextlib.suppress(OSError, RuntimeError):
                 await send({"type": "websocket.close", "code": 1008})
         log.info("course.closed", extra={"peer": peer})
+
+
+def _data(message: Message) -> bytes:
+    data = message.get("bytes")
+    return data if data is not None else (message.get("text") or "").encode("utf-8")
 
 
 def _crossings(data: bytes) -> list[tuple[str, Command | None, bytes]]:

@@ -164,6 +164,11 @@ class Courses:
             if redis_url is not None
             else MemorySeen(settings.dedupe_window)
         )
+        #: Whether :meth:`accept_batch` needs no round trip (the claims in this
+        #: process, no routing plane to ask): the Course endpoint then accepts a
+        #: message on the server's read path rather than in its task
+        #: (courses.endpoint).
+        self.accepts_at_once = redis_url is None and plane is None
         self._replies = replies
         self._subjects = subjects
         self._plane = plane
