@@ -80,7 +80,7 @@ async def open_channel(
     try:
         count = _count(query)
     except Refused as refused:
-        await _refuse(send, refused, text=True)
+        await _refuse(send, refused)
         return None
     if resume is not None and resume.enabled:
         channel, held = resume.open(remote_address(scope), address_key=address_key)
@@ -102,13 +102,10 @@ async def open_channel(
     return channel, outbox
 
 
-async def _refuse(send: Send, refused: Refused, *, text: bool) -> None:
-    """Write the fault, then close the WebSocket as policy violated."""
-    frame = refused.frame
-    if text:
-        await send({"type": "websocket.send", "text": frame.decode("utf-8")})
-    else:
-        await send({"type": "websocket.send", "bytes": frame})
+async def _refuse(send: Send, refused: Refused) -> None:
+    """Write the fault (as text, as a greeting would be), then close the WebSocket as
+    policy violated."""
+    await send({"type": "websocket.send", "text": refused.frame.decode("utf-8")})
     reason = f"{int(refused.code)} {refused.code.description}"
     await send({"type": "websocket.close", "code": CLOSE_REFUSED, "reason": reason})
 
