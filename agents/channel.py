@@ -40,16 +40,18 @@ from agents.errors import AgentError, BrokerBusy, ConnectionLost, FaultError
 from agents.multipart import MEDIA_TYPE, boundary_of, parse_parts
 from agents.retry_after import RETRY_STATUSES, retry_after_in, retry_after_of, wait_before
 from asbp import ChannelId, Command, FaultCode, ProtocolError
-from asbp.names import RESUME, RESUMED, SECRET_HEADER, SECRET_KEY
+from asbp.names import NOTIFICATION, RESUME, RESUMED, SECRET_HEADER, SECRET_KEY
 
 __all__ = [
     "CLOSE_SERVICE_RESTART",
+    "COUNT_QUERY",
     "ChannelTransport",
     "Closed",
     "Deliver",
     "HttpChannel",
     "ResumeRefused",
     "WebSocketChannel",
+    "is_queue_delivery",
 ]
 
 #: Called with every Command that arrives.
@@ -77,6 +79,10 @@ CLOSE_SERVICE_RESTART: Final = 1012
 #: leaves unread only what was in flight, far fewer.
 RESEND_WINDOW: Final = 4096
 _READ: Final = re.compile(r"\bread=(\d+)")
+#: Sent on every connection to ``/asbp``, new or resumed: this Channel does not count
+#: queue deliveries, so the broker leaves them out of the Channel's log (without it,
+#: as from an older client, the broker logs them and the client must count them).
+COUNT_QUERY: Final = "count=2"
 
 
 class ChannelTransport(Protocol):
@@ -121,6 +127,25 @@ class ChannelTransport(Protocol):
 
 class ResumeRefused(AgentError):
     """The broker cannot resume the Channel (fault 2110 or 2113): open a new one."""
+
+
+def is_queue_delivery(command: Command) -> bool:
+    """Whether ``command`` is a queue delivery: an ``asbp.notification`` with a
+    ``receipt``. A resumable Channel opened with ``count=2`` (:data:`COUNT_QUERY`)
+    counts every frame after its greeting but these (docs/protocol.md, "Resuming a
+    Channel")."""
+    return command.name == NOTIFICATION and "receipt" in command
+
+
+def _counts_deliveries(greeting: Command) -> bool:
+    """Whether the broker's ``asbp.channel`` or ``asbp.resumed`` leaves queue
+    deliveries in the log: it did not say ``count=2`` back."""
+    return greeting.get("count") != "2"
+
+
+def _with_count(url: str) -> str:
+    """``url`` declaring how this Channel counts frames (:data:`COUNT_QUERY`)."""
+    return f"{url}{'&' if '?' in url else '?'}{COUNT_QUERY}"
 
 
 def _greeting(command: Command, expected: str) -> tuple[ChannelId, str | None]:
@@ -173,6 +198,9 @@ class WebSocketChannel:
         self._secret: str | None = None
         #: Frames received after the greeting: the number of the last one (resume).
         self.received = 0
+        #: Whether queue deliveries count too: the broker did not say ``count=2``
+        #: back (one from before the parameter logs them, so they must count).
+        self.counts_deliveries = True
         #: Frames sent on this connection (counted as the broker counts them for
         #: ``read=<n>``), the last :data:`RESEND_WINDOW` of them kept; and the ``n``
         #: of a stopping broker's close: the frames after the n-th go again, first,
@@ -184,7 +212,7 @@ class WebSocketChannel:
     async def _connect(self, url: str) -> ClientConnection:
         try:
             return await connect(
-                url,
+                _with_count(url),
                 subprotocols=[_SUBPROTOCOL],
                 ssl=self._ssl if url.startswith("wss:") else None,
                 open_timeout=self._timeout,
@@ -232,6 +260,7 @@ class WebSocketChannel:
         self._channel_id = identity[0]
         self._secret = secret if isinstance(secret, str) else None
         self.received = 0
+        self.counts_deliveries = _counts_deliveries(greeting)
         # What the old Channel's broker did not act on was for that Channel.
         self._forget_sent()
         self.kept = frozenset()
@@ -275,6 +304,7 @@ class WebSocketChannel:
             self.subjects = frozenset((subjects,) if isinstance(subjects, str) else subjects)
             received = answer.get("received")
             self.received = int(received) if isinstance(received, str) else self.received
+            self.counts_deliveries = _counts_deliveries(answer)
             # A new connection counts afresh; what the stopping broker did not act on
             # goes first, in order, before anything sent from now on.
             unread = self._unread()
@@ -299,14 +329,20 @@ class WebSocketChannel:
         error: BaseException | None = None
         try:
             async for message in websocket:
-                # Counted before decoding: the broker counts every frame it sent.
-                self.received += 1
                 frame = message.encode("utf-8") if isinstance(message, str) else message
                 try:
                     command = asbp.decode(frame)
                 except ProtocolError as exc:
+                    # Counted all the same: the broker logged every frame but queue
+                    # deliveries, and it sends those well formed.
+                    self.received += 1
                     self._log.warning("channel %s: dropped a frame: %s", self.url, exc)
                     continue
+                if self.counts_deliveries or not is_queue_delivery(command):
+                    # A queue delivery is not in the Channel's log when the broker
+                    # said count=2 (the queue is its log: redelivered after a
+                    # resume), so then it is not counted.
+                    self.received += 1
                 deliver(command)
         except ConnectionClosed as exc:
             error = ConnectionLost(f"the Channel closed: {exc}")

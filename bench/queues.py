@@ -28,9 +28,13 @@ measures, in the same run, interleaved, ``--repeats`` times:
 ``broker-noresume``
     The same with ``[channels] resume = "off"``. On the ``redis`` engine
     ``resume = "auto"`` turns resume on, so every frame the broker sends a
-    WebSocket Channel (each ``asbp.accepted``, each notification) is also
-    appended to that Channel's log in Redis (gateway/plane/redis/log.py): two
-    appends per queued message that raw redis-py does not make. Its ratios to
+    WebSocket Channel is also appended to that Channel's log in Redis
+    (gateway/plane/redis/log.py): each ``asbp.accepted``, one append per queued
+    message that raw redis-py does not make. Queue deliveries are not logged:
+    both sockets open ``/asbp?count=2``, as the SDK and the TypeScript client
+    do (they do not count queue deliveries for a resume, so the queue is their
+    log: docs/protocol.md, "Resuming a Channel"); a client that declares
+    nothing gets them logged too, a second append per message. Its ratios to
     ``raw`` have no goal; beside ``broker`` they show Redis's share of the
     Channel log (issue 17, point 2).
 ``broker-memory``
@@ -383,8 +387,9 @@ async def broker_process(
 async def run_broker(url: str, messages: int, payload: bytes) -> float:
     """Messages per second through the broker, over two WebSockets."""
     queue = f"/queue/bench-{uuid.uuid4().hex[:8]}"
-    producer = await BenchSocket.connect(f"{url}/asbp")
-    consumer = await BenchSocket.connect(f"{url}/asbp")
+    # As the SDK and the TypeScript client open theirs (see the module docstring).
+    producer = await BenchSocket.connect(f"{url}/asbp?count=2")
+    consumer = await BenchSocket.connect(f"{url}/asbp?count=2")
     try:
         for connection in (producer, consumer):  # the broker's greeting comes first
             greeting = decode(await connection.recv())

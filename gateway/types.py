@@ -95,6 +95,11 @@ class Outlets(Faults, Protocol):
         """Leave an encoded Command for ``channel``; a full outbox closes it."""
         ...
 
+    def deliver_delivery(self, channel: Channel, frame: bytes) -> None:
+        """Leave a queue delivery for ``channel``, never logged for resume (the
+        queue is its log); a full outbox closes it."""
+        ...
+
     def send_tube_frame(self, tube: Tube, frame: bytes) -> bool:
         """Leave an encoded Command for ``tube``; False if it was too slow."""
         ...

@@ -17,6 +17,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from asbp import ChannelId, FaultCode
 from gateway.acl import AccessContext
@@ -24,7 +25,7 @@ from gateway.connections.channel_secret import matches
 from gateway.connections.flow import FlowGate
 from gateway.connections.outboxes import Outbox
 
-__all__ = ["Channel", "ChannelKind", "ChannelRegistry"]
+__all__ = ["UNCOUNTED_DELIVERIES", "Channel", "ChannelKind", "ChannelRegistry"]
 
 #: Closed HTTP Channels remembered so that a late poll learns why (bounded).
 TOMBSTONES = 10_000
@@ -40,6 +41,10 @@ class ChannelKind(enum.Enum):
     #: A Channel at another broker of the bus, stood for here while this broker
     #: serves it (gateway.routing.remote): its outbox forwards over the bus.
     REMOTE = "remote"
+
+
+#: ``Channel.count`` of a client that does not count queue deliveries (``count=2``).
+UNCOUNTED_DELIVERIES: Final = 2
 
 
 @dataclass(eq=False, slots=True)
@@ -78,6 +83,11 @@ class Channel:
     #: The digest of the Channel's secret (gateway.connections.channel_secret);
     #: empty for a Channel with none (a proxy).
     secret_digest: bytes = b""
+    #: How its client counts frames for a resume (``count`` of ``/asbp``, kept in the
+    #: Channel's resume record): 1 every frame after the greeting; 2 all but queue
+    #: deliveries, which its log then leaves out (docs/protocol.md, "Resuming a
+    #: Channel"). Old clients declare nothing and get 1.
+    count: int = 1
     #: An HTTP Channel on a bus served here while another broker is its *home*
     #: (where its Subjects and groups live: gateway.routing.http_bus): such a
     #: Channel object holds no state of its own.

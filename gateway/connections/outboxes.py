@@ -266,6 +266,15 @@ class StreamOutbox(_Bounded[bytes]):
                 loop.call_soon(self._flush, context=self._context)
         return True
 
+    def offer_delivery(self, frame: bytes) -> bool:
+        """Offer a queue delivery (an ``asbp.notification`` carrying a ``receipt``).
+
+        The same as :meth:`offer` here; a resumable Channel's outbox
+        (gateway.connections.resume.HeldOutbox) leaves it out of the Channel's
+        log, because the queue is its log (docs/protocol.md, "Resuming a Channel").
+        """
+        return self.offer(frame)
+
     def _flush(self) -> None:
         """Hand what is queued to ``write``, unless the writer is awake by now."""
         self._flushing = False

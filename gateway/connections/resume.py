@@ -213,6 +213,21 @@ class HeldOutbox(StreamOutbox):
             pending.append(frame)
         return True
 
+    def offer_delivery(self, frame: bytes) -> bool:
+        """A queue delivery: sent, never logged, and not counted by the client.
+
+        The queue is its log: its lease went back to the queue when the
+        connection dropped (gateway.messaging.service, "Resumed Channels"), so
+        the message is delivered again, with a new receipt, rather than
+        replayed from here. Logging it would cost Redis a second copy of every
+        queue message and, on resume, deliver it twice (the replay and the
+        redelivery).
+        """
+        if self._handing_over:
+            # Not for this socket any more: its lease is released with the Channel.
+            return True
+        return StreamOutbox.offer(self, frame)
+
     def _submit(self) -> None:
         frames, self._pending = self._pending, []
         holder = self._holder
@@ -382,7 +397,9 @@ class ChannelResume:
         home = self._broker.broker_id if kept else ""
         subscriptions = self._subscriptions(channel.id)
         parked = self._broker.broker_id if subscriptions else ""
-        record = ResumeRecord.of(channel.groups, home, kept, subscriptions, parked).encode()
+        record = ResumeRecord.of(
+            channel.groups, home, kept, subscriptions, parked, channel.count
+        ).encode()
         # Unkept (the bus unreachable), a resume elsewhere finds the record before.
         with contextlib.suppress(EngineUnavailable):
             _unawaited(self._broker.plane.channel_log.keep(channel.id, record), "keep", channel.id)
@@ -467,7 +484,9 @@ class ChannelResume:
                 return  # pragma: no cover - resumed elsewhere, which wrote its own
             await log.keep(
                 channel_id,
-                ResumeRecord.of(record.groups, record.home, record.subjects).encode(),
+                ResumeRecord.of(
+                    record.groups, record.home, record.subjects, count=record.count
+                ).encode(),
             )
 
     def _forget_subjects(self, channel_id: str) -> None:
@@ -492,7 +511,7 @@ class ChannelResume:
             await log.keep(
                 channel_id,
                 ResumeRecord.of(
-                    record.groups, home, live, record.subscriptions, record.parked
+                    record.groups, home, live, record.subscriptions, record.parked, record.count
                 ).encode(),
             )
 
@@ -559,6 +578,10 @@ class ChannelResume:
         except EngineUnavailable:
             return  # the bus is unreachable: this Channel cannot resume, and says so then
         outbox.start_logging(channel.id)
+        if channel.count != 1:
+            # How its client counts goes with the log from the start: a broker it
+            # resumes on must leave out of the log what that client does not count.
+            self._record(channel)
 
     @property
     def _idle(self) -> float:
@@ -619,6 +642,9 @@ class ChannelResume:
             channel_id, ChannelKind.WEBSOCKET, outbox, remote=remote, address_key=address_key
         )
         channel.secret_digest = expected
+        # As its client counted since it opened (count=2 or not), whatever this
+        # connection's URL says: the log's numbers so far agree with that.
+        channel.count = record.count
         channel.access = _access(channel.id)
         outbox.start_logging(channel_id)
         broker.router.channel_opened(channel)
@@ -754,6 +780,9 @@ class ChannelResume:
         if kept:
             # Which Subjects followed it: any other it had ended while it was away.
             greeting = greeting.with_keys(subjects=tuple(kept))
+        if channel.count != 1:
+            # How the log counts from here (as when it opened): the client follows.
+            greeting = greeting.with_keys(count=str(channel.count))
         await write(asbp.encode(greeting))
         page = first
         while True:

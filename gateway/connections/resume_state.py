@@ -114,6 +114,9 @@ class ResumeRecord:
     #: The broker whose topic subscriptions feed its log while it is away ('' none):
     #: told when it resumes elsewhere, so that they end there.
     parked: str = ""
+    #: How its client counts frames (``count`` of ``/asbp``: Channel.count), fixed
+    #: when it opened: every broker it resumes on must log what that client counts.
+    count: int = 1
 
     @classmethod
     def of(
@@ -123,6 +126,7 @@ class ResumeRecord:
         subjects: Iterable[KeptSubject] = (),
         subscriptions: Iterable[KeptSubscription] = (),
         parked: str = "",
+        count: int = 1,
     ) -> ResumeRecord:
         return cls(
             tuple(sorted(groups)),
@@ -130,6 +134,7 @@ class ResumeRecord:
             tuple(sorted(subjects, key=lambda s: s.id)),
             tuple(subscriptions),
             parked,
+            count,
         )
 
     def encode(self) -> bytes:
@@ -142,6 +147,8 @@ class ResumeRecord:
             found["subscriptions"] = [entry.encode() for entry in self.subscriptions]
         if self.parked:
             found["parked"] = self.parked
+        if self.count != 1:
+            found["count"] = self.count
         return json.dumps(found, separators=(",", ":")).encode()
 
     @classmethod
@@ -168,10 +175,13 @@ class ResumeRecord:
             [KeptSubscription.decode(item) for item in listed] if isinstance(listed, list) else []
         )
         parked = found.get("parked", "")
+        count = found.get("count", 1)
         return cls(
             tuple(g for g in groups if isinstance(g, str)),
             home,
             tuple(subject for subject in kept if subject is not None),
             tuple(entry for entry in subscriptions if entry is not None),
             parked if isinstance(parked, str) else "",
+            # Only a broker wrote it; anything but a whole number counts as 1.
+            count if isinstance(count, int) and not isinstance(count, bool) else 1,
         )

@@ -249,7 +249,7 @@ class QueueConsumer:
             if endpoint is not None:
                 endpoint.hold(delivery.receipt, self.queue, delivery.deadline)
                 self._counts.delivered(delivery.delivery_count)
-                endpoint.send(frame)
+                (endpoint.send_delivery or endpoint.send)(frame)
             elif later:
                 held_back.append((delivery, frame))
             else:
@@ -282,7 +282,7 @@ class QueueConsumer:
             if endpoint is not None:
                 endpoint.hold(delivery.receipt, self.queue, delivery.deadline)
                 self._counts.delivered(delivery.delivery_count)
-                endpoint.send(frame)
+                (endpoint.send_delivery or endpoint.send)(frame)
             else:
                 (unreadable if self._unreadable(delivery) else release).append(delivery.receipt)
         if held_back:

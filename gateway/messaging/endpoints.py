@@ -57,6 +57,7 @@ class Endpoints:
             functools.partial(outlets.deliver, channel),
             functools.partial(outlets.fault, channel),
             channel.outbox.room,
+            send_delivery=functools.partial(outlets.deliver_delivery, channel),
         )
         self.by_key[endpoint.key] = endpoint
         self._outboxes[endpoint] = channel.outbox
@@ -67,6 +68,7 @@ class Endpoints:
         Channel resumed here under the same ``i``, from now on."""
         outlets = self._outlets
         endpoint.send = functools.partial(outlets.deliver, channel)
+        endpoint.send_delivery = functools.partial(outlets.deliver_delivery, channel)
         endpoint.fault = functools.partial(outlets.fault, channel)
         endpoint.room = channel.outbox.room
         self._outboxes[endpoint] = channel.outbox

@@ -128,7 +128,7 @@ class Poller:
                 continue
             endpoint.hold(delivery.receipt, queue, delivery.deadline)
             self._counts.delivered(delivery.delivery_count)
-            endpoint.send(frame)
+            (endpoint.send_delivery or endpoint.send)(frame)
             delivered += 1
         if unsent:
             self._release_later(queue, unsent)

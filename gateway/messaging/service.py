@@ -146,6 +146,7 @@ from asbp import AsbpError, Command, FaultCode
 from asbp.names import SUBSCRIBE
 from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import MessagingLimits
+from gateway.connections.channels import UNCOUNTED_DELIVERIES
 from gateway.connections.flow import TopicOrigins
 from gateway.engines.base import Engine
 from gateway.messaging.acl_gate import AclGate
@@ -321,9 +322,11 @@ class Messaging:
             del self._by_key[key]
             self._close(endpoint)
             return
-        self._park(endpoint, forward)
+        self._park(endpoint, forward, uncounted=channel.count == UNCOUNTED_DELIVERIES)
 
-    def _park(self, endpoint: Endpoint, forward: Callable[[bytes], object]) -> None:
+    def _park(
+        self, endpoint: Endpoint, forward: Callable[[bytes], object], *, uncounted: bool
+    ) -> None:
         endpoint.parked = True
         self._endpoints.release_outbox(endpoint)
         for name in list(endpoint.queues):
@@ -331,6 +334,11 @@ class Messaging:
         self._sequencer.close(endpoint)
         self._subscribers.release_leases(endpoint)
         endpoint.send = forward
+        # It consumes no queue while parked. A delivery still on its way is not
+        # logged for a client that does not count queue deliveries (its lease ends
+        # and the queue delivers it again); one that counts every frame gets it in
+        # the log, numbered with the rest (None: ``send``, as before ``count=2``).
+        endpoint.send_delivery = _drop if uncounted else None
         endpoint.fault = _nobody
         endpoint.room = _no_room
 
@@ -484,6 +492,10 @@ class Messaging:
 def _nobody(*args: object, **kwargs: object) -> None:
     """A parked endpoint's faults: its client is away (its Commands were answered
     before the drop, or their answers are lost with the connection)."""
+
+
+def _drop(frame: bytes) -> None:
+    """A parked endpoint's queue deliveries: none are logged (the queue is their log)."""
 
 
 def _no_room() -> tuple[int, int]:

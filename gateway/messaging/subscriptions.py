@@ -100,6 +100,10 @@ class Endpoint:
     room: Callable[[], tuple[int, int]]
     #: The verified Application-Agent-Identifier of a Tube; carried as ``a``.
     agent_id: str | None = None
+    #: Leaves a queue delivery for the client: ``send``, except that a resumable
+    #: Channel does not log it (the queue is its log: docs/protocol.md,
+    #: "Resuming a Channel"). None: ``send``.
+    send_delivery: Callable[[bytes], object] | None = None
     #: Its topic subscriptions, by name or pattern.
     topics: dict[str, TopicSubscription] = field(default_factory=dict)
     #: The queues (and virtual queues) it consumes, by full name.

@@ -22,7 +22,8 @@ from collections.abc import Callable
 import asbp
 from asbp import Command, FaultCode
 from asbp.fault_commands import fault_command
-from gateway.connections.channels import Channel
+from gateway.connections.channels import UNCOUNTED_DELIVERIES, Channel
+from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.tubes import Tube
 
 __all__ = ["FaultListener", "ReplySender"]
@@ -78,6 +79,22 @@ class ReplySender:
     def deliver(self, channel: Channel, frame: bytes) -> None:
         """Leave an encoded Command for ``channel``; a full outbox closes it."""
         if not channel.outbox.offer(frame) and not channel.closed:
+            self.cut_channel(channel)
+
+    def deliver_delivery(self, channel: Channel, frame: bytes) -> None:
+        """Leave a queue delivery for ``channel``; a full outbox closes it.
+
+        Not logged for resume (the queue is its log) when its client does not count
+        queue deliveries (``count=2``); logged as any frame for a client that counts
+        every frame (no ``count``: an older client), whose count must agree with the
+        log's numbers (docs/protocol.md, "Resuming a Channel")."""
+        outbox = channel.outbox
+        offer = (
+            outbox.offer_delivery
+            if channel.count == UNCOUNTED_DELIVERIES and isinstance(outbox, StreamOutbox)
+            else outbox.offer
+        )
+        if not offer(frame) and not channel.closed:
             self.cut_channel(channel)
 
     def cut_channel(self, channel: Channel) -> None:

@@ -57,7 +57,7 @@ from collections.abc import Callable, Collection
 import asbp
 from asbp import ChannelId, Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
-from asbp.names import MESSAGING, TUBE
+from asbp.names import MESSAGING, NOTIFICATION, TUBE
 from gateway.acl import AccessContext, Acl, DestinationType, Privilege
 from gateway.config.model import ChannelLimits, TubeLimits
 from gateway.connections.channels import Channel, ChannelRegistry
@@ -686,6 +686,21 @@ class Router:
             extra={"tube": tube.id, "agent": tube.agent_id, "stranded": len(stranded)},
         )
 
+    def _refuse_queue_delivery(self, tube: Tube, command: Command) -> None:
+        """An ``asbp.notification`` with a ``receipt`` is a queue delivery, which only
+        the broker sends: a client that does not count queue deliveries (``count=2``)
+        would not count one an agent relayed, though the Channel's log numbered it,
+        and on resume would miss as many logged frames (docs/protocol.md, "Resuming
+        a Channel")."""
+        self.fault_tube(
+            tube,
+            FaultCode.ACCESS_DENIED,
+            f"an {NOTIFICATION} carrying a 'receipt' is a queue delivery, which only"
+            " the broker sends: relay it without the receipt (or under another key)",
+            command_id=command.command_id,
+            cause=NOTIFICATION,
+        )
+
     def _route_tube(self, tube: Tube, command: Command, frame: bytes | None) -> None:
         if tube.closed:
             # The broker closed it (slow consumer) while its socket still reads: it
@@ -699,6 +714,9 @@ class Router:
                 counts.agent_commands[label] += 1
             except KeyError:
                 counts.count_new(counts.agent_commands, label)
+        if name == NOTIFICATION and "receipt" in command:
+            self._refuse_queue_delivery(tube, command)
+            return
         addressed = "d" in command or "g" in command
         if (name in TUBE_BUILTINS or name in MESSAGING) and not addressed:
             intake = self._intake

@@ -6,6 +6,11 @@ Kept apart from gateway.transports.websocket, whose endpoint calls
 greeting, which carries the secret and so is never logged); a connection to
 ``/asbp?resume=<i>`` is not greeted, its first frame must be ``asbp.resume``
 (gateway.connections.resume does the rest).
+
+``/asbp?count=2`` declares that the client does not count queue deliveries for a
+resume (docs/protocol.md, "Resuming a Channel"): the Channel's log then leaves
+them out. Without it (every client from before the parameter) the log and the
+count take in every frame, as they always did.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from urllib.parse import parse_qs
 
 from asbp import Command, FaultCode
 from asbp.names import CHANNEL
-from gateway.connections.channels import Channel
+from gateway.connections.channels import UNCOUNTED_DELIVERIES, Channel
 from gateway.connections.outboxes import StreamOutbox
 from gateway.connections.resume import QUERY, ChannelResume, Refused
 from gateway.transports.asgi import Receive, Scope, Send, remote_address
@@ -23,15 +28,35 @@ from gateway.transports.asgi import Receive, Scope, Send, remote_address
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
-__all__ = ["CLOSE_REFUSED", "open_channel"]
+__all__ = ["CLOSE_REFUSED", "COUNT", "open_channel"]
 
 #: WebSocket close code after a refused resume (policy violation), with the fault.
 CLOSE_REFUSED: Final = 1008
+#: The query parameter of ``/asbp`` saying how the client counts frames for a resume.
+COUNT: Final = "count"
+#: Its values: 1 every frame after the greeting (what a client that says nothing
+#: does), 2 all but queue deliveries.
+_COUNTS: Final = {"1": 1, str(UNCOUNTED_DELIVERIES): UNCOUNTED_DELIVERIES}
 
 
-def _asks_to_resume(scope: Scope) -> bool:
+def _query(scope: Scope) -> dict[str, list[str]]:
     query = scope.get("query_string") or b""
-    return QUERY in parse_qs(query.decode("latin-1"), keep_blank_values=True)
+    return parse_qs(query.decode("latin-1"), keep_blank_values=True)
+
+
+def _count(query: dict[str, list[str]]) -> int:
+    """The client's ``count``; Refused when it says something this broker does not know."""
+    values = query.get(COUNT)
+    if values is None:
+        return 1
+    count = _COUNTS.get(values[-1]) if len(values) == 1 else None
+    if count is None:
+        raise Refused(
+            FaultCode.INVALID_HEADER_VALUE,
+            f"{COUNT} of /asbp is 1 (every frame counted) or 2 (all but queue"
+            f" deliveries), once, not {', '.join(map(repr, values))}",
+        )
+    return count
 
 
 def _is_text(frame: bytes) -> bool:
@@ -48,12 +73,25 @@ async def open_channel(
     """The connection's Channel and outbox, greeted or resumed; None: closed, nothing to serve."""
     resume: ChannelResume | None = scope["state"].get("resume")
     router = broker.router
-    if _asks_to_resume(scope):
+    query = _query(scope)
+    if QUERY in query:
+        # How it counts is in its record: it counts as when it opened.
         return await _resume(scope, receive, send, broker, resume, address_key)
+    try:
+        count = _count(query)
+    except Refused as refused:
+        await _refuse(send, refused)
+        return None
     if resume is not None and resume.enabled:
         channel, held = resume.open(remote_address(scope), address_key=address_key)
+        channel.count = count
         secret = broker.channel_secret(channel)
-        router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id, secret=secret))
+        greeting = Command(c=CHANNEL, i=channel.id, b=broker.broker_id, secret=secret)
+        if count != 1:
+            # Said back: the client counts as the broker logs (one from before
+            # ``count`` says nothing, and then the client counts every frame).
+            greeting = greeting.with_keys(count=str(count))
+        router.send(channel, greeting)
         resume.greeted(channel, held)
         return channel, held
     channel, outbox = broker.open_websocket_channel(remote_address(scope), address_key=address_key)
@@ -62,6 +100,14 @@ async def open_channel(
     secret = broker.channel_secret(channel)
     router.send(channel, Command(c=CHANNEL, i=channel.id, b=broker.broker_id, secret=secret))
     return channel, outbox
+
+
+async def _refuse(send: Send, refused: Refused) -> None:
+    """Write the fault (as text, as a greeting would be), then close the WebSocket as
+    policy violated."""
+    await send({"type": "websocket.send", "text": refused.frame.decode("utf-8")})
+    reason = f"{int(refused.code)} {refused.code.description}"
+    await send({"type": "websocket.close", "code": CLOSE_REFUSED, "reason": reason})
 
 
 async def _resume(

@@ -228,6 +228,60 @@ async def test_a_request_in_flight_is_answered_and_a_subscription_kept_across_a_
                 assert "asbp.subscribe" not in transport.sent
 
 
+async def test_a_queue_delivery_is_not_counted_and_comes_again_after_a_resume(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The SDK counts every frame but queue deliveries (the broker logs none: the queue
+    is their log), so what was logged while it was away arrives after the resume, and
+    the unacknowledged delivery comes again from its queue."""
+    redis_url = redis_server.url
+    await flush(redis_url)
+    credentials = make_credentials(tmp_path, "news")
+    reconnected = asyncio.Event()
+
+    def on_event(event: ChannelEvent) -> None:
+        if event.kind is ChannelEventKind.RECONNECTED:
+            reconnected.set()
+
+    async with (
+        serve_app_async(create_app(config(tmp_path, "broker-a", redis_url))) as a,
+        serve_app_async(create_app(config(tmp_path, "broker-b", redis_url))) as b,
+        TcpProxy() as proxy,
+    ):
+        agent = make_agent(credentials, [b.ws_url + "/tube"])
+        async with agent:
+            await agent.wait_registered(5 * T)
+            proxy.target = a.port
+            ua = UserAgent.websocket(
+                f"ws://127.0.0.1:{proxy.port}/asbp", reconnect=FAST, on_event=on_event
+            )
+            publisher = UserAgent.websocket(b.ws_url + "/asbp", reconnect=None)
+            async with ua, publisher:
+                channel_id = ua.channel_id
+                await until_in_directory(redis_url, "ch", channel_id)
+                await ua.subscribe("jobs", type="QUEUE")
+                await publisher.request("asbp.publish", b"job", destination="jobs", type="QUEUE")
+                delivered = await ua.receive(timeout=5 * T)  # never acknowledged
+                assert (delivered.name, delivered.body) == ("asbp.notification", b"job")
+                await agent.send(Command({"c": "news", "d": channel_id}, b"m0"))
+                assert (await ua.receive(timeout=5 * T)).body == b"m0"
+                proxy.cut()
+                await until_in_directory(redis_url, "ch", channel_id, present=False)
+                await agent.send(Command({"c": "news", "d": channel_id}, b"m1"))
+                proxy.target = b.port
+                async with asyncio.timeout(10 * T):
+                    await reconnected.wait()
+                got = [await ua.receive(timeout=5 * T) for _ in range(2)]
+                # m1 from the log (counted right), the job again from its queue.
+                assert sorted(c.body for c in got) == [b"job", b"m1"]
+                (again,) = [c for c in got if c.body == b"job"]
+                assert again.get("receipt") != delivered.get("receipt")
+                acked = await ua.request(
+                    "asbp.ack", destination="jobs", receipt=again.get("receipt"), timeout=5 * T
+                )
+                assert acked.get("count") == "1"
+
+
 class RecordingChannel(WebSocketChannel):
     """The SDK's WebSocket transport, noting the name of every Command it sends."""
 

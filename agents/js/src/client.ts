@@ -321,6 +321,9 @@ export class Client {
    * received after its greeting. */
   private secret: string | undefined;
   private received = 0;
+  /** Whether queue deliveries count too: the broker did not say `count=2` back to
+   * the `count=2` every WebSocket sends (one from before it logs them). */
+  private countsDeliveries = true;
   /** Frames a stopping broker did not act on (its 1012 said `read=<n>`), sent first
    * where the Channel resumes. */
   private unread: Uint8Array<ArrayBuffer>[] = [];
@@ -432,10 +435,7 @@ export class Client {
         this.adopt(transport!, channelId, info);
       },
       frame: (frame: Uint8Array) => {
-        if (this.current === transport) {
-          this.received += 1; // counted as the broker logged it, decoded or not
-          this.receive(frame);
-        }
+        if (this.current === transport) this.receive(frame);
       },
       close: (
         _ever: boolean,
@@ -507,6 +507,7 @@ export class Client {
     const resumed = info?.resumed === true && channelId === previous;
     this.secret = transport.kind === "websocket" ? (resumed ? this.secret : info?.secret) : undefined;
     this.received = resumed ? (info?.received ?? 0) : 0;
+    this.countsDeliveries = info?.countsDeliveries ?? true;
     const old = this.current;
     this.current = transport;
     this.channelId = channelId;
@@ -558,10 +559,7 @@ export class Client {
               this.adopt(probe!, channelId, info);
             },
             frame: (frame) => {
-              if (this.current === probe) {
-                this.received += 1;
-                this.receive(frame);
-              }
+              if (this.current === probe) this.receive(frame);
             },
             close: (opened, reason) => {
               done();
@@ -651,8 +649,15 @@ export class Client {
     try {
       command = decode(frame, this.options.limits);
     } catch (error) {
+      this.received += 1; // the broker logged it: it logs every frame but queue deliveries
       this.emit("error", error as Error);
       return;
+    }
+    // A queue delivery (a notification with a receipt) is not in the Channel's log
+    // when the broker said count=2: the queue is its log, and delivers it again
+    // after a resume (docs/protocol.md, "Resuming a Channel").
+    if (this.countsDeliveries || command.name !== "asbp.notification" || command.get("receipt") === undefined) {
+      this.received += 1;
     }
     const u = command.get("u");
     const pending = u === undefined ? undefined : this.pending.get(Number(u));

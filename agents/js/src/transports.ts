@@ -25,7 +25,14 @@ export interface OpenInfo {
   kept?: string[];
   /** The `s` of the Subjects that followed it (`subjects` of `asbp.resumed`). */
   subjects?: string[];
+  /** Whether the client counts queue deliveries: false when the greeting said
+   * `count=2` back (the broker leaves them out of the Channel's log). */
+  countsDeliveries?: boolean;
 }
+
+/** Sent on every WebSocket to `/asbp`, new or resumed: the client does not count
+ * queue deliveries, so a broker that says it back leaves them out of the log. */
+const COUNT = "count=2";
 
 /** A list key's items (the codec joins them with ","); none when absent. */
 const items = (value: string | undefined): string[] => (value ? value.split(",") : []);
@@ -113,7 +120,8 @@ export function openWebSocket(
   // the last RESEND_WINDOW kept.
   let sentCount = 0;
   const sent: Uint8Array<ArrayBuffer>[] = [];
-  const target = resume ? `${url}${url.includes("?") ? "&" : "?"}resume=${resume.channelId}` : url;
+  const counted = `${url}${url.includes("?") ? "&" : "?"}${COUNT}`;
+  const target = resume ? `${counted}&resume=${resume.channelId}` : counted;
   const socket = new Impl(target, ["asbp"]);
   // Frames arrive as text or binary (docs/protocol.md): ArrayBuffer, never Blob,
   // so both are read synchronously and in order.
@@ -173,9 +181,10 @@ export function openWebSocket(
           lost,
           kept: items(greeting.get("kept")),
           subjects: items(greeting.get("subjects")),
+          countsDeliveries: greeting.get("count") !== "2",
         });
       }
-      else events.open(channelId, { secret: greeting.get("secret") });
+      else events.open(channelId, { secret: greeting.get("secret"), countsDeliveries: greeting.get("count") !== "2" });
       return;
     }
     events.frame(frame);

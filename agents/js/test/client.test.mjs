@@ -283,6 +283,45 @@ test("resumes its WebSocket Channel after the connection drops, and gets what it
   }
 });
 
+test("a queue delivery is not counted: after a resume its queue delivers it again", async () => {
+  const proxy = await swallowingProxy();
+  const client = new Client(proxy.url, { backoff: { initial: 10, max: 50 } });
+  const publisher = new Client(`${URL_}/asbp`);
+  const queue = `jobs-${Math.random().toString(36).slice(2)}`;
+  const jobs = [];
+  let jobNext;
+  try {
+    await Promise.all([client.connect(), publisher.connect()]);
+    await client.subscribe(queue, {
+      type: "QUEUE",
+      callback: (notification) => {
+        jobs.push(notification);
+        jobNext?.();
+      },
+    });
+    const delivered = new Promise((resolve) => (jobNext = resolve));
+    await publisher.publish(queue, "job", { type: "QUEUE" });
+    await delivered; // and never acknowledged
+    proxy.swallow(true);
+    // The answer is logged (the delivery before it was not): the count must agree.
+    const inFlight = client.request("asbp.ping", "in flight", { timeout: 10_000 });
+    await proxy.swallowed(1);
+    const again = new Promise((resolve) => (jobNext = resolve));
+    const resumed = new Promise((resolve) => client.on("channel", (c) => c.resumed && resolve(c)));
+    proxy.cut();
+    await resumed;
+    assert.equal((await inFlight).text(), "in flight");
+    await again;
+    assert.deepEqual(jobs.map((j) => j.text()), ["job", "job"]);
+    assert.notEqual(jobs[1].get("receipt"), jobs[0].get("receipt"));
+    assert.equal((await client.ack(queue, jobs[1].get("receipt"))).get("count"), "1");
+  } finally {
+    client.close();
+    publisher.close();
+    proxy.close();
+  }
+});
+
 test("a resumed Channel keeps its subscriptions and its requests in flight", async () => {
   const proxy = await swallowingProxy();
   const client = new Client(proxy.url, { backoff: { initial: 10, max: 50 } });

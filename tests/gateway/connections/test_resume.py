@@ -16,7 +16,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from agents import ApplicationAgent
+from agents import ApplicationAgent, FaultError
 from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import ChannelLimits, GatewayConfig, ResumeMode
@@ -173,3 +173,99 @@ async def test_a_resumed_channel_is_back_in_its_groups(tmp_path: Path) -> None:
         await agent.send(Command({"c": "news", "d": channel_id, "u": 3}, b"direct"))
         assert (await frame(resumed)).command_id == 3
         await resumed.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "counted"),
+    [
+        pytest.param("", True, id="old client: counts every frame"),
+        pytest.param("?count=2", False, id="count=2: queue deliveries not counted"),
+    ],
+)
+async def test_a_queue_delivery_before_the_drop_costs_no_logged_frame_on_resume(
+    tmp_path: Path, query: str, counted: bool
+) -> None:
+    """A client that declares nothing (any from before ``count``) counts every frame, the
+    queue delivery included, so the broker logs it; one that opens with ``count=2`` does
+    not count it, and the broker leaves it out of the log (the queue is its log). Either
+    way the frame routed while it was away arrives after the resume (a count that
+    disagreed with the log would skip it or replay the one before), and the job,
+    never acknowledged, comes again from its queue with a new receipt."""
+    async with lone_broker(tmp_path) as (broker, agent):
+        publisher, _, _ = await open_channel(broker.ws_url + "/asbp")
+        connection = await connect(broker.ws_url + "/asbp" + query, compression=None)
+        greeting = await frame(connection)
+        channel_id, secret = greeting.get("i"), greeting.get("secret")
+        # Said back only to a client that asked: the broker leaves them out.
+        assert greeting.get("count") == (None if counted else "2")
+        await connection.send("c=asbp.subscribe,destination=jobs,type=QUEUE,u=1;")
+        assert (await frame(connection)).command_id == 1
+        received = 1
+        await publisher.send("c=asbp.publish,destination=jobs,type=QUEUE,u=1;job")
+        assert (await frame(publisher)).name == "asbp.accepted"
+        delivered = await frame(connection)  # never acknowledged
+        assert (delivered.name, delivered.body) == ("asbp.notification", b"job")
+        received += counted
+        await agent.send(Command({"c": "news", "d": channel_id, "u": 7}, b"before"))
+        assert (await frame(connection)).body == b"before"
+        received += 1
+        await connection.close()
+        await agent.send(Command({"c": "news", "d": channel_id, "u": 8}, b"away"))
+        resumed, answer = await resume_with(
+            broker.ws_url, f"c=asbp.resume,i={channel_id},secret={secret},received={received};"
+        )
+        assert (answer.name, answer.get("received"), answer.get("lost")) == (
+            "asbp.resumed",
+            str(received),
+            "0",
+        )
+        assert answer.get("count") == (None if counted else "2")
+        # The frame logged while away first (the replay), then the job from its queue.
+        away, again = await frame(resumed), await frame(resumed)
+        assert (away.command_id, away.body) == (8, b"away")
+        assert (again.name, again.body) == ("asbp.notification", b"job")
+        assert again.get("receipt") != delivered.get("receipt")
+        await resumed.send(f"c=asbp.ack,destination=jobs,receipt={again.get('receipt')},u=2;")
+        acked = await frame(resumed)
+        assert (acked.command_id, acked.get("count")) == (2, "1")
+        for each in (resumed, publisher):
+            await each.close()
+
+
+@pytest.mark.parametrize("query", ["?count=3", "?count=", "?count=2&count=2"])
+async def test_a_count_the_broker_does_not_know_is_refused_with_a_fault(
+    tmp_path: Path, query: str
+) -> None:
+    """A client that counts some way the broker does not know would lose frames on its
+    first resume: it gets fault 1203 instead of a Channel, and the broker serves on."""
+    async with lone_broker(tmp_path) as (broker, _):
+        connection = await connect(broker.ws_url + "/asbp" + query, compression=None)
+        fault = await frame(connection)
+        assert (fault.name, fault.get("code")) == ("asbp.fault", "1203")
+        assert "count of /asbp is 1" in fault.body.decode()
+        assert (await closed_with(connection))[0] == 1008
+        other, _, _ = await open_channel(broker.ws_url + "/asbp?count=1")
+        await other.send("c=asbp.ping,u=1;")
+        assert (await frame(other)).command_id == 1
+        await other.close()
+
+
+async def test_an_agent_may_not_send_a_queue_delivery(tmp_path: Path) -> None:
+    """An ``asbp.notification`` with a ``receipt`` from an agent (relaying another bus's
+    queue delivery, say) is refused: a ``count=2`` client would not count it, though
+    the log numbered it. Without the receipt it reaches the Channel."""
+    async with lone_broker(tmp_path) as (broker, agent):
+        connection, channel_id, _ = await open_channel(broker.ws_url + "/asbp?count=2")
+        relayed = {"c": "asbp.notification", "d": channel_id, "destination": "jobs"}
+        with pytest.raises(FaultError) as refused:
+            await agent.send(Command({**relayed, "receipt": "r1", "u": 8}, b"job"), confirm=5 * T)
+        assert (refused.value.code, refused.value.cause) == (3201, "asbp.notification")
+        assert "only the broker sends" in refused.value.message
+        await agent.send(Command({**relayed, "u": 9}, b"job"))
+        arrived = await frame(connection)
+        assert (arrived.name, arrived.command_id, arrived.get("receipt")) == (
+            "asbp.notification",
+            9,
+            None,
+        )
+        await connection.close()

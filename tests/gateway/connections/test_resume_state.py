@@ -76,3 +76,19 @@ def test_unreadable_subscriptions_are_left_out(subscription: object) -> None:
 def test_a_parked_broker_that_is_not_text_counts_as_none() -> None:
     data = b'{"groups": [], "subscriptions": "x", "parked": 3}'
     assert ResumeRecord.decode(data) == ResumeRecord()
+
+
+def test_how_the_client_counts_reads_back_and_is_left_out_when_it_counts_everything() -> None:
+    record = ResumeRecord.of({"room"}, count=2)
+    assert json.loads(record.encode())["count"] == 2
+    assert ResumeRecord.decode(record.encode()) == record
+    # Every frame counted (a client that declared nothing): the record says nothing,
+    # as one written before ``count`` existed.
+    assert "count" not in json.loads(ResumeRecord.of({"room"}).encode())
+    assert ResumeRecord.decode(b'{"groups": []}').count == 1
+
+
+@pytest.mark.parametrize("count", ["2", True, None, 2.0])
+def test_a_count_that_is_not_a_whole_number_counts_as_1(count: object) -> None:
+    data = json.dumps({"groups": ["room"], "count": count}).encode()
+    assert ResumeRecord.decode(data) == ResumeRecord.of({"room"})
