@@ -355,8 +355,8 @@ async def run(args: argparse.Namespace) -> None:
         key.write_text(public_pem)
         cluster = RedisCluster(Path(tmp) / "cluster", appendonly=False)
         # --no-cluster: no Redis Cluster started at all (nor the queues, which use it).
-        on_cluster = contextlib.nullcontext() if args.no_cluster else cluster
-        with redis_process(Path(tmp)) as (redis_url, redis_pid), on_cluster:
+        cluster_context = contextlib.nullcontext() if args.no_cluster else cluster
+        with redis_process(Path(tmp)) as (redis_url, redis_pid), cluster_context:
             profiles = args.cprofile
             a = BusBroker(key, redis_url, [redis_pid], profiles and profiles / "a.pstats")
             b = BusBroker(key, redis_url, [redis_pid], profiles and profiles / "b.pstats")
