@@ -118,6 +118,8 @@ class ForwardingOutbox:
         "_log",
         "_offered",
         "_plane",
+        "_sending",
+        "_unsent",
         "logged",
     )
 
@@ -144,6 +146,12 @@ class ForwardingOutbox:
         #: The Channel has a Channel log (an HTTP Channel on a bus): frames go
         #: there, whichever broker its client asks next, and survive its origin.
         self.logged = logged
+        #: The plane's future for the frame offered last, and the frames it stands
+        #: for: the plane gathers a Channel's frames into one call, one future
+        #: for them all (gateway.plane.redis.batches.FrameBatch), and one callback
+        #: serves them, where a callback a frame was a loop callback a frame.
+        self._sending: asyncio.Future[bool] | None = None
+        self._unsent: list[Envelope] = []
 
     @property
     def broker_id(self) -> str:
@@ -168,9 +176,13 @@ class ForwardingOutbox:
                 self._followed
             )
             return True
-        self._plane.send_to(self._broker, envelope).add_done_callback(
-            functools.partial(self._sent, envelope)
-        )
+        sending = self._plane.send_to(self._broker, envelope)
+        if sending is self._sending:
+            self._unsent.append(envelope)
+            return True
+        self._sending = sending
+        self._unsent = [envelope]
+        sending.add_done_callback(functools.partial(self._all_sent, self._unsent))
         return True
 
     @property
@@ -191,6 +203,14 @@ class ForwardingOutbox:
             "plane.forward_lost",
             extra={"channel": self._channel, "broker": self._broker},
         )
+
+    def _all_sent(self, envelopes: list[Envelope], future: asyncio.Future[bool]) -> None:
+        if self._sending is future:
+            self._sending = None  # settled: the next frame is another call's
+        if future.cancelled() or (future.exception() is None and future.result()):
+            return
+        for envelope in envelopes:  # in order, as they were offered
+            self._sent(envelope, future)
 
     def _sent(self, envelope: Envelope, future: asyncio.Future[bool]) -> None:
         if future.cancelled() or (future.exception() is None and future.result()):

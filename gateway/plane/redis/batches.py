@@ -410,8 +410,19 @@ class FrameBatch(_Batch):
         self._args = (origin, channel, maxlen)
 
     def add(self, frame: bytes) -> asyncio.Future[bool]:
-        """Take ``frame``; the future says whether the target's lease still held."""
-        return self._add(_LENGTH.pack(len(frame)) + frame)
+        """Take ``frame``; the future says whether the target's lease still held.
+
+        One future for every frame of the call: they are one entry, so they reach
+        the target together or not at all, and a caller that sees the future it
+        got for the frame before (gateway.routing.remote.ForwardingOutbox) needs
+        one callback for all of them rather than a future and a callback each.
+        """
+        part = _LENGTH.pack(len(frame)) + frame
+        if not self._futures:
+            return self._add(part)
+        self._parts.append(part)
+        self._size += len(part)
+        return self._futures[0]
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True

@@ -238,3 +238,22 @@ async def test_a_reply_of_the_wrong_length_fails_the_batch() -> None:
     assert targets_of([b"b", b"c"], 2) == [b"b", b"c"]
     with pytest.raises(ValueError, match="2 targets for 3 requests"):
         targets_of([b"b", b"c"], 3)
+
+
+async def test_frames_in_one_call_share_one_future(brokers: list[Broker], client: Client) -> None:
+    # Frames for one Channel gathered into one call are one entry: one outcome, so one
+    # future stands for them all (a caller needs one callback, not one a frame).
+    a, b = brokers
+    frames = [
+        Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=r,u=%d;" % n) for n in range(3)
+    ]
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert sent[0] is sent[1] is sent[2]
+    assert await sent[0] is True
+    with anyio.fail_after(5 * T):
+        assert [await b.inbound.get() for _ in frames] == frames
+    # B's lease beside its stream is gone: the next call's frames all say so.
+    await client.delete(live_key(PREFIX, "broker-b"))
+    later = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert later[0] is later[2] and later[0] is not sent[0]
+    assert await asyncio.gather(*later) == [False] * 3
