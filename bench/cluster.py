@@ -432,6 +432,9 @@ async def run(args: argparse.Namespace) -> None:
         f"(goal >= 0.60: {'met' if ratio >= 0.6 else 'NOT met'}); "
         f"p50 latency ratio (one/two): {statistics.median(latency):.2f}"
     )
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    cpu = ", ".join(f"{s['server_cpu_us']:.1f}" for s in rows["two-brokers"])
+    print(f"  per repeat: ratio {each}; two-brokers broker CPU us/trip {cpu}")
     if args.no_cluster:
         return
     on_cluster = statistics.median(
