@@ -5,6 +5,7 @@ a Channel's log, and what a broken entry does (nothing to the rest)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
 from gateway.plane.redis.batches import pack_record, targets_of
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.plane import RedisPlane
+from gateway.routing.remote import ForwardingOutbox
 from tests.support import RedisServer, T
 
 pytestmark = pytest.mark.anyio
@@ -257,3 +259,20 @@ async def test_frames_in_one_call_share_one_future(brokers: list[Broker], client
     later = [a.plane.send_to("broker-b", envelope) for envelope in frames]
     assert later[0] is later[2] and later[0] is not sent[0]
     assert await asyncio.gather(*later) == [False] * 3
+
+
+async def test_frames_of_one_call_to_a_gone_broker_follow_the_channel_in_order(
+    brokers: list[Broker],
+) -> None:
+    # A proxy's outbox at A holds one callback for the frames of one call; the
+    # broker it names is gone (no lease beside its stream), so each frame, in
+    # order, follows the Channel to where the directory says it is now: B.
+    a, b = brokers
+    b.plane.channel_opened(CHANNEL)
+    await b.plane.written()
+    outbox = ForwardingOutbox(a.plane, "broker-gone", CHANNEL, logging.getLogger("test"))
+    frames = [b"c=r,u=%d;" % n for n in range(4)]
+    assert all(outbox.offer(frame) for frame in frames)
+    with anyio.fail_after(5 * T):
+        got = [await b.inbound.get() for _ in frames]
+    assert got == [Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, f) for f in frames]
