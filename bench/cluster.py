@@ -2,6 +2,7 @@
 
     python bench/cluster.py [--repeats N] [--requests N] [--window N] [--http-only]
                             [--queue-messages N] [--no-queues | --queues-only]
+                            [--no-http] [--no-cluster] [--hold SECONDS]
 
 Three layouts, each in one run, interleaved ``--repeats`` times, on one private
 ``redis-server`` (both brokers on the ``redis`` engine, so the baseline pays
@@ -44,6 +45,13 @@ queue publish -> deliver -> ack (one ``RedisEngine``, 100 enqueues outstanding,
 into four virtual queues, received at another), messages per second on one
 Redis and on the cluster, interleaved, the ratio cluster / one Redis within
 each repeat and its median against issue 12's goal (>= 0.7).
+
+``--hold SECONDS`` first runs two-brokers pipelined round trips for that long,
+printing both brokers' process ids, for a profiler (``py-spy record --pid``)
+to attach to; ``--cprofile DIR`` runs brokers A and B under cProfile instead
+(DIR/a.pstats and b.pstats, written as they stop); ``--no-http`` and
+``--no-cluster`` leave out the HTTP layouts and two-on-cluster (shorter runs
+while working on the two-brokers path).
 
 Where the added time goes: each forwarded Command crosses Redis twice (A's
 request to B's inbound stream, B's answer to A's), each in a pipeline with
@@ -138,8 +146,14 @@ def redis_process(directory: Path) -> Iterator[tuple[str, int]]:
 class BusBroker(ServerProcess):
     """A bench/_servers.py broker on the redis engine."""
 
-    def __init__(self, agent_key: Path, redis_url: str, redis_pids: Sequence[int] = ()) -> None:
-        super().__init__(TARGET, agent_key=agent_key)
+    def __init__(
+        self,
+        agent_key: Path,
+        redis_url: str,
+        redis_pids: Sequence[int] = (),
+        cprofile: Path | None = None,
+    ) -> None:
+        super().__init__(TARGET, agent_key=agent_key, cprofile=cprofile)
         self.redis_url = redis_url
         #: The Redis processes the broker's plane uses (their CPU is a column).
         self.redis_pids = list(redis_pids)
@@ -149,6 +163,8 @@ class BusBroker(ServerProcess):
         args = [sys.executable, str(SERVERS), "broker", "--server", "uvicorn"]
         args += ["--agent-id", AGENT_ID, "--agent-key", str(self.agent_key)]
         args += ["--broker-id", "bench-" + uuid.uuid4().hex[:8], "--redis-url", self.redis_url]
+        if self.cprofile is not None:
+            args += ["--cprofile", str(self.cprofile)]
         self.proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
         )
@@ -199,6 +215,25 @@ async def layout(
         responder.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await responder
+
+
+async def hold(
+    user_broker: BusBroker, agent_broker: BusBroker, private_pem: str, args: argparse.Namespace
+) -> None:
+    """Two-brokers pipelined round trips for ``args.hold`` seconds, for a profiler."""
+    async with layout(user_broker, agent_broker, private_pem) as user:
+        print(
+            f"holding two-brokers for {args.hold:g} s: user's broker A pid {user_broker.pid}, "
+            f"agent's broker B pid {agent_broker.pid}",
+            flush=True,
+        )
+        began = time.perf_counter()
+        held = 0
+        while time.perf_counter() - began < args.hold:
+            await pipelined(user, b"c=echo.reply,", 2000, args.window)
+            held += 2000
+        seconds = time.perf_counter() - began
+        print(f"held: {held} round trips in {seconds:.1f} s ({held / seconds:.0f}/s)", flush=True)
 
 
 async def measure(
@@ -319,14 +354,21 @@ async def run(args: argparse.Namespace) -> None:
         key = Path(tmp) / "agent.pem"
         key.write_text(public_pem)
         cluster = RedisCluster(Path(tmp) / "cluster", appendonly=False)
-        with redis_process(Path(tmp)) as (redis_url, redis_pid), cluster:
-            a, b = BusBroker(key, redis_url, [redis_pid]), BusBroker(key, redis_url, [redis_pid])
-            nodes = [server.pid for server in cluster.servers]
-            ca, cb = BusBroker(key, cluster.url, nodes), BusBroker(key, cluster.url, nodes)
-            for broker in (a, b, ca, cb):
+        # --no-cluster: no Redis Cluster started at all (nor the queues, which use it).
+        cluster_context = contextlib.nullcontext() if args.no_cluster else cluster
+        with redis_process(Path(tmp)) as (redis_url, redis_pid), cluster_context:
+            profiles = args.cprofile
+            a = BusBroker(key, redis_url, [redis_pid], profiles and profiles / "a.pstats")
+            b = BusBroker(key, redis_url, [redis_pid], profiles and profiles / "b.pstats")
+            brokers = [a, b]
+            if not args.no_cluster:
+                nodes = [server.pid for server in cluster.servers]
+                ca, cb = BusBroker(key, cluster.url, nodes), BusBroker(key, cluster.url, nodes)
+                brokers += [ca, cb]
+            for broker in brokers:
                 await broker.start()
             if args.queues_only:
-                for broker in (a, b, ca, cb):
+                for broker in brokers:
                     await broker.stop()
                 await run_queues(args, redis_url, cluster.url)
                 return
@@ -339,21 +381,29 @@ async def run(args: argparse.Namespace) -> None:
                 http: dict[str, list[dict[str, float]]] = {"http-one": [], "http-two": []}
                 on_a = a.url("/asbp").replace("ws://", "http://")
                 on_b = b.url("/asbp").replace("ws://", "http://")
+                if args.hold:
+                    await hold(a, b, private_pem, args)
                 for _ in range(args.repeats):
                     if not args.http_only:
                         rows["one-broker"].append(await measure(a, a, private_pem, args))
                         rows["two-brokers"].append(await measure(a, b, private_pem, args))
-                        rows["two-on-cluster"].append(await measure(ca, cb, private_pem, args))
-                    http["http-one"].append(await measure_http([on_a], args))
-                    http["http-two"].append(await measure_http([on_a, on_b], args))
+                        if not args.no_cluster:
+                            two = await measure(ca, cb, private_pem, args)
+                            rows["two-on-cluster"].append(two)
+                    if not args.no_http:
+                        http["http-one"].append(await measure_http([on_a], args))
+                        http["http-two"].append(await measure_http([on_a, on_b], args))
             finally:
-                for broker in (a, b, ca, cb):
+                for broker in brokers:
                     await broker.stop()
-            if not args.no_queues:
+            if not args.no_queues and not args.no_cluster:
                 await run_queues(args, redis_url, cluster.url)
-    report_http(http)
+    if not args.no_http:
+        report_http(http)
     if args.http_only:
         return
+    if args.no_cluster:
+        del rows["two-on-cluster"]
     print(
         f"{'layout':<14} {'p50 us':>8} {'p99 us':>8} {'Commands/s':>11} {'CPU us/trip':>12} "
         f"{'Redis us/trip':>14}"
@@ -382,6 +432,11 @@ async def run(args: argparse.Namespace) -> None:
         f"(goal >= 0.60: {'met' if ratio >= 0.6 else 'NOT met'}); "
         f"p50 latency ratio (one/two): {statistics.median(latency):.2f}"
     )
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    cpu = ", ".join(f"{s['server_cpu_us']:.1f}" for s in rows["two-brokers"])
+    print(f"  per repeat: ratio {each}; two-brokers broker CPU us/trip {cpu}")
+    if args.no_cluster:
+        return
     on_cluster = statistics.median(
         cluster["commands_per_s"] / one["commands_per_s"]
         for one, cluster in zip(rows["two-brokers"], rows["two-on-cluster"], strict=True)
@@ -433,10 +488,31 @@ def main() -> None:
         "--queue-messages", type=int, default=20_000, help="queue and topic messages (20000)"
     )
     parser.add_argument("--payload", type=int, default=100, help="queue message bytes (100)")
+    parser.add_argument("--no-http", action="store_true", help="skip the HTTP layouts")
+    parser.add_argument(
+        "--cprofile",
+        type=Path,
+        metavar="DIR",
+        help="run brokers A and B under cProfile, their pstats to DIR/a.pstats and b.pstats",
+    )
+    parser.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="skip two-on-cluster (and the queues, which compare against the cluster)",
+    )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0,
+        help="first run two-brokers round trips this many seconds (printing the brokers' "
+        "pids), to profile them",
+    )
     queues = parser.add_mutually_exclusive_group()
     queues.add_argument("--no-queues", action="store_true", help="skip queues and topics")
     queues.add_argument("--queues-only", action="store_true", help="only queues and topics")
     args = parser.parse_args()
+    if args.queues_only and args.no_cluster:
+        parser.error("--queues-only compares against the cluster: not with --no-cluster")
     if shutil.which("redis-server") is None:
         sys.exit("bench/cluster.py needs redis-server on PATH")
     asyncio.run(run(args))

@@ -107,6 +107,45 @@ _SUBJECT_KINDS: Final = frozenset(
 MAX_PROXIES: Final = 65_536
 
 
+class _Placing:
+    """What a User-Agent's request forwarded to the bus does once placed, or not:
+    the books (``Remote._placed``), then the event log's row if one waits for the
+    outcome (``Remote.outcome_later``). One callback for both, so a request costs
+    one loop callback when its placing settles, not two."""
+
+    __slots__ = ("_channel", "_command_id", "_name", "_remote", "_subject", "record")
+
+    def __init__(
+        self,
+        remote: Remote,
+        channel: Channel,
+        command_id: int | None,
+        name: str,
+        *,
+        subject: bool,
+    ) -> None:
+        self._remote = remote
+        self._channel = channel
+        self._command_id = command_id
+        self._name = name
+        self._subject = subject
+        #: Told the fault (None once placed on a broker), after the books.
+        self.record: Callable[[int | None], object] | None = None
+
+    def __call__(self, future: asyncio.Future[str | None]) -> None:
+        try:
+            self._remote._placed(future, self._channel, self._command_id, self._name, self._subject)
+        finally:
+            record = self.record
+            if record is not None:
+                placed = (
+                    not future.cancelled()
+                    and future.exception() is None
+                    and future.result() is not None
+                )
+                record(None if placed else int(FaultCode.NO_RESPONDENT))
+
+
 class ForwardingOutbox:
     """The outbox of a proxy Channel: every frame goes to the Channel's own broker."""
 
@@ -118,6 +157,8 @@ class ForwardingOutbox:
         "_log",
         "_offered",
         "_plane",
+        "_sending",
+        "_unsent",
         "logged",
     )
 
@@ -144,6 +185,12 @@ class ForwardingOutbox:
         #: The Channel has a Channel log (an HTTP Channel on a bus): frames go
         #: there, whichever broker its client asks next, and survive its origin.
         self.logged = logged
+        #: The plane's future for the frame offered last, and the frames it stands
+        #: for: the plane gathers a Channel's frames into one call, one future
+        #: for them all (gateway.plane.redis.batches.FrameBatch), and one callback
+        #: serves them, where a callback a frame was a loop callback a frame.
+        self._sending: asyncio.Future[bool] | None = None
+        self._unsent: list[Envelope] = []
 
     @property
     def broker_id(self) -> str:
@@ -168,9 +215,13 @@ class ForwardingOutbox:
                 self._followed
             )
             return True
-        self._plane.send_to(self._broker, envelope).add_done_callback(
-            functools.partial(self._sent, envelope)
-        )
+        sending = self._plane.send_to(self._broker, envelope)
+        if sending is self._sending:
+            self._unsent.append(envelope)
+            return True
+        self._sending = sending
+        self._unsent = [envelope]
+        sending.add_done_callback(functools.partial(self._all_sent, self._unsent))
         return True
 
     @property
@@ -191,6 +242,14 @@ class ForwardingOutbox:
             "plane.forward_lost",
             extra={"channel": self._channel, "broker": self._broker},
         )
+
+    def _all_sent(self, envelopes: list[Envelope], future: asyncio.Future[bool]) -> None:
+        if self._sending is future:
+            self._sending = None  # settled: the next frame is another call's
+        if future.cancelled() or (future.exception() is None and future.result()):
+            return
+        for envelope in envelopes:  # in order, as they were offered
+            self._sent(envelope, future)
 
     def _sent(self, envelope: Envelope, future: asyncio.Future[bool]) -> None:
         if future.cancelled() or (future.exception() is None and future.result()):
@@ -291,8 +350,8 @@ class Remote:
         self._unplaced = _placeholder("")
         self._brokers: dict[str, Tube] = {}
         self._proxies: OrderedDict[ChannelId, Channel] = OrderedDict()
-        #: The placing of the request just made, for :meth:`outcome_later`.
-        self._placing: asyncio.Future[str | None] | None = None
+        #: The callback of the placing of the request just made, for :meth:`outcome_later`.
+        self._placing: _Placing | None = None
         #: Subjects across brokers (gateway.routing.remote_subjects); None while
         #: Subjects are off.
         self.subjects: RemoteSubjects | None = None
@@ -357,10 +416,9 @@ class Remote:
             placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
         else:
             placing = self.plane.forward_request(name, envelope)
-        placing.add_done_callback(
-            lambda future: self._placed(future, channel, command_id, name, bool(among))
-        )
-        self._placing = placing
+        placed = _Placing(self, channel, command_id, name, subject=bool(among))
+        placing.add_done_callback(placed)
+        self._placing = placed
 
     def _send_to(self, broker_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         """``plane.send_to``, answering like ``forward_request``: the broker, or None."""
@@ -384,20 +442,13 @@ class Remote:
         The event log's row of a Command handed to the bus waits for this, so a Command
         nobody on the bus serves is logged with fault 2101, as on one broker.
         """
-        placing, self._placing = self._placing, None
-        if placing is None:
+        placed, self._placing = self._placing, None
+        if placed is None:
             record(None)
             return
-
-        def outcome(future: asyncio.Future[str | None]) -> None:
-            placed = (
-                not future.cancelled()
-                and future.exception() is None
-                and future.result() is not None
-            )
-            record(None if placed else int(FaultCode.NO_RESPONDENT))
-
-        placing.add_done_callback(outcome)
+        # The request's own callback calls it, after the books (and the fault):
+        # one loop callback per request where a second one was added here.
+        placed.record = record
 
     def _placed(
         self,
@@ -868,7 +919,7 @@ class Remote:
             return
         self._forwarded.add(name)
         self.plane.request_received(name)
-        among = frozenset(ApplicationAgentId(a) for a in envelope.among) or None
+        among = frozenset(ApplicationAgentId(a) for a in envelope.among) if envelope.among else None
         tube = self._respondents.pick(name, among=among)
         command_id = command.command_id
         if logged and command_id is not None:

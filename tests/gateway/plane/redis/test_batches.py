@@ -5,6 +5,7 @@ a Channel's log, and what a broken entry does (nothing to the rest)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +15,10 @@ import pytest
 
 from gateway.engines.redis.connection import Client, connect
 from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
-from gateway.plane.redis.batches import pack_record
-from gateway.plane.redis.keys import live_key, stream_key
+from gateway.plane.redis.batches import pack_record, targets_of
+from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.plane import RedisPlane
+from gateway.routing.remote import ForwardingOutbox
 from tests.support import RedisServer, T
 
 pytestmark = pytest.mark.anyio
@@ -173,3 +175,104 @@ async def test_a_refused_batch_fails_every_forward_in_it(
     for outcome in await asyncio.gather(*placed, *sent, return_exceptions=True):
         assert isinstance(outcome, PlaneUnavailable)
     await client.delete(stream_key(PREFIX, "broker-b"))
+
+
+async def test_requests_for_the_one_serving_broker_go_as_one_entry(
+    brokers: list[Broker], client: Client
+) -> None:
+    # One live broker serves the name: the script passes the records on as the blob
+    # they came in (no splitting in Lua), and its one target stands for them all.
+    a, b = brokers
+    b.plane.serving("echo")
+    await b.plane.written()
+    await b.plane.abandon()  # reads nothing more: its stream keeps what it is sent
+    requests = [
+        Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo,u=%d;" % n, ("x",))
+        for n in range(5)
+    ]
+    placed = [a.plane.forward_request("echo", envelope) for envelope in requests]
+    assert await asyncio.gather(*placed) == ["broker-b"] * 5
+    entries = await client.xrange(stream_key(PREFIX, "broker-b"))
+    assert entries is not None
+    assert [fields for _, fields in entries] == [
+        {b"k": b"b", b"o": b"broker-a", b"f": b"".join(pack_record(e) for e in requests)}
+    ]
+    # Each request counted against B, as one call per request would have.
+    assert await client.hget(directory_prefix(PREFIX) + "name:echo", "broker-b") == b"5"
+
+
+async def test_requests_spread_over_several_serving_brokers_keep_their_order(
+    redis_url: str, client: Client
+) -> None:
+    # Two live brokers serve the name: the script splits the records between them,
+    # each target's in the order they were forwarded, and says where each went.
+    started: list[Broker] = []
+    for broker_id in ("broker-a", "broker-b", "broker-c"):
+        plane = RedisPlane(redis_url, broker_id=broker_id, lease=30.0, prefix=PREFIX)
+        broker = Broker(plane)
+        await plane.start(broker.inbound.put_nowait, broker.lost.put_nowait)
+        started.append(broker)
+    try:
+        a, b, c = started
+        for server in (b, c):
+            server.plane.serving("echo")
+            await server.plane.written()
+        requests = [
+            Envelope(EnvelopeKind.REQUEST, "broker-a", CHANNEL, b"c=echo,u=%d;" % n)
+            for n in range(6)
+        ]
+        placed = await asyncio.gather(
+            *(a.plane.forward_request("echo", envelope) for envelope in requests)
+        )
+        # Balanced by the count of each: three each.
+        assert sorted(str(t) for t in placed) == ["broker-b"] * 3 + ["broker-c"] * 3
+        with anyio.fail_after(5 * T):
+            for server, broker_id in ((b, "broker-b"), (c, "broker-c")):
+                mine = [e for e, t in zip(requests, placed, strict=True) if t == broker_id]
+                assert [await server.inbound.get() for _ in mine] == mine
+    finally:
+        for broker in started:
+            await broker.plane.close()
+
+
+async def test_a_reply_of_the_wrong_length_fails_the_batch() -> None:
+    assert targets_of([b"b"], 3) == [b"b", b"b", b"b"]
+    assert targets_of([b"b", b"c"], 2) == [b"b", b"c"]
+    with pytest.raises(ValueError, match="2 targets for 3 requests"):
+        targets_of([b"b", b"c"], 3)
+
+
+async def test_frames_in_one_call_share_one_future(brokers: list[Broker], client: Client) -> None:
+    # Frames for one Channel gathered into one call are one entry: one outcome, so one
+    # future stands for them all (a caller needs one callback, not one a frame).
+    a, b = brokers
+    frames = [
+        Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=r,u=%d;" % n) for n in range(3)
+    ]
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert sent[0] is sent[1] is sent[2]
+    assert await sent[0] is True
+    with anyio.fail_after(5 * T):
+        assert [await b.inbound.get() for _ in frames] == frames
+    # B's lease beside its stream is gone: the next call's frames all say so.
+    await client.delete(live_key(PREFIX, "broker-b"))
+    later = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert later[0] is later[2] and later[0] is not sent[0]
+    assert await asyncio.gather(*later) == [False] * 3
+
+
+async def test_frames_of_one_call_to_a_gone_broker_follow_the_channel_in_order(
+    brokers: list[Broker],
+) -> None:
+    # A proxy's outbox at A holds one callback for the frames of one call; the
+    # broker it names is gone (no lease beside its stream), so each frame, in
+    # order, follows the Channel to where the directory says it is now: B.
+    a, b = brokers
+    b.plane.channel_opened(CHANNEL)
+    await b.plane.written()
+    outbox = ForwardingOutbox(a.plane, "broker-gone", CHANNEL, logging.getLogger("test"))
+    frames = [b"c=r,u=%d;" % n for n in range(4)]
+    assert all(outbox.offer(frame) for frame in frames)
+    with anyio.fail_after(5 * T):
+        got = [await b.inbound.get() for _ in frames]
+    assert got == [Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, f) for f in frames]
