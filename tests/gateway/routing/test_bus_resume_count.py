@@ -16,9 +16,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from agents import ApplicationAgent
 from asbp import Command
-from tests.gateway.routing.test_bus_resume import bus, log_holds, redis_server, resume
 from tests.support import RedisServer, RunningServer
 from tests.support.bus import frame, until_in_directory
+from tests.support.resume_bus import bus, log_holds, redis_server, resume
 
 pytestmark = pytest.mark.anyio
 
