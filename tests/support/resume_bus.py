@@ -21,6 +21,7 @@ from gateway.config.model import GatewayConfig
 from gateway.plane.redis.plane import PREFIX
 from tests.support.agents import make_agent, make_credentials
 from tests.support.bus import flush, frame
+from tests.support.bus import open_resumable as open_channel
 from tests.support.redis import RedisServer
 from tests.support.servers import RunningServer, serve_app_async
 from tests.support.timing import T
@@ -81,14 +82,6 @@ async def bus(
         async with agent:
             await agent.wait_registered(5 * T)
             yield a, b, agent
-
-
-async def open_channel(url: str) -> tuple[ClientConnection, str, str]:
-    """A WebSocket Channel: the connection, its ``i`` and its secret."""
-    connection = await connect(url, compression=None, max_size=None)
-    greeting = await frame(connection)
-    assert greeting.name == "asbp.channel", greeting
-    return connection, str(greeting.get("i")), str(greeting.get("secret"))
 
 
 async def resume(
