@@ -156,15 +156,17 @@ async def test_a_delayed_message_queues_as_though_received_at_its_time(
 async def test_a_waiting_fetch_gets_a_delayed_message_on_time(engines: Engines) -> None:
     engine = await engines.one()
     delay = 0.2 * T
-    message = make_message(QUEUE, not_before=time.time() + delay)
+    not_before = time.time() + delay
+    message = make_message(QUEUE, not_before=not_before)
     await engine.enqueue(message)
 
-    started = time.monotonic()
     deliveries = await engine.fetch(QUEUE, "consumer", wait=5 * T)
-    elapsed = time.monotonic() - started
+    # Judged against the message's own time, not from the fetch's start: an enqueue
+    # slow under load (a Redis Cluster's first call, CI) leaves the fetch less to wait.
+    late = time.time() - not_before
 
     assert ids(deliveries) == [message.id]
-    assert 0.5 * delay <= elapsed < 3 * T
+    assert -0.5 * delay <= late < 3 * T
 
 
 async def test_an_expired_message_is_not_delivered(engines: Engines) -> None:

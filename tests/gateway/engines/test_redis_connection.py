@@ -229,6 +229,12 @@ async def test_a_write_sent_again_after_moved_takes_its_wait_along(
     target = next(n for n in redis_cluster.nodes() if n.primary and n.node_id != source.node_id)
     try:
         await made.load_scripts()  # the slot map, before the slot moves: stale after
+        async with redis.asyncio.Redis(port=target.port) as new:
+            # The target's config epoch the highest, so that every node, replicas too,
+            # takes its claim as soon as gossip carries it: without IMPORTING first a
+            # SETSLOT NODE bumps no epoch, and a replica could keep the source's claim
+            # past slot_served_by's deadline (CI, once).
+            await command(new, "CLUSTER", "BUMPEPOCH")
         for node in redis_cluster.nodes():
             if node.primary:
                 async with redis.asyncio.Redis(port=node.port) as each:
