@@ -33,7 +33,7 @@ from gateway.connections.channels import Channel, ChannelKind, ChannelRegistry
 from gateway.connections.log_mailbox import LogMailbox
 from gateway.connections.outboxes import Mailbox, StreamOutbox
 from gateway.connections.tubes import RespondentTable, Tube
-from gateway.drain import drain
+from gateway.drain import drain, fence
 from gateway.engines.base import Engine, EngineLimits
 from gateway.errors import LocalError
 from gateway.eventlog.files import FileStore
@@ -298,7 +298,7 @@ class Broker:
     async def start(self) -> None:
         """Start the engine and housekeeping; call inside the serving event loop."""
         await self.engine.start()
-        await self.plane.start(self.router.inbound, self.router.broker_lost)
+        await self.plane.start(self.router.inbound, self._broker_lost)
         await self.census.start()
         self.messaging.start()
         if self.event_log is not None:
@@ -306,6 +306,14 @@ class Broker:
         self._housekeeping = asyncio.create_task(self._keep_house(), name="asbp-housekeeping")
         self.ready = True
         self.log.info("broker.start", extra={"broker": self.broker_id})
+
+    def _broker_lost(self, broker_id: str) -> None:
+        """The plane lost a broker: another (what it owed faults), or this one, which
+        the bus took for dead while it ran and which fences itself (gateway.drain)."""
+        if broker_id == self.broker_id:
+            fence(self)
+        else:
+            self.router.broker_lost(broker_id)
 
     async def stop(self) -> None:
         """Stop accepting work and close every Channel and Tube (idempotent)."""

@@ -31,6 +31,16 @@ first hands its work to the others, in four steps, bounded in all by
    answered: their agents reconnect (an ``ApplicationAgent`` following the
    brokers by DNS stops asking this one when it is gone).
 
+*Fencing* (:func:`fence`) is step 3 alone, for a broker the bus took for dead
+while it ran: its loop stalled past the lease (a long pause, a starved CPU),
+the other brokers swept its entries, and frames routed to its Channels went
+straight into their logs, which its open connections never read. When its
+next renewal finds its lease gone (gateway.plane.redis, ``_renew``), before it
+takes the lease back, every WebSocket Channel is told to resume as in a drain
+(1012, 2114), so its client gets those frames from the log, in order. The
+broker stays on the bus and its Tubes stay: forwards to it were refused or
+faulted (2102) while it was counted dead, so nothing they owe is lost.
+
 What this module never does is sleep for a fixed time: each wait ends as soon
 as its condition holds, checked every :data:`_CHECK` seconds (a broker
 stopping is not a hot path; the conditions are counters, cheap to read).
@@ -50,7 +60,7 @@ from gateway.connections.resume import HeldOutbox
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
-__all__ = ["Drained", "drain"]
+__all__ = ["Drained", "drain", "fence"]
 
 #: Seconds between looks at a drain's condition.
 _CHECK: Final = 0.02
@@ -123,6 +133,16 @@ async def drain(broker: Broker) -> Drained:
             tube.fault = FaultCode.BROKER_RESTARTING
         router.close_tube(tube)
     return Drained(leaving.handed_over, leaving.closed, stranded, round(loop.time() - started, 3))
+
+
+def fence(broker: Broker) -> None:
+    """The bus took this running broker for dead: its WebSocket Channels resume,
+    from their logs (see the module docstring)."""
+    leaving = _Leaving(broker)
+    leaving.all_told()
+    broker.log.warning(
+        "broker.fenced", extra={"handed_over": leaving.handed_over, "closed": leaving.closed}
+    )
 
 
 class _Leaving:

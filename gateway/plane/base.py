@@ -322,7 +322,10 @@ class ChannelLog(Protocol):
 
 #: Called with each envelope that arrives for this broker, on the event loop.
 Inbound = Callable[[Envelope], None]
-#: Called with the Broker-Identifier of a broker this one talked to, once it is gone.
+#: Called with the Broker-Identifier of a broker this one talked to, once it is gone;
+#: or with this broker's own, when the bus took it for dead while it ran (a stalled
+#: loop outlived its lease) and it is about to take its lease back: what it held may
+#: have been given to others meanwhile, so it fences itself first (gateway.fence).
 Lost = Callable[[str], None]
 
 

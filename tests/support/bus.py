@@ -172,3 +172,27 @@ async def holder_of(redis_url: str, channel_id: str) -> str:
 async def lease_gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
     """Whether ``broker_id``'s lease has run out (for :func:`until`)."""
     return not await client.exists(f"{DIRECTORY}alive:{broker_id}")
+
+
+async def until_redis(
+    redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
+) -> None:
+    """Wait until ``holds(client)``, woken by keyspace notifications of ``key`` (a
+    pattern: ``*`` for any key), subscribed to before each look."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    try:
+        await client.config_set("notify-keyspace-events", "KA")
+        await pubsub.psubscribe(f"__keyspace@0__:{key}")
+        with anyio.fail_after(10 * T):
+            while not await holds(client):
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
+        await client.aclose()
+
+
+async def stream_entries(client: redis.asyncio.Redis, stream: str) -> list[dict[bytes, bytes]]:
+    """The fields of each entry of ``stream``."""
+    found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)  # type: ignore[assignment]  # redis-py types replies loosely
+    return [fields for _, fields in found]

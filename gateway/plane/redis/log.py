@@ -149,6 +149,10 @@ class RedisChannelLog:
             f"{prefix}logv:{tag}",
         )
 
+    def meta_key(self, channel_id: str) -> str:
+        """The hash of the Channel's log: its holder (``w``), its numbers, its record."""
+        return self._keys(channel_id)[0]
+
     def _now(self) -> int:
         return _ms(self._clock())
 

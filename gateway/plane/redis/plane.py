@@ -301,6 +301,9 @@ class RedisPlane:
         self._read_through: bytes | None = None
         self._inbound: Inbound | None = None
         self._lost: Lost | None = None
+        #: Whether this broker has held a lease since it started: a renewal that then
+        #: finds it gone means the bus took this broker for dead (_renew).
+        self._present = False
         #: What this broker announced, to announce again after losing its lease.
         self._channels: set[str] = set()
         self._names: set[str] = set()
@@ -424,9 +427,23 @@ class RedisPlane:
 
     async def _renew(self) -> None:
         prefix = self._prefix
-        previous = await self._call(
-            ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
-        )
+        alive = f"{prefix}alive:{self._broker_id}"
+        # XX: a lease that ran out is not taken back in the same call, so that this
+        # broker can fence itself (below) while the bus still counts it dead.
+        previous = await self._call(("SET", alive, "1", "PX", int(self._lease * 500), "XX", "GET"))
+        if previous is None:
+            if self._present:
+                # The bus took this running broker for dead (its loop stalled past
+                # the lease, or Redis lost its key) and may have swept its entries.
+                taken = await self._taken()
+                _log.warning("plane.lease_lost", extra={"broker": self._broker_id, "taken": taken})
+                if taken and self._lost is not None:
+                    # Frames routed to its Channels meanwhile went into their logs,
+                    # which their open connections never read: the broker fences
+                    # before anything reaches it again (gateway.drain, ``fence``).
+                    self._lost(self._broker_id)
+            await self._call(("SET", alive, "1", "PX", int(self._lease * 500)))
+            self._present = True
         # The copy beside the stream, which sends check (another slot on a cluster);
         # its value says this broker reads packed entries (gateway.plane.redis.batches).
         await self._call(("SET", self._live, LIVE_VERSION, "PX", int(self._lease * 500)))
@@ -442,6 +459,18 @@ class RedisPlane:
                     self._peers.discard(peer)
                     if self._lost is not None:
                         self._lost(peer)
+
+    async def _taken(self) -> int:
+        """How many logs of the Channels this broker holds someone else wrote into
+        or took while its lease was gone: a frame routed meanwhile clears the log's
+        holder (log_scripts.py, ``holder``), a resume elsewhere replaces it."""
+        me = self._broker_id.encode()
+        channels = list(self._channels)
+        replies = await asyncio.gather(
+            *(self._call(("HMGET", self._log.meta_key(c), "h", "w")) for c in channels)
+        )
+        # No digest (``h``): no log (the Channel cannot resume), nothing to read back.
+        return sum(1 for digest, holder in replies if digest is not None and holder != me)
 
     async def _leave(self) -> None:
         """Drop this broker's entries, a batch per script call, then its stream

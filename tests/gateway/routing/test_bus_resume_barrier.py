@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -38,7 +38,9 @@ from tests.support.bus import (
     holder_of,
     open_resumable,
     resume_at,
+    stream_entries,
     until_in_directory,
+    until_redis,
 )
 
 pytestmark = pytest.mark.anyio
@@ -54,29 +56,6 @@ PART = 10
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(tmp_path_factory.mktemp("bus-resume-barrier-redis")) as server:
         yield server
-
-
-async def until_redis(
-    redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
-) -> None:
-    """Wait until ``holds(client)``, woken by keyspace notifications of ``key`` (of any
-    key: ``*``), subscribed to before each look."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    try:
-        await client.config_set("notify-keyspace-events", "KA")
-        await pubsub.psubscribe(f"__keyspace@0__:{key}")
-        with anyio.fail_after(10 * T):
-            while not await holds(client):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
-        await client.aclose()
-
-
-async def entries(client: redis.asyncio.Redis, stream: str) -> list[dict[bytes, bytes]]:
-    found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)  # type: ignore[assignment]  # redis-py types replies loosely
-    return [fields for _, fields in found]
 
 
 async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
@@ -115,7 +94,7 @@ async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
                 return fields.get(b"i") == channel_id.encode() and fields.get(b"k") == b"c"
 
             async def waiting_at_a(count: int) -> bool:
-                return sum(map(for_channel, await entries(client, inbound))) >= count
+                return sum(map(for_channel, await stream_entries(client, inbound))) >= count
 
             client = redis.asyncio.Redis.from_url(redis_url)
             a.process.send_signal(signal.SIGSTOP)
@@ -132,7 +111,7 @@ async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
                 async def b_told_a(_: redis.asyncio.Redis) -> bool:
                     # B does not wait for A for ever: it tells A about the resume
                     # (whatever it says: an envelope that is no Command for the Channel).
-                    kinds = {fields.get(b"k") for fields in await entries(client, inbound)}
+                    kinds = {fields.get(b"k") for fields in await stream_entries(client, inbound)}
                     return bool(kinds - {b"c", b"d", b"w"})
 
                 await until_redis(redis_url, inbound, b_told_a)
