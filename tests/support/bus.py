@@ -7,7 +7,9 @@ cannot fall between a look and the wait.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,10 +17,13 @@ import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from asbp import Command, decode
+from gateway.app import create_app
+from gateway.config.model import GatewayConfig
 from gateway.engines.redis.connection import Client
 from gateway.engines.redis.connection import connect as connect_redis
 from gateway.plane.redis.keys import directory_prefix
 from gateway.plane.redis.plane import PREFIX
+from tests.support.servers import RunningServer, serve_app_async
 from tests.support.timing import T
 
 __all__ = [
@@ -196,3 +201,36 @@ async def stream_entries(client: redis.asyncio.Redis, stream: str) -> list[dict[
     """The fields of each entry of ``stream``."""
     found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)  # type: ignore[assignment]  # redis-py types replies loosely
     return [fields for _, fields in found]
+
+
+#: The bus lease of the in-process brokers below: short, so that a broker a test
+#: kills drops out of the directory soon.
+BUS_LEASE = 1.5
+
+
+def bus_config(tmp_path: Path, broker_id: str, redis_url: str, *, agent: str) -> GatewayConfig:
+    """A broker of a bus on ``redis_url`` with its data under ``tmp_path/broker_id``,
+    plain-text Tubes on loopback, and the agent ``agent`` (its key ``<agent>.pem`` in
+    ``tmp_path``, as :func:`tests.support.agents.make_credentials` writes it)."""
+    directory = tmp_path / broker_id
+    directory.mkdir()
+    return GatewayConfig(
+        data_dir=directory,
+        broker_id=broker_id,
+        engine="redis",
+        redis_url=redis_url,
+        bus_lease=BUS_LEASE,
+        insecure_dev_tubes=True,
+        agents={agent: {"public_key": f"{agent}.pem"}},
+        agents_base_dir=tmp_path,
+    )
+
+
+@contextlib.asynccontextmanager
+async def bus_broker(
+    tmp_path: Path, broker_id: str, redis_url: str, *, agent: str
+) -> AsyncIterator[RunningServer]:
+    """:func:`bus_config`'s broker, served in this process on a free port."""
+    config = bus_config(tmp_path, broker_id, redis_url, agent=agent)
+    async with serve_app_async(create_app(config)) as running:
+        yield running

@@ -16,14 +16,13 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from agents import ApplicationAgent
 from asbp import Command
-from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.plane.redis.plane import PREFIX
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import flush, frame
+from tests.support.bus import BUS_LEASE, bus_broker, bus_config, flush, frame
 from tests.support.bus import open_resumable as open_channel
 from tests.support.redis import RedisServer
-from tests.support.servers import RunningServer, serve_app_async
+from tests.support.servers import RunningServer
 from tests.support.timing import T
 
 __all__ = [
@@ -37,22 +36,11 @@ __all__ = [
     "resume",
 ]
 
-LEASE = 1.5
+LEASE = BUS_LEASE
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
-    directory = tmp_path / broker_id
-    directory.mkdir()
-    return GatewayConfig(
-        data_dir=directory,
-        broker_id=broker_id,
-        engine="redis",
-        redis_url=redis_url,
-        bus_lease=LEASE,
-        insecure_dev_tubes=True,
-        agents={"news": {"public_key": "news.pem"}},
-        agents_base_dir=tmp_path,
-    )
+    return bus_config(tmp_path, broker_id, redis_url, agent="news")
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +49,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
-@contextlib.asynccontextmanager
-async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterator[RunningServer]:
-    async with serve_app_async(create_app(config(tmp_path, broker_id, redis_url))) as running:
-        yield running
+def broker(
+    tmp_path: Path, broker_id: str, redis_url: str
+) -> contextlib.AbstractAsyncContextManager[RunningServer]:
+    return bus_broker(tmp_path, broker_id, redis_url, agent="news")
 
 
 @pytest.fixture

@@ -22,12 +22,11 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from agents import AgentCredentialSource, ApplicationAgent, FaultError, Request
 from asbp import Command, FaultCode, decode
 from asbp.fault_commands import read_fault
-from gateway.app import create_app
 from gateway.config.model import GatewayConfig
 from gateway.engines.redis.connection import Client
 from tests.gateway.engines._broker_process import (
@@ -36,14 +35,23 @@ from tests.gateway.engines._broker_process import (
     open_channel,
     receive,
 )
-from tests.support import RedisServer, RunningServer, T, serve_app_async
+from tests.support import RedisServer, RunningServer, T
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import DIRECTORY, client_for, flush, until_in_directory
+from tests.support.bus import (
+    BUS_LEASE,
+    DIRECTORY,
+    bus_broker,
+    bus_config,
+    client_for,
+    flush,
+    open_with_id,
+    until_in_directory,
+)
 from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
-LEASE = 1.5
+LEASE = BUS_LEASE
 #: The agent credentials of each bus, by broker A's port, for a second agent.
 CREDENTIALS: dict[int, AgentCredentialSource] = {}
 
@@ -62,39 +70,18 @@ def redis_url(
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
-    directory = tmp_path / broker_id
-    directory.mkdir()
-    return GatewayConfig(
-        data_dir=directory,
-        broker_id=broker_id,
-        engine="redis",
-        redis_url=redis_url,
-        bus_lease=LEASE,
-        insecure_dev_tubes=True,
-        agents={"echo": {"public_key": "echo.pem"}},
-        agents_base_dir=tmp_path,
-    )
+    return bus_config(tmp_path, broker_id, redis_url, agent="echo")
 
 
-@contextlib.asynccontextmanager
-async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterator[RunningServer]:
-    async with serve_app_async(create_app(config(tmp_path, broker_id, redis_url))) as running:
-        yield running
+def broker(
+    tmp_path: Path, broker_id: str, redis_url: str
+) -> contextlib.AbstractAsyncContextManager[RunningServer]:
+    return bus_broker(tmp_path, broker_id, redis_url, agent="echo")
 
 
 async def frame(connection: ClientConnection, timeout: float = 5 * T) -> Command:
     with anyio.fail_after(timeout):
         return decode(await receive(connection))
-
-
-async def open_with_id(url: str) -> tuple[ClientConnection, str]:
-    """A User-Agent's WebSocket and its ``i``, from the ``asbp.channel`` greeting."""
-    connection = await connect(url, compression=None, max_size=None)
-    greeting = await frame(connection)
-    assert greeting.name == "asbp.channel", greeting
-    identifier = greeting.get("i")
-    assert isinstance(identifier, str)
-    return connection, identifier
 
 
 @pytest.fixture

@@ -27,27 +27,16 @@ from gateway.config.model import ChannelLimits, GatewayConfig
 from tests.gateway.engines._broker_process import BrokerProcess, broker_process
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
-from tests.support.bus import flush, until_in_directory
+from tests.support.bus import BUS_LEASE, bus_broker, bus_config, flush, until_in_directory
 from tests.support.gateway import HttpChannel, assert_fault, parse_multipart
 
 pytestmark = pytest.mark.anyio
 
-LEASE = 1.5
+LEASE = BUS_LEASE
 
 
 def config(tmp_path: Path, broker_id: str, redis_url: str) -> GatewayConfig:
-    directory = tmp_path / broker_id
-    directory.mkdir()
-    return GatewayConfig(
-        data_dir=directory,
-        broker_id=broker_id,
-        engine="redis",
-        redis_url=redis_url,
-        bus_lease=LEASE,
-        insecure_dev_tubes=True,
-        agents={"echo": {"public_key": "echo.pem"}},
-        agents_base_dir=tmp_path,
-    )
+    return bus_config(tmp_path, broker_id, redis_url, agent="echo")
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +45,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
-@contextlib.asynccontextmanager
-async def broker(tmp_path: Path, broker_id: str, redis_url: str) -> AsyncIterator[RunningServer]:
-    async with serve_app_async(create_app(config(tmp_path, broker_id, redis_url))) as running:
-        yield running
+def broker(
+    tmp_path: Path, broker_id: str, redis_url: str
+) -> contextlib.AbstractAsyncContextManager[RunningServer]:
+    return bus_broker(tmp_path, broker_id, redis_url, agent="echo")
 
 
 @pytest.fixture
