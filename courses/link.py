@@ -200,6 +200,8 @@ class OutboundCourse:
         #: the benchmark: crossings per message).
         self.messages = 0
         self.sent_by_store = 0
+        #: Sends of the store that waited for the socket to drain.
+        self.store_sends_waited = 0
 
     async def start(self) -> None:
         """Count what the queue already holds and start dialling (if there are URLs)."""
@@ -398,20 +400,25 @@ class OutboundCourse:
         if expired:
             # The memory engine's ``ack`` never waits either.
             start_eagerly(self._ack_expired(expired))
+        # Counted before the writes, as ``sent`` is.
+        self.sent_by_store += len(frames)
         for message in pack(frames):
             self.messages += 1
             sent = start_eagerly(live.ws.send(message))
             if not sent.done():
-                # The socket's buffer is full: the rest of this send drains later,
-                # and the pump, woken below, waits for it before sending more.
+                # The socket's buffer is full: this send ends once it drains. What
+                # follows is written behind it (a socket keeps the order of its
+                # writes), and the pump, woken, waits for the last before its own.
+                if live.sending is not None:
+                    live.sending.add_done_callback(_quiet)
                 live.sending = sent
+                self.store_sends_waited += 1
                 self._wake.set()
                 continue
             if sent.exception() is not None:
                 # The link failed: its reader ends the pump, which releases the
                 # leases, and the crossings go again on the next link.
                 self._wake.set()
-        self.sent_by_store += len(frames)
         if len(deliveries) >= free:
             # The window is full or more may wait: the pump looks again once there is
             # room, as after a fetch of its own.
