@@ -395,6 +395,10 @@ class OutboundCourse:
         fetched = start_eagerly(self._engine.fetch(self.queue, live.consumer, count=free))
         # The memory engine's fetch without a wait never suspends (gateway.engines.memory).
         assert fetched.done(), "a fetch without a wait suspended"
+        if fetched.exception() is not None:
+            # The engine closed (the broker stops): the pump, woken, meets it too and
+            # ends the link as it did before the store sent anything.
+            return False
         deliveries = fetched.result()
         frames, expired = self._lease(deliveries, live.in_flight)
         if expired:
