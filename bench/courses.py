@@ -457,6 +457,28 @@ async def outage(
     return sent, in_order, drained
 
 
+def _wakes_and_writes(pid: int) -> tuple[int, int]:
+    """A process's wake-ups (voluntary context switches: each a return from waiting
+    for the event loop's poll, summed over its threads) and write system calls so far.
+
+    Per round trip, they say how many loop wake-ups and socket writes a layout
+    costs a broker, which the CPU per trip depends on and which, unlike the rates,
+    hardly move with the machine's load. (0, 0) where /proc cannot be read.
+    """
+    try:
+        wakes = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        wakes += int(line.split()[1])
+        with open(f"/proc/{pid}/io") as io:
+            writes = next(int(line.split()[1]) for line in io if line.startswith("syscw:"))
+    except (OSError, StopIteration):
+        return 0, 0
+    return wakes, writes
+
+
 def _cpu_seconds(pid: int) -> float:
     """A process's CPU seconds so far, user and system, to the nanosecond.
 
@@ -577,6 +599,8 @@ async def measure(
     counts = (0, 0, 0.0)
     #: (layout, domain) -> that broker's CPU per round trip, per repeat.
     per_bus: dict[tuple[str, str], list[float]] = {}
+    #: (layout, domain) -> that broker's (wake-ups, writes) per round trip, per repeat.
+    per_bus_calls: dict[tuple[str, str], list[tuple[float, float]]] = {}
 
     def brokers_cpu() -> float:
         # The brokers' processes, and with --engine redis the redis-server they share.
@@ -608,6 +632,7 @@ async def measure(
             for layout, to in layouts.items():
                 cpu0 = brokers_cpu()
                 by_bus0 = (_cpu_seconds(a.pid), _cpu_seconds(b.pid))
+                calls0 = (_wakes_and_writes(a.pid), _wakes_and_writes(b.pid))
                 own0 = time.process_time()
                 seconds = await round_trips(alice, alice_s, to, args.requests, args.window)
                 used = brokers_cpu() - cpu0
@@ -615,11 +640,26 @@ async def measure(
                     per_bus.setdefault((layout, bus.domain), []).append(
                         (_cpu_seconds(pid) - before) / args.requests * 1e6
                     )
+                for bus, pid, (wakes0, writes0) in zip((a, b), (a.pid, b.pid), calls0, strict=True):
+                    wakes, writes = _wakes_and_writes(pid)
+                    per_bus_calls.setdefault((layout, bus.domain), []).append(
+                        ((wakes - wakes0) / args.requests, (writes - writes0) / args.requests)
+                    )
                 own[layout].append((time.process_time() - own0) / args.requests * 1e6)
                 rows[layout].append(args.requests / seconds)
                 cpu[layout].append(used / args.requests * 1e6)
         for task in echoes:
             task.cancel()
+        # Where a round trip's CPU goes: each loop wake-up and each socket write is a
+        # system call and a trip through the loop, the cost that batching shares out.
+        print(
+            "brokers' wake-ups / writes per trip by bus (median): "
+            + ", ".join(
+                f"{layout} {domain} {statistics.median(w for w, _ in values):.2f} / "
+                f"{statistics.median(x for _, x in values):.2f}"
+                for (layout, domain), values in per_bus_calls.items()
+            )
+        )
         # Each broker's share, to see which side of a Course a change moved.
         print(
             "brokers' CPU us/trip by bus (median): "

@@ -15,6 +15,17 @@ first, on the next link: the peer drops copies it has seen (courses.seen), so ea
 accepted once. Reconnection waits ``backoff_min`` doubled per failure up to
 ``backoff_max``, each wait drawn from its upper half (jitter), so buses restarted
 together do not dial in step.
+
+On the ``memory`` engine (whose queue is this process's, every crossing reaching it
+through :meth:`OutboundCourse.submit_frame`), the crossings a loop turn stored are
+sent by the store itself when the link is up, its window has room and the pump task
+is idle: leased and written in that same callback, with no wake-up of the pump (an
+event, a task step and an awaited fetch per Course message). Nothing else changes:
+they are leased from the queue as the pump leases them, held in the same in-flight
+table until acknowledged, and released to the head of the queue when the link drops.
+Only one of the two sends at a time (the pump is idle, and a send of the store that
+had to wait for the socket is awaited by the pump before its own), so the order of
+the queue is the order on the wire.
 """
 
 from __future__ import annotations
@@ -63,6 +74,31 @@ _NO_NOTICES: Final[frozenset[NoticeEvent]] = frozenset()
 Refuse: TypeAlias = Callable[[FaultCode, str], None]
 #: A crossing submitted in this loop turn: (course.id, frame, notify, refuse).
 _Submitted: TypeAlias = tuple[str, bytes, Mapping[str, str], Refuse]
+
+
+class _Live:
+    """The link up now, as the store's own sending path needs it (see the module's
+    docstring): its socket, its in-flight crossings and whether the pump is idle."""
+
+    __slots__ = ("consumer", "idle", "in_flight", "room", "sending", "ws")
+
+    def __init__(
+        self,
+        ws: CourseSocket,
+        in_flight: dict[str, Delivery],
+        room: asyncio.Event,
+        consumer: str,
+    ) -> None:
+        self.ws = ws
+        self.in_flight = in_flight
+        self.room = room
+        self.consumer = consumer
+        #: Whether the pump waits for a wake-up (and for nothing else): the store
+        #: may send then.
+        self.idle = False
+        #: The store's last send, if it had to wait for the socket to drain: the
+        #: pump awaits it before sending, and the store sends nothing until it is done.
+        self.sending: asyncio.Future[None] | None = None
 
 
 @runtime_checkable
@@ -158,6 +194,14 @@ class OutboundCourse:
         #: The engine calls made for them, when it stores one message per call.
         self._calls: list[asyncio.Future[None]] = []
         self._stores_many = engine if isinstance(engine, _StoresMany) else None
+        #: The link up now (memory engine only): see :meth:`_send_stored`.
+        self._live: _Live | None = None
+        #: Course messages sent, by the pump and by the store (for the tests and
+        #: the benchmark: crossings per message).
+        self.messages = 0
+        self.sent_by_store = 0
+        #: Sends of the store that waited for the socket to drain.
+        self.store_sends_waited = 0
 
     async def start(self) -> None:
         """Count what the queue already holds and start dialling (if there are URLs)."""
@@ -225,12 +269,10 @@ class OutboundCourse:
             loop = asyncio.get_running_loop()
             stored = self._stored = loop.create_future()
             # After the callbacks already due in this turn (the rest of a read's
-            # Commands, the rest of a Course message's crossings): one store for all.
+            # Commands, the rest of a Course message's crossings): one store for all,
+            # which on the memory engine also sends them (_send_stored) or wakes the
+            # pump.
             loop.call_soon(self._store)
-            if self._stores_many is not None:
-                # The pump, if it waits, resumes right after that store, in the same
-                # loop turn: a crossing waits no turn more than an eager enqueue's.
-                self._wake.set()
         return stored
 
     def _enqueue(
@@ -297,15 +339,20 @@ class OutboundCourse:
             outcomes: list[BaseException | None] = list(many.enqueue_many(messages))
         except Exception as exc:  # the engine closed: none was stored
             outcomes = [exc] * len(messages)
-        self._settle(batch, outcomes, stored)
+        self._settle(batch, outcomes, stored, wake=False)
+        if not self._send_stored():
+            self._wake.set()
 
     def _settle(
         self,
         batch: list[_Submitted],
         outcomes: Sequence[BaseException | None],
         stored: asyncio.Future[None],
+        *,
+        wake: bool = True,
     ) -> None:
-        """Undo the bounds and tell the senders of what was not stored; wake the pump."""
+        """Undo the bounds and tell the senders of what was not stored; wake the pump
+        (unless ``wake`` is False: the caller sends them itself or wakes it)."""
         domain = self.peer.domain
         for (_, frame, _, refuse), outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
@@ -318,9 +365,95 @@ class OutboundCourse:
                 refuse(outcome.code, outcome.message)
             elif isinstance(outcome, Exception):
                 refuse(FaultCode.ENGINE_UNAVAILABLE, f"the queue for {domain}: {outcome}")
-        self._wake.set()
+        if wake:
+            self._wake.set()
         if not stored.done():
             stored.set_result(None)
+
+    def _send_stored(self) -> bool:
+        """Send what the queue holds now, from the store's own callback, if the link
+        is up, the pump idle and the window open (memory engine); whether it did
+        what the pump would have (False: wake the pump instead).
+
+        Leased and written as the pump does (:meth:`_lease`), in this callback: the
+        memory engine's ``fetch`` and ``ack`` never wait, and a socket's ``send``
+        waits only when its buffer is full, in which case the rest of that send is
+        left to the socket and the pump waits for it before its own
+        (``_Live.sending``).
+        """
+        live = self._live
+        if live is None or not live.idle:
+            return False
+        if live.sending is not None:
+            if not live.sending.done():
+                return False
+            live.sending = None
+        free = self._settings.window - len(live.in_flight)
+        if free <= 0:
+            # The pump waits for room once it looks: woken, it will.
+            return False
+        fetched = start_eagerly(self._engine.fetch(self.queue, live.consumer, count=free))
+        # The memory engine's fetch without a wait never suspends (gateway.engines.memory).
+        assert fetched.done(), "a fetch without a wait suspended"
+        if fetched.exception() is not None:
+            # The engine closed (the broker stops): the pump, woken, meets it too and
+            # ends the link as it did before the store sent anything.
+            return False
+        deliveries = fetched.result()
+        frames, expired = self._lease(deliveries, live.in_flight)
+        if expired:
+            # The memory engine's ``ack`` never waits either.
+            start_eagerly(self._ack_expired(expired))
+        # Counted before the writes, as ``sent`` is.
+        self.sent_by_store += len(frames)
+        for message in pack(frames):
+            self.messages += 1
+            sent = start_eagerly(live.ws.send(message))
+            if not sent.done():
+                # The socket's buffer is full: this send ends once it drains. What
+                # follows is written behind it (a socket keeps the order of its
+                # writes), and the pump, woken, waits for the last before its own.
+                if live.sending is not None:
+                    live.sending.add_done_callback(_quiet)
+                live.sending = sent
+                self.store_sends_waited += 1
+                self._wake.set()
+                continue
+            if sent.exception() is not None:
+                # The link failed: its reader ends the pump, which releases the
+                # leases, and the crossings go again on the next link.
+                self._wake.set()
+        if len(deliveries) >= free:
+            # The window is full or more may wait: the pump looks again once there is
+            # room, as after a fetch of its own.
+            self._wake.set()
+        return True
+
+    def _lease(
+        self, deliveries: list[Delivery], in_flight: dict[str, Delivery]
+    ) -> tuple[list[bytes], list[Delivery]]:
+        """The frames of ``deliveries`` to send, each now in flight, and those that
+        expired instead (for :meth:`_ack_expired`)."""
+        frames: list[bytes] = []
+        expired: list[Delivery] = []
+        now = time.time()
+        for delivery in deliveries:
+            expires = float(delivery.message.headers.get("expires", "inf"))
+            if expires <= now:
+                expired.append(delivery)
+                continue
+            in_flight[delivery.message.id] = delivery
+            frames.append(delivery.message.payload)
+        # Counted before the writes: their acknowledgement (and a notice to the
+        # sender) may come back while the last write still waits to drain.
+        self.sent += len(frames)
+        return frames, expired
+
+    async def _ack_expired(self, expired: list[Delivery]) -> None:
+        """Expired crossings out of the queue, and their senders told (2210)."""
+        await self._engine.ack(self.queue, [d.receipt for d in expired])
+        for delivery in expired:
+            self._finish(delivery, delivered=False)
 
     # -- the link ----------------------------------------------------------------
 
@@ -395,9 +528,11 @@ class OutboundCourse:
         # (a lease run out) and the reader's end is a wake-up too.
         local = self._stores_many is not None
         ticker = asyncio.create_task(self._tick()) if local else None
+        live: _Live | None = None
         if local:
             reader.add_done_callback(lambda _: self._wake.set())
             self._wake.set()  # what the last link left unacknowledged goes first
+            live = self._live = _Live(ws, in_flight, room, consumer)
         try:
             while not reader.done():
                 free = self._settings.window - len(in_flight)
@@ -405,9 +540,22 @@ class OutboundCourse:
                     room.clear()
                     await _first(room.wait(), reader)
                     continue
-                if local:
-                    await self._wake.wait()
+                if live is not None:
+                    # Idle: the store sends what it stores itself (_send_stored), and
+                    # wakes this task only for what it cannot.
+                    live.idle = True
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        live.idle = False
                     self._wake.clear()
+                    if live.sending is not None:
+                        # The store's send that waited for the socket goes first.
+                        sending, live.sending = live.sending, None
+                        await sending
+                    free = self._settings.window - len(in_flight)
+                    if free <= 0:
+                        continue
                     deliveries = await self._engine.fetch(self.queue, consumer, count=free)
                     if len(deliveries) >= free:
                         self._wake.set()  # more may be ready: look again once there is room
@@ -419,29 +567,22 @@ class OutboundCourse:
                         wait=0 if self._wake.is_set() else _FETCH_WAIT,
                     )
                     self._wake.clear()
-                frames: list[bytes] = []
-                expired: list[Delivery] = []
-                now = time.time()
-                for delivery in deliveries:
-                    expires = float(delivery.message.headers.get("expires", "inf"))
-                    if expires <= now:
-                        expired.append(delivery)
-                        continue
-                    in_flight[delivery.message.id] = delivery
-                    frames.append(delivery.message.payload)
+                frames, expired = self._lease(deliveries, in_flight)
                 if expired:
-                    await self._engine.ack(self.queue, [d.receipt for d in expired])
-                    for delivery in expired:
-                        self._finish(delivery, delivered=False)
-                # Counted before the writes: their acknowledgement (and a notice to the
-                # sender) may come back while the last write still waits to drain.
-                self.sent += len(frames)
+                    await self._ack_expired(expired)
                 # A lone crossing as itself, a backlog in batches (courses.wire.pack);
                 # never an iterable, which websockets sends as one fragmented message.
                 for message in pack(frames):
+                    self.messages += 1
                     await ws.send(message)
             await reader
         finally:
+            # The store sends no more on this link: what is in flight is released
+            # below, and the next link's pump sends it first.
+            self._live = None
+            if live is not None and live.sending is not None:
+                # Settled by the socket's end: read, so that nothing is left unheard.
+                live.sending.add_done_callback(_quiet)
             if ticker is not None:
                 await cancel_and_wait(ticker)
             reader.cancel()
@@ -485,6 +626,12 @@ class OutboundCourse:
         self.depth -= 1
         self.bytes -= len(message.payload)
         self._on_done(Crossing(message.id, message.payload, delivered, message.headers))
+
+
+def _quiet(future: asyncio.Future[None]) -> None:
+    """Read a send's outcome nobody awaits (the link ended under it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _bytes(data: str | bytes) -> bytes:

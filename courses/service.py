@@ -44,7 +44,7 @@ from typing import Any, Final, Protocol
 import asbp
 from asbp import Command, FaultCode, ProtocolError
 from asbp.fault_commands import fault_command
-from asbp.names import FAULT
+from asbp.names import FAULT, NOTIFICATION
 from courses.credential import SigningKey
 from courses.link import Crossing, OutboundCourse
 from courses.seen import MemorySeen, RedisSeen, Seen
@@ -720,7 +720,21 @@ class Courses:
     ) -> None:
         """To the Subjects here holding ``addresses``, and to the brokers ``located``
         holding them elsewhere (one envelope each); ``unknown``: the fault for an
-        address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`."""
+        address found nowhere (2201 by default); ``stamped``: as for :meth:`_send`.
+
+        An ``asbp.notification`` carrying a ``receipt`` is refused (3201): it is a
+        queue delivery, which only a broker sends its own Channels, and a client
+        counting queue deliveries apart (``count=2``) would not count it, though
+        the Channel's log numbers it. This bus's brokers refuse it where it starts
+        (gateway.routing.router); one can still come over a Course from an older
+        peer bus."""
+        if "receipt" in command and command.name == NOTIFICATION:
+            refuse(
+                FaultCode.ACCESS_DENIED,
+                f"an {NOTIFICATION} carrying a 'receipt' is a queue delivery, which only"
+                " the broker sends: relay it without the receipt (or under another key)",
+            )
+            return
         registry = self._subjects
         elsewhere: dict[str, list[str]] = {}
         if located:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 
 from agents import AgentCredentialSource, ApplicationAgent, Request, generate_agent_key
@@ -184,12 +185,17 @@ async def serve_bus(
     config: GatewayConfig,
     tls: TlsFiles | None,
     log: logging.Logger | None = None,
+    *,
+    app: Starlette | None = None,
     **serving: Any,
 ) -> AsyncIterator[RunningServer]:
     """The bus's broker, in this process, with its signin agent registered;
-    ``serving`` goes to :func:`~tests.support.serve_app_async` (``server``, ``h2``)."""
+    ``serving`` goes to :func:`~tests.support.serve_app_async` (``server``, ``h2``).
+    ``app``: the broker already made from ``config`` (``create_app``), for a test
+    that looks at its state (``app.state.courses``); None: made here."""
     async with contextlib.AsyncExitStack() as stack:
-        app = create_app(config, log=log)
+        if app is None:
+            app = create_app(config, log=log)
         running = await stack.enter_async_context(serve_app_async(app, tls=tls, **serving))
         agent = signin_agent(bus, running.ws_url + "/tube", tls)
         await stack.enter_async_context(agent)
@@ -202,8 +208,10 @@ class Relay:
 
     ``hold_back`` keeps every byte the broker sends from reaching the dialler from
     then on (the acknowledgements of a Course), as a receiver killed before it could
-    acknowledge would; ``cut()`` aborts every connection and refuses new ones until
-    ``target`` is set again.
+    acknowledge would; :meth:`stall` stops reading what the dialler sends until
+    :meth:`resume`, as a peer too slow to read would, so that the dialler's socket
+    fills; ``cut()`` aborts every connection and refuses new ones until ``target`` is
+    set again.
     """
 
     def __init__(self) -> None:
@@ -212,6 +220,9 @@ class Relay:
         self.hold_back = False
         self.connections = 0
         self._changed = asyncio.Event()
+        #: Set while what the dialler sends is read (see :meth:`stall`).
+        self._reading = asyncio.Event()
+        self._reading.set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
@@ -234,8 +245,17 @@ class Relay:
     def cut(self) -> None:
         self.target = None
         self.hold_back = False
+        self._reading.set()
         for writer in list(self._writers):
             writer.transport.abort()
+
+    def stall(self) -> None:
+        """Stop reading what the dialler sends (it stays in the sockets' buffers)."""
+        self._reading.clear()
+
+    def resume(self) -> None:
+        """Read what the dialler sends again."""
+        self._reading.set()
 
     async def drain(self) -> None:
         """Cut, and wait until every connection it forwarded has ended on both sides."""
@@ -282,7 +302,12 @@ class Relay:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, back: bool
     ) -> None:
         try:
-            while data := await reader.read(65536):
+            while True:
+                if not back:
+                    await self._reading.wait()
+                data = await reader.read(65536)
+                if not data:
+                    break
                 if back and self.hold_back:
                     continue  # held back: the dialler never sees it
                 writer.write(data)

@@ -11,13 +11,15 @@ messages read meanwhile must wait in the server's queue and come after it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
 
-from asbp import Command, decode, encode
+from asbp import Command, FaultCode, decode, encode
 from courses.credential import SigningKey
+from gateway.app import create_app
 from tests.courses.buses import bus_config, make_bus, serve_bus, user
 from tests.support import RedisServer, T
 
@@ -101,3 +103,73 @@ async def test_on_redis_the_task_takes_each_message_and_ends_a_course_sending_ju
             assert course.close_code == 1008
             got = [(await bob.recv()).body for _ in range(3)]
             assert got == [b"1", b"2", b"3"]
+
+
+async def test_a_queue_delivery_from_an_older_peer_bus_is_refused_with_3201(
+    tmp_path: Path,
+) -> None:
+    """Our brokers refuse an ``asbp.notification`` with a ``receipt`` where it starts;
+    a peer bus that does not (an older version, here spoken by hand over the Course
+    protocol with a.test's own key) still gets it refused here: bob never sees it,
+    and the fault waits in b.test's queue for alice, on a.test, while what follows
+    is delivered."""
+    a, b = make_bus(tmp_path, "a.test"), make_bus(tmp_path, "b.test")
+    # a.test is dialled at a port nobody listens on: what goes back waits in b's queue.
+    config_b = bus_config(b, {a: "ws://127.0.0.1:9/course"}, tls=None)
+    records: list[logging.LogRecord] = []
+    log = logging.getLogger(f"test.receipt.{tmp_path.name}")
+    log.setLevel(logging.INFO)
+    log.addHandler(_Records(records))
+    app_b = create_app(config_b, log=log)
+    async with (
+        serve_bus(b, config_b, None, app=app_b) as running,
+        user(running.ws_url, "bob", None) as bob,
+    ):
+        token, _ = SigningKey((a.directory / "bus.pem").read_bytes(), domain="a.test").sign(
+            "b.test", lifetime=60
+        )
+        receipt = encode(
+            Command(
+                {
+                    "c": "asbp.notification",
+                    "receipt": "r-1",
+                    "r": "bob*b.test",
+                    "p": "alice*a.test",
+                    "u": 7,
+                    "course.id": f"{0:032x}",
+                    "course.via": ["a.test"],
+                },
+                b"relayed",
+            )
+        )
+        async with connect(
+            f"{running.ws_url}/course", additional_headers={"Authorization": f"Bearer {token}"}
+        ) as course:
+            await asyncio.wait_for(course.recv(), 5 * T)  # asbp.course
+            await course.send(receipt)
+            await course.send(_crossing(1, "bob*b.test"))
+            acked: list[str] = []
+            while len(acked) < 2:
+                reply = await asyncio.wait_for(course.recv(), 5 * T)
+                ack = decode(reply if isinstance(reply, bytes) else reply.encode())
+                ids = ack.get("course.id")
+                acked += [ids] if isinstance(ids, str) else list(ids or ())
+        assert acked == [f"{0:032x}", f"{1:032x}"]
+        assert (await bob.recv()).body == b"1"
+        # The fault for alice, queued for the Course to a.test (never dialled here).
+        assert app_b.state.courses.links["a.test"].depth == 1
+        (refused,) = [r for r in records if r.msg == "course.refused_command"]
+        assert refused.__dict__["code"] == FaultCode.ACCESS_DENIED
+        assert refused.__dict__["command"] == "asbp.notification"
+        assert "receipt" in refused.__dict__["reason"]
+
+
+class _Records(logging.Handler):
+    """Keeps the records the broker logs (from its server's thread)."""
+
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
