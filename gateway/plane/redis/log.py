@@ -83,6 +83,11 @@ def _last_forwarded(reply: Any) -> bytes | None:
     return None if reply is None else bytes(reply)
 
 
+def _pack(frames: Sequence[bytes]) -> bytes:
+    """``frames`` as one packed entry: each a 4-byte big-endian length, then the frame."""
+    return b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
+
+
 def _read(reply: Any) -> LogRead | None:
     if reply is None:
         return None
@@ -176,7 +181,10 @@ class RedisChannelLog:
         return self._submit(script_command(LOG_HOLD, self._keys(channel_id), args), _held)
 
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
-        args = (*self._append_args(channel_id, b"")[1:], self._broker_id, *frames)
+        # Several frames go packed, one stream entry for the call (log_scripts.py): Redis
+        # parses one argument and adds one entry instead of one per frame.
+        packed = frames[0] if len(frames) == 1 else _pack(frames)  # none: b""
+        args = (*self._append_args(channel_id, b"")[1:], self._broker_id, packed, len(frames))
         return self._submit(script_command(LOG_HELD_APPEND, self._keys(channel_id), args), int)
 
     def release(self, channel_id: str) -> asyncio.Future[None]:
