@@ -4,21 +4,26 @@
 
 Runs ``bench/queues.py``'s broker path (a broker process on a private
 ``redis-server``, a WebSocket publisher with 100 ``asbp.publish`` outstanding
-and a subscriber acknowledging per 50) once to warm up, then once measured:
-around the measured run it resets Redis's statistics (``CONFIG RESETSTAT``) and
-logs every call (``SLOWLOG`` with a threshold of 0), and prints, per message:
+and a subscriber acknowledging per 50), or its ``engine`` or ``raw`` target,
+once to warm up and twice measured, and prints per message:
 
-* each top-level call, scripts by name (their EVALSHA's SHA-1 mapped to the
-  scripts of gateway/engines/redis/ and gateway/plane/redis/): calls and
-  microseconds of Redis's time inside the call; then, indented, the commands
-  the scripts made (part of their scripts' time);
-* each command as ``INFO commandstats`` counts it (the commands scripts make
-  counted under their own names too);
-* redis-server's CPU per message from /proc, of which the calls above are a
-  part (the rest is reading, parsing and answering the connections).
+* from the first run, with Redis's statistics reset before it (``CONFIG
+  RESETSTAT``): each command as ``INFO commandstats`` counts it (EVALSHA for
+  every script; the commands scripts make counted under their own names too),
+  and redis-server's CPU from /proc, of which the commands are a part (the
+  rest is reading, parsing and answering the connections);
+* from the second, with every call logged (``SLOWLOG`` at a threshold of 0):
+  each top-level call, scripts by name (their EVALSHA's SHA-1 mapped to the
+  Script constants of gateway/engines/redis/ and gateway/plane/redis/), its
+  calls, microseconds of Redis's time and share of all calls' time, and under
+  it the commands it made (logged before their script, from the client
+  ``?:0``; ``--by-key`` names each by its key's kind).
 
-A profile, not a benchmark: the slow log costs Redis a little per call, so the
-CPU it prints runs above ``bench/queues.py``'s.
+A profile, not a benchmark: the slow log costs Redis about a microsecond per
+command logged, commands made by scripts included, so the second run's times run
+above the first's, most for the scripts that make a command per message; and
+``commandstats`` times are wall-clock time in the call, so a busy machine inflates
+them. Compare shares within a run, and CPU per message with ``bench/queues.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import pkgutil
 import sys
 import tempfile
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,56 +92,97 @@ async def profile(url: str, pid: int, args: argparse.Namespace, directory: Path)
                 return await queues.run_raw(url, messages, payload)
 
         await run(min(args.messages, 2000))  # warm up: connections, script cache
+        # First without the slow log: Redis's real time in commands and its CPU.
+        await client.config_resetstat()
+        before = queues.schedstat(pid)
+        rate = await run(args.messages)
+        after = queues.schedstat(pid)
+        plain: Any = await client.info("commandstats")
+        # Then with every call logged, for who made which call.
         await client.config_set("slowlog-max-len", 1_000_000)
         await client.slowlog_reset()
         await client.config_resetstat()
         await client.config_set("slowlog-log-slower-than", 0)
-        before = queues.schedstat(pid)
-        rate = await run(args.messages)
-        after = queues.schedstat(pid)
+        await run(args.messages)
         await client.config_set("slowlog-log-slower-than", 10_000)
         entries: Any = await client.slowlog_get(-1)
-        stats: Any = await client.info("commandstats")
     n = args.messages
-    calls: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # calls, usec, inner
-    for entry in entries:
+    print(f"{n:,} messages, {rate:,.0f} msg/s, target {args.target}")
+    commandstats(n, plain)
+    print("\nWith every call logged (SLOWLOG), by who made it:")
+    report(n, attribute(entries, names, by_key=args.by_key))
+    if before is not None and after is not None:
+        print(f"\nredis-server CPU per message: {(after[0] - before[0]) / 1e3 / n:.2f} us")
+
+
+@dataclass
+class Calls:
+    """One kind of call in the slow log: how many, their time, and the commands made
+    inside them (a script's)."""
+
+    count: int = 0
+    usec: int = 0
+    inner: int = 0
+    made: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def attribute(entries: Any, names: dict[str, str], *, by_key: bool) -> dict[str, Calls]:
+    """The slow log's entries by call: a script by its name, a command by its name (and
+    its key's kind with ``by_key``). A command a script made is logged too, before the
+    script's own entry and from the client ``?:0``: it is counted in its script's row."""
+    calls: dict[str, Calls] = defaultdict(Calls)
+    made: list[str] = []
+    for entry in reversed(entries):  # oldest first: a script's commands, then it
         # redis-py joins the arguments with spaces: the first three are all we read.
         argv = _text(entry["command"]).split(" ", 3)[:3]
         command = argv[0].lower()
         if command in ("slowlog", "config", "info"):
             continue
-        if command == "evalsha":
-            key = "script " + names.get(argv[1], argv[1][:12])
-        elif args.by_key and len(argv) > 1:
-            # The key's kind: its name up to the first ':' after the prefix.
-            key = command + " " + ":".join(argv[1].split(":")[:2])
-        else:
+        if _text(entry.get("client_address", "")) == "?:0":
             key = command
-        # A command a script made is logged too, from the client "?:0": inside its
-        # script's time, so listed apart (indented) and left out of the total.
-        inner = _text(entry.get("client_address", "")) == "?:0"
-        row = calls[("  " if inner else "") + key]
-        row[0] += 1
-        row[1] += int(entry["duration"])
-        row[2] += inner
-    total = sum(row[1] for row in calls.values() if not row[2])
-    print(f"{n:,} messages, {rate:,.0f} msg/s, target {args.target}")
-    print(f"{'call (indented: made by scripts)':34} {'calls/msg':>10} {'us/call':>9} {'us/msg':>8}")
-    listed = sorted(calls.items(), key=lambda kv: (bool(kv[1][2]), -kv[1][1]))
-    for key, (count, usec, _) in listed:
-        print(f"{key:34} {count / n:10.3f} {usec / count:9.2f} {usec / n:8.2f}")
-    print(f"{'(all top-level calls)':34} {'':10} {'':9} {total / n:8.2f}")
-    print(f"\n{'command (INFO commandstats)':34} {'calls/msg':>10} {'us/call':>9} {'us/msg':>8}")
-    rows: list[tuple[str, int, int]] = []
-    for key, value in stats.items():
-        name = key.removeprefix("cmdstat_")
-        if name in ("slowlog", "config", "info"):
+            if by_key and len(argv) > 1:  # the key's kind: its name's first two parts
+                key += " " + ":".join(argv[1].split(":")[:2])
+            made.append(key)
             continue
-        rows.append((name, int(value["calls"]), int(value["usec"])))
+        name = "script " + names.get(argv[1], argv[1][:12]) if command == "evalsha" else command
+        row = calls[name]
+        row.count += 1
+        row.usec += int(entry["duration"])
+        row.inner += len(made)
+        for key in made:
+            row.made[key] += 1
+        made = []
+    return calls
+
+
+def report(n: int, calls: dict[str, Calls]) -> None:
+    """Per message: each call's time in Redis and its share, with the commands a script made."""
+    total = sum(row.usec for row in calls.values())
+    print(
+        f"{'call':30} {'calls/msg':>9} {'us/call':>8} {'us/msg':>7} {'share':>6} {'cmds/call':>9}"
+    )
+    for name, row in sorted(calls.items(), key=lambda kv: -kv[1].usec):
+        if row.usec < total / 1000:
+            continue  # start-up and housekeeping: nothing per message
+        print(
+            f"{name:30} {row.count / n:9.3f} {row.usec / row.count:9.2f} {row.usec / n:9.2f}"
+            f" {row.usec / total:9.1%} {row.inner / row.count:9.1f}"
+        )
+        for key, count in sorted(row.made.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"    {key:26} {count / n:9.3f} per message")
+    print(f"{'(all calls)':30} {'':9} {'':9} {total / n:9.2f}")
+
+
+def commandstats(n: int, plain: Any) -> None:
+    """INFO commandstats of the run without the slow log, per message."""
+    print(f"\n{'command (INFO commandstats, no slow log)':42} {'calls/msg':>9} {'us/msg':>7}")
+    rows = [
+        (key.removeprefix("cmdstat_"), int(value["calls"]), int(value["usec"]))
+        for key, value in plain.items()
+    ]
     for name, count, usec in sorted(rows, key=lambda r: -r[2]):
-        print(f"{name:34} {count / n:10.3f} {usec / count:9.2f} {usec / n:8.2f}")
-    if before is not None and after is not None:
-        print(f"\nredis-server CPU per message: {(after[0] - before[0]) / 1e3 / n:.2f} us")
+        if usec >= n / 100 and name not in ("slowlog", "config|set", "config|resetstat", "info"):
+            print(f"{name:42} {count / n:9.3f} {usec / n:7.2f}")
 
 
 def main() -> None:
