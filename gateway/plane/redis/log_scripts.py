@@ -531,11 +531,13 @@ return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 
 #: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
 #: stream cap, the broker, the frames (all a Channel got in one turn of its
-#: broker's loop: one call), how many. The frames come packed (each a 4-byte
-#: big-endian length and the frame) when there are several, and go into the
-#: stream as one entry (see the prelude); one frame comes as it is. Returns the
-#: last one's number, 0 when there is no log, -1 when another broker holds it
-#: (then none is appended). Retention is applied once, after the last.
+#: broker's loop: one call), how many, '1' to pack. The frames come packed (each
+#: a 4-byte big-endian length and the frame) when there are several, and go into
+#: the stream as one entry (see the prelude) when every broker of the bus reads
+#: those ('1'), else one entry each, as older brokers wrote and read them; one
+#: frame comes as it is. Returns the last one's number, 0 when there is no log,
+#: -1 when another broker holds it (then none is appended). Retention is applied
+#: once, after the last.
 LOG_HELD_APPEND: Final = Script(
     "log_held_append",
     _PRELUDE
@@ -553,10 +555,21 @@ local n = redis.call('HINCRBY', meta, 'n', count)
 local size = #ARGV[9]
 if count > 1 then size = size - 4 * count end
 local c = redis.call('HINCRBY', meta, 'c', size)
-if count > 1 then
-  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[9], 't', ARGV[1], 'c', c, 'k', count)
-elseif count == 1 then
+if count == 1 then
   redis.call('XADD', stream, '0-' .. n, 'f', ARGV[9], 't', ARGV[1], 'c', c)
+elseif count > 1 and ARGV[11] == '1' then
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[9], 't', ARGV[1], 'c', c, 'k', count)
+elseif count > 1 then
+  -- A bus with an older broker: an entry per frame, which it reads.
+  local blob, pos, number, through = ARGV[9], 1, n - count, c - size
+  while pos <= #blob do
+    local len = struct.unpack('>I4', blob, pos)
+    number = number + 1
+    through = through + len
+    redis.call('XADD', stream, '0-' .. number, 'f', string.sub(blob, pos + 4, pos + 3 + len),
+      't', ARGV[1], 'c', through)
+    pos = pos + 4 + len
+  end
 end
 redis.call('HINCRBY', meta, 'b', size)
 trim(now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))

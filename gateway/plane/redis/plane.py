@@ -85,7 +85,7 @@ from gateway.plane.redis.batches import (
 )
 from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
-from gateway.plane.redis.log import RedisChannelLog
+from gateway.plane.redis.log import LOG_FORMAT, RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
     CHANNEL_CLOSED,
@@ -425,7 +425,15 @@ class RedisPlane:
     async def _renew(self) -> None:
         prefix = self._prefix
         previous = await self._call(
-            ("SET", f"{prefix}alive:{self._broker_id}", "1", "PX", int(self._lease * 500), "GET")
+            # Its value says which Channel-log entries this broker reads (log.py, LOG_FORMAT).
+            (
+                "SET",
+                f"{prefix}alive:{self._broker_id}",
+                LOG_FORMAT,
+                "PX",
+                int(self._lease * 500),
+                "GET",
+            )
         )
         # The copy beside the stream, which sends check (another slot on a cluster);
         # its value says this broker reads packed entries (gateway.plane.redis.batches).
@@ -434,6 +442,7 @@ class RedisPlane:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
         await self.sweep()
+        await self.learn_log_format()
         peers = sorted(self._peers)
         if peers:
             alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
@@ -442,6 +451,18 @@ class RedisPlane:
                     self._peers.discard(peer)
                     if self._lost is not None:
                         self._lost(peer)
+
+    async def learn_log_format(self) -> None:
+        """Whether every broker of the bus reads Channel-log entries of several frames:
+        until then this broker's logs take one entry per frame (log.py, LOG_FORMAT).
+        Asked at every renewal, so a rolling upgrade packs once its last older broker
+        has gone."""
+        prefix = self._prefix
+        brokers = sorted(_names(await self._call(("SMEMBERS", f"{prefix}brokers"))))
+        if not brokers:  # pragma: no cover - this broker is a member once renewed
+            return
+        leases = await self._call(("MGET", *[f"{prefix}alive:{b}" for b in brokers]))
+        self._log.packs = all(lease in (None, LOG_FORMAT.encode()) for lease in leases)
 
     async def _leave(self) -> None:
         """Drop this broker's entries, a batch per script call, then its stream

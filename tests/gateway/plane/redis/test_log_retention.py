@@ -196,3 +196,37 @@ async def test_the_byte_bound_cuts_inside_a_packed_entry(redis_url: str, client:
         assert [frame for _, frame in read.frames] == frames[7:]
     finally:
         await plane.close()
+
+
+async def test_with_an_older_broker_on_the_bus_each_frame_is_an_entry(
+    plane: RedisPlane, client: Client
+) -> None:
+    # An older broker reads (and trims) one frame per entry: while its lease is up,
+    # with its value 1, the frames of a call go into an entry each.
+    await client.sadd(f"{{{PREFIX}}}brokers", "broker-old")
+    await client.set(f"{{{PREFIX}}}alive:broker-old", "1")
+    await plane.learn_log_format()
+    log = plane.channel_log
+    await log.open(CHANNEL, digest=b"d" * 32, idle=3600.0)
+    assert await log.hold(CHANNEL) == ("", 0)
+    frames = [b"c=o;" + b"w" * n for n in range(6)]
+    assert await log.held_append(CHANNEL, frames[:3]) == 3
+    entries = await client.xrange(STREAM)
+    assert [entry_id for entry_id, _ in entries] == [b"0-1", b"0-2", b"0-3"]
+    assert [fields[b"f"] for _, fields in entries] == frames[:3]
+    assert [int(fields[b"c"]) for _, fields in entries] == [
+        sum(len(f) for f in frames[:n]) for n in (1, 2, 3)
+    ]
+    assert all(b"k" not in fields for _, fields in entries)
+    # Gone (its lease ended): the next call's frames are one entry.
+    await client.delete(f"{{{PREFIX}}}alive:broker-old")
+    await plane.learn_log_format()
+    assert await log.held_append(CHANNEL, frames[3:]) == 6
+    entries = await client.xrange(STREAM)
+    assert [entry_id for entry_id, _ in entries] == [b"0-1", b"0-2", b"0-3", b"0-6"]
+    assert int(entries[-1][1][b"k"]) == 3
+    counted, held = await held_bytes(client)
+    assert counted == held == sum(len(f) for f in frames)
+    read = await log.read(CHANNEL, 1, 100, 0)
+    assert read is not None
+    assert read.frames == tuple(enumerate(frames[1:], start=2))
