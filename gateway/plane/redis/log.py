@@ -50,7 +50,13 @@ from gateway.plane.redis.log_scripts import (
 )
 from gateway.plane.redis.release_barriers import ReleaseBarriers
 
-__all__ = ["RedisChannelLog", "Submit"]
+__all__ = ["LOG_FORMAT", "RedisChannelLog", "Submit"]
+
+#: The value of a broker's lease (``alive:<b>``) when it reads log entries of several
+#: frames (log_scripts.py); an older broker's is ``1``. A log is read, trimmed and
+#: appended to by any broker of the bus, so a broker packs a call's frames into one
+#: entry only while every live broker's lease says this (RedisPlane.learn_log_format).
+LOG_FORMAT: Final = "2"
 
 #: Submits one command to the plane's Batcher; the future is settled with
 #: ``convert(reply)``, or fails with PlaneUnavailable.
@@ -81,6 +87,11 @@ def _last_forwarded(reply: Any) -> bytes | None:
     """LOG_RELEASE's answer: the last entry forwarded here for the Channel (b'' none),
     None when this broker did not hold the log."""
     return None if reply is None else bytes(reply)
+
+
+def _pack(frames: Sequence[bytes]) -> bytes:
+    """``frames`` as one packed entry: each a 4-byte big-endian length, then the frame."""
+    return b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
 
 
 def _read(reply: Any) -> LogRead | None:
@@ -128,6 +139,9 @@ class RedisChannelLog:
             retention.max_frames,
             retention.max_bytes,
         )
+        #: Every broker of the bus reads packed entries: a held append writes one entry
+        #: per call, not one per frame (set by the plane, from the brokers' leases).
+        self.packs = False
         #: Channel → the futures of this broker's readers parked on its log.
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         #: The release barriers this broker has up; its plane's reader says how far
@@ -180,7 +194,17 @@ class RedisChannelLog:
         return self._submit(script_command(LOG_HOLD, self._keys(channel_id), args), _held)
 
     def held_append(self, channel_id: str, frames: Sequence[bytes]) -> asyncio.Future[int]:
-        args = (*self._append_args(channel_id, b"")[1:], self._broker_id, *frames)
+        # Several frames go packed, one argument, and into one stream entry for the call
+        # once every broker reads those (log_scripts.py): Redis adds one entry instead of
+        # one per frame. Until then the script unpacks them into an entry each.
+        packed = frames[0] if len(frames) == 1 else _pack(frames)  # none: b""
+        args = (
+            *self._append_args(channel_id, b"")[1:],
+            self._broker_id,
+            packed,
+            len(frames),
+            "1" if self.packs else "",
+        )
         return self._submit(script_command(LOG_HELD_APPEND, self._keys(channel_id), args), int)
 
     def release(self, channel_id: str) -> asyncio.Future[None]:

@@ -83,20 +83,88 @@ local function live(now)
   return true
 end
 local function seq(id) return tonumber(string.sub(id, 3)) end
+-- An entry holds one frame (fields f, t, c) or, written by LOG_HELD_APPEND, the
+-- frames of one call packed (f: each a 4-byte big-endian length and the frame;
+-- then t, c and k, how many). Its ID is the number of its last frame, so the
+-- stream's order is still the numbers' order and one XRANGE from ``0-<m>``
+-- starts at the entry holding frame m. One entry per call instead of one per
+-- frame: Redis's work per logged frame was most of the log's share per queued
+-- message (bench/README.md, "queues.py", issue 17). Retention may cut inside a
+-- packed entry: the hash's ``d`` is the last number gone (absent: none cut),
+-- and reads skip what an entry still holds through it.
+local function count_of(e) return tonumber(e[2][8]) or 1 end
+local function first_of(e) return seq(e[1]) - count_of(e) + 1 end
+-- The sizes of e's frames, oldest first, without copying them.
+local function sizes_of(e)
+  if not e[2][8] then return {#e[2][2]} end
+  local out, blob, pos = {}, e[2][2], 1
+  while pos <= #blob do
+    local len = struct.unpack('>I4', blob, pos)
+    out[#out + 1] = len
+    pos = pos + 4 + len
+  end
+  return out
+end
+-- e's frames as {number, frame, ...} from number ``from`` on, at most ``limit``.
+local function frames_of(e, from, limit, out)
+  local number = first_of(e)
+  if not e[2][8] then
+    if number >= from and limit > 0 then
+      out[#out + 1] = number
+      out[#out + 1] = e[2][2]
+      return 1
+    end
+    return 0
+  end
+  local blob, pos, taken = e[2][2], 1, 0
+  while pos <= #blob and taken < limit do
+    local len = struct.unpack('>I4', blob, pos)
+    if number >= from then
+      out[#out + 1] = number
+      out[#out + 1] = string.sub(blob, pos + 4, pos + 3 + len)
+      taken = taken + 1
+    end
+    pos = pos + 4 + len
+    number = number + 1
+  end
+  return taken
+end
+-- The bytes of e's frames numbered lo..hi.
+local function bytes_in(e, lo, hi)
+  local size, number = 0, first_of(e)
+  for _, len in ipairs(sizes_of(e)) do
+    if number >= lo and number <= hi then size = size + len end
+    number = number + 1
+  end
+  return size
+end
+local function gone_through()
+  return tonumber(redis.call('HGET', meta, 'd') or '0')
+end
+-- Frames through ``through`` leave the stream, whole entries and the head of the
+-- one holding it; the byte count ``b`` follows.
+local function drop_through(through)
+  local d = gone_through()
+  if through <= d then return end
+  local size = 0
+  for _, e in ipairs(redis.call('XRANGE', stream, '-', '0-' .. through)) do
+    size = size + bytes_in(e, d + 1, through)
+  end
+  redis.call('XTRIM', stream, 'MINID', '0-' .. (through + 1))
+  local e = redis.call('XRANGE', stream, '0-' .. (through + 1), '+', 'COUNT', 1)[1]
+  if e and first_of(e) <= through then size = size + bytes_in(e, d + 1, through) end
+  redis.call('HINCRBY', meta, 'b', -size)
+  redis.call('HSET', meta, 'd', through)
+end
 local function ack(through)
   local m = redis.call('HMGET', meta, 'a', 'n')
   local acked, last = tonumber(m[1]), tonumber(m[2])
   if through > last then through = last end
   if through <= acked then return end
-  local size = 0
-  for _, e in ipairs(redis.call('XRANGE', stream, '-', '0-' .. through)) do
-    size = size + #e[2][2]
-  end
-  redis.call('XTRIM', stream, 'MINID', '0-' .. (through + 1))
-  redis.call('HINCRBY', meta, 'b', -size)
+  drop_through(through)
   redis.call('HSET', meta, 'a', through)
 end
--- What goes is always a prefix of the stream (oldest first), so the loop only
+-- What goes is always a prefix of the frames (oldest first), so the loop only
 -- reads the head a page at a time and one XTRIM MINID drops it all: a held
 -- WebSocket Channel's log is acknowledged only by retention, so once past
 -- max_frames every append drops as many frames as it adds, and an XRANGE and an
@@ -104,31 +172,35 @@ end
 --
 -- Past max_frames (every append of a held log, once full) the frames that go
 -- are not read at all: the numbers are contiguous (only prefixes ever leave),
--- so the last one to go is number n - max_frames, and its field ``c`` (the
--- log's bytes appended through it, the running total kept in the hash's ``c``)
--- gives the bytes left without summing the frames that go. Reading them cost
+-- so the last one to go is number n - max_frames, and the field ``c`` of its
+-- entry (the log's bytes appended through that entry's last frame, the running
+-- total kept in the hash's ``c``), less the sizes of the entry's frames after
+-- it, gives the bytes left without summing the frames that go. Reading them cost
 -- Redis about as much as appending them (bench/README.md, "queues.py"). A log
 -- written before ``c`` existed has entries without it: those are summed.
 local function trim(now, max_age, max_frames, max_bytes)
-  local count = redis.call('XLEN', stream)
-  local m = redis.call('HMGET', meta, 'b', 'a', 'n', 'c')
-  local size, acked = tonumber(m[1]), tonumber(m[2])
-  local lost, last = 0, nil
-  local from = '-'
-  -- Past the frames over max_frames, the head that stays: one entry, which the age
-  -- and byte bounds usually keep (a page of 16 at a time once they do not).
-  local ahead = 1
+  local m = redis.call('HMGET', meta, 'b', 'a', 'n', 'c', 'd')
+  local size, acked, newest = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
+  local head = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  if not head then return end
+  -- Frames through ``gone`` have left; the rest are contiguous through ``newest``.
+  local gone = math.max(tonumber(m[5] or '0'), first_of(head) - 1)
+  local count = newest - gone
+  local cut = nil
   if count > max_frames and m[4] then
-    local k = tonumber(m[3]) - max_frames
-    local e = redis.call('XRANGE', stream, '0-' .. k, '0-' .. k)[1]
+    local k = newest - max_frames
+    local e = redis.call('XRANGE', stream, '0-' .. k, '+', 'COUNT', 1)[1]
     if e and e[2][6] then
-      size = tonumber(m[4]) - tonumber(e[2][6])
+      local through = tonumber(e[2][6])
+      if seq(e[1]) > k then through = through - bytes_in(e, k + 1, seq(e[1])) end
+      size = tonumber(m[4]) - through
       count = max_frames
-      last = k
-      if last > acked then lost = last end
-      from = '(0-' .. k
+      gone = k
+      cut = k
     end
   end
+  local from = '0-' .. (gone + 1)
+  local ahead = 1
   while count > 0 do
     -- The frames over max_frames go whatever their age; then the head for the
     -- byte and age bounds, and the next page if those go on.
@@ -137,24 +209,40 @@ local function trim(now, max_age, max_frames, max_bytes)
     ahead = 16
     if #page == 0 then break end
     local stop = false
-    for _, head in ipairs(page) do
-      local over = count > max_frames or (count > 1 and size > max_bytes)
-      if not over and tonumber(head[2][4]) > now - max_age then
+    for _, e in ipairs(page) do
+      local fresh = tonumber(e[2][4]) > now - max_age
+      -- Kept from its first frame held on, as usual: then its sizes are not read.
+      if fresh and count <= max_frames and (count <= 1 or size <= max_bytes) then
         stop = true
         break
       end
-      count = count - 1
-      size = size - #head[2][2]
-      last = seq(head[1])
-      if last > acked then lost = last end
-      if count == 0 then break end
+      local number = first_of(e)
+      for _, len in ipairs(sizes_of(e)) do
+        if number > gone then
+          local over = count > max_frames or (count > 1 and size > max_bytes)
+          if not over and fresh then
+            stop = true
+            break
+          end
+          count = count - 1
+          size = size - len
+          gone = number
+          cut = number
+          if count == 0 then break end
+        end
+        number = number + 1
+      end
+      if stop or count == 0 then break end
     end
     if stop or count == 0 then break end
     from = '(' .. page[#page][1]
   end
-  if last then redis.call('XTRIM', stream, 'MINID', '0-' .. (last + 1)) end
+  if cut then
+    redis.call('XTRIM', stream, 'MINID', '0-' .. (cut + 1))
+    redis.call('HSET', meta, 'd', cut)
+    if cut > acked then redis.call('HSET', meta, 'l', cut) end
+  end
   redis.call('HSET', meta, 'b', size)
-  if lost > 0 then redis.call('HSET', meta, 'l', lost) end
 end
 -- The brokers to wake that a script could not reach itself: with an empty
 -- prefix (on a Redis Cluster, where their streams are in other slots) the
@@ -348,11 +436,15 @@ if not live(now) then return false end
 local after = tonumber(ARGV[1])
 ack(after)
 trim(now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
-local m = redis.call('HMGET', meta, 'n', 'l', 'x')
+local m = redis.call('HMGET', meta, 'n', 'l', 'x', 'd')
 local out = {tonumber(m[1]), tonumber(m[2])}
-for _, e in ipairs(redis.call('XRANGE', stream, '0-' .. (after + 1), '+', 'COUNT', ARGV[2])) do
-  out[#out + 1] = seq(e[1])
-  out[#out + 1] = e[2][2]
+-- From the entry holding the first frame wanted; a packed entry may hold frames
+-- before it, and frames retention cut (through ``d``).
+local from = math.max(after, tonumber(m[4] or '0')) + 1
+local left = tonumber(ARGV[2])
+for _, e in ipairs(redis.call('XRANGE', stream, '0-' .. from, '+', 'COUNT', ARGV[2])) do
+  if left <= 0 then break end
+  left = left - frames_of(e, from, left, out)
 end
 if #out == 2 and ARGV[3] ~= '' then
   redis.call('SADD', waiting, ARGV[3])
@@ -438,8 +530,12 @@ return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 )
 
 #: ARGV: now ms, max age ms, max frames, max bytes, plane prefix, channel, inbound
-#: stream cap, the broker, then the frames (all a Channel got in one turn of its
-#: broker's loop: one call). Returns the last one's number, 0 when there is no log,
+#: stream cap, the broker, the frames (all a Channel got in one turn of its
+#: broker's loop: one call), how many, '1' to pack. The frames come packed (each
+#: a 4-byte big-endian length and the frame) when there are several, and go into
+#: the stream as one entry (see the prelude) when every broker of the bus reads
+#: those ('1'), else one entry each, as older brokers wrote and read them; one
+#: frame comes as it is. Returns the last one's number, 0 when there is no log,
 #: -1 when another broker holds it (then none is appended). Retention is applied
 #: once, after the last.
 LOG_HELD_APPEND: Final = Script(
@@ -454,16 +550,27 @@ end
 -- Held, so in use: its holder touches it (and renews its expiry) every quarter of
 -- the age, so an append stamps its last use and nothing more (no live()).
 redis.call('HSET', meta, 's', now)
-local count = #ARGV - 8
-local n = redis.call('HINCRBY', meta, 'n', count) - count
-local size = 0
-local c = tonumber(redis.call('HGET', meta, 'c') or '0')
-for i = 9, #ARGV do
-  n = n + 1
-  size = size + #ARGV[i]
-  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[i], 't', ARGV[1], 'c', c + size)
+local count = tonumber(ARGV[10])
+local n = redis.call('HINCRBY', meta, 'n', count)
+local size = #ARGV[9]
+if count > 1 then size = size - 4 * count end
+local c = redis.call('HINCRBY', meta, 'c', size)
+if count == 1 then
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[9], 't', ARGV[1], 'c', c)
+elseif count > 1 and ARGV[11] == '1' then
+  redis.call('XADD', stream, '0-' .. n, 'f', ARGV[9], 't', ARGV[1], 'c', c, 'k', count)
+elseif count > 1 then
+  -- A bus with an older broker: an entry per frame, which it reads.
+  local blob, pos, number, through = ARGV[9], 1, n - count, c - size
+  while pos <= #blob do
+    local len = struct.unpack('>I4', blob, pos)
+    number = number + 1
+    through = through + len
+    redis.call('XADD', stream, '0-' .. number, 'f', string.sub(blob, pos + 4, pos + 3 + len),
+      't', ARGV[1], 'c', through)
+    pos = pos + 4 + len
+  end
 end
-redis.call('HSET', meta, 'c', c + size)
 redis.call('HINCRBY', meta, 'b', size)
 trim(now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
 return n

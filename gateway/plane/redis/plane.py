@@ -85,7 +85,7 @@ from gateway.plane.redis.batches import (
 )
 from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
-from gateway.plane.redis.log import RedisChannelLog
+from gateway.plane.redis.log import LOG_FORMAT, RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
 from gateway.plane.redis.scripts import (
     CHANNEL_CLOSED,
@@ -430,7 +430,9 @@ class RedisPlane:
         alive = f"{prefix}alive:{self._broker_id}"
         # XX: a lease that ran out is not taken back in the same call, so that this
         # broker can fence itself (below) while the bus still counts it dead.
-        previous = await self._call(("SET", alive, "1", "PX", int(self._lease * 500), "XX", "GET"))
+        # Its value says which Channel-log entries this broker reads (log.py, LOG_FORMAT).
+        lease = int(self._lease * 500)
+        previous = await self._call(("SET", alive, LOG_FORMAT, "PX", lease, "XX", "GET"))
         if previous is None:
             if self._present:
                 # The bus took this running broker for dead (its loop stalled past
@@ -442,7 +444,7 @@ class RedisPlane:
                     # which their open connections never read: the broker fences
                     # before anything reaches it again (gateway.drain, ``fence``).
                     self._lost(self._broker_id)
-            await self._call(("SET", alive, "1", "PX", int(self._lease * 500)))
+            await self._call(("SET", alive, LOG_FORMAT, "PX", lease))
             self._present = True
         # The copy beside the stream, which sends check (another slot on a cluster);
         # its value says this broker reads packed entries (gateway.plane.redis.batches).
@@ -451,6 +453,7 @@ class RedisPlane:
             self._announce_all()
         await self._call(("SADD", f"{prefix}brokers", self._broker_id))
         await self.sweep()
+        await self.learn_log_format()
         peers = sorted(self._peers)
         if peers:
             alive = await self._call(("MGET", *[f"{prefix}alive:{peer}" for peer in peers]))
@@ -471,6 +474,18 @@ class RedisPlane:
         )
         # No digest (``h``): no log (the Channel cannot resume), nothing to read back.
         return sum(1 for digest, holder in replies if digest is not None and holder != me)
+
+    async def learn_log_format(self) -> None:
+        """Whether every broker of the bus reads Channel-log entries of several frames:
+        until then this broker's logs take one entry per frame (log.py, LOG_FORMAT).
+        Asked at every renewal, so a rolling upgrade packs once its last older broker
+        has gone."""
+        prefix = self._prefix
+        brokers = sorted(_names(await self._call(("SMEMBERS", f"{prefix}brokers"))))
+        if not brokers:  # pragma: no cover - this broker is a member once renewed
+            return
+        leases = await self._call(("MGET", *[f"{prefix}alive:{b}" for b in brokers]))
+        self._log.packs = all(lease in (None, LOG_FORMAT.encode()) for lease in leases)
 
     async def _leave(self) -> None:
         """Drop this broker's entries, a batch per script call, then its stream
