@@ -172,6 +172,12 @@ class Envelope:
     #: REQUEST: the Application-Agents allowed to answer (a Subject's), or empty;
     #: JOIN, LEAVE and GROUP: the groups; ADDRESSED: the Conversation-Addresses.
     among: tuple[str, ...] = ()
+    #: REQUEST and LOGGED_REQUEST: the frame's Command-Name, when the sender says
+    #: it (the receiving broker then need not decode the frame to route it: the
+    #: sender's router decoded it already); None: decode it.
+    name: str | None = None
+    #: With ``name``: the frame's ``u``, or None when it has none.
+    command_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,9 @@ class Remote:
             if isinstance(channel.outbox, LogMailbox)
             else EnvelopeKind.REQUEST
         )
-        envelope = Envelope(kind, self.plane.broker_id, channel.id, frame, among)
+        # The name and ``u`` ride beside the frame: the serving broker routes it
+        # without decoding it again (gateway.plane.redis.batches, "Beside the records").
+        envelope = Envelope(kind, self.plane.broker_id, channel.id, frame, among, name, command_id)
         if prefer:
             placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
         else:
@@ -909,19 +911,24 @@ class Remote:
     def _for_respondent(self, envelope: Envelope) -> None:
         logged = envelope.kind is EnvelopeKind.LOGGED_REQUEST
         proxy = self._proxy(envelope.channel, envelope.origin, logged=logged)
-        try:
-            command = asbp.decode(envelope.frame, limits=self._limits)
-        except ProtocolError as exc:
-            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
-            return
-        name = command.name
+        name = envelope.name
+        command_id = envelope.command_id
         if name is None:
-            return
+            # The sender did not say (an older broker, or a record that lost its
+            # meta on the way): the frame's own header says.
+            try:
+                command = asbp.decode(envelope.frame, limits=self._limits)
+            except ProtocolError as exc:
+                self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+                return
+            name = command.name
+            if name is None:
+                return
+            command_id = command.command_id
         self._forwarded.add(name)
         self.plane.request_received(name)
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) if envelope.among else None
         tube = self._respondents.pick(name, among=among)
-        command_id = command.command_id
         if logged and command_id is not None:
             # Owed to the broker that took it in until the books here let go of it.
             owed = self._logged_owed.get(proxy.id)

@@ -1107,7 +1107,7 @@ class RedisPlane:
             kind = EnvelopeKind.CHANNEL
             envelopes = (Envelope(kind, origin, channel, frame) for frame in unpack_frames(blob))
         else:
-            envelopes = unpack_records(origin, blob)
+            envelopes = unpack_records(origin, blob, fields.get(b"m"))
         try:
             for envelope in envelopes:
                 inbound = self._inbound
