@@ -182,7 +182,10 @@ class Envelope(NamedTuple):
     #: it (the receiving broker then need not decode the frame to route it: the
     #: sender's router decoded it already); None: decode it.
     name: str | None = None
-    #: With ``name``: the frame's ``u``, or None when it has none.
+    #: With ``name``: the frame's ``u``, or None when it has none. CHANNEL: when
+    #: set, the frame is a whole answer (no ``t``, no ``o``) to the Command ``u``
+    #: of the Channel, which the receiving broker's books close without decoding
+    #: it; None: decode it.
     command_id: int | None = None
 
 

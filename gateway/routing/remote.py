@@ -201,7 +201,10 @@ class ForwardingOutbox:
     def closed(self) -> bool:
         return self._closed
 
-    def offer(self, frame: bytes) -> bool:
+    def offer(self, frame: bytes, command_id: int | None = None) -> bool:
+        """Send ``frame`` to the Channel's broker; ``command_id``: the frame is a
+        whole answer to that ``u`` (Envelope.command_id: it rides beside the frame,
+        so that broker closes its books without decoding it)."""
         if self._closed:
             return False
         if self.logged:
@@ -209,7 +212,9 @@ class ForwardingOutbox:
             if self._offered is not None:
                 self._offered(self._channel)
             return True
-        envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
+        envelope = Envelope(
+            EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame, (), None, command_id
+        )
         if self._following:
             self._plane.forward_to_channel(self._channel, envelope).add_done_callback(
                 self._followed
@@ -549,6 +554,21 @@ class Remote:
         """The proxy of a remote Channel this broker has served, if it still has it."""
         return self._proxies.get(ChannelId(channel_id))
 
+    def deliver(self, proxy: Channel, frame: bytes, command: Command) -> None:
+        """Leave ``frame`` (``command`` as the User-Agent gets it) for ``proxy``; a
+        whole answer (``u``, no ``t``, no ``o``) says its ``u`` beside the frame, so
+        the Channel's broker closes its books without decoding it (_for_channel)."""
+        outbox = proxy.outbox
+        if isinstance(outbox, ForwardingOutbox):
+            command_id = command.command_id
+            if command_id is not None and ("t" in command or "o" in command):
+                command_id = None  # a stream's part: its broker reads t and o itself
+            offered = outbox.offer(frame, command_id)
+        else:
+            offered = outbox.offer(frame)
+        if not offered and not proxy.closed:
+            self._replies.cut_channel(proxy)
+
     def _proxy(self, channel_id: str, broker_id: str, *, logged: bool = False) -> Channel:
         key = ChannelId(channel_id)
         proxy = self._proxies.get(key)
@@ -849,6 +869,15 @@ class Remote:
         frame = envelope.frame
         self._replies.deliver(channel, frame)
         if channel.in_flight:
+            answered = envelope.command_id
+            if answered is not None:
+                # The serving broker says this frame is a whole answer to ``u``: no
+                # decoding, and no stream to follow (as the decoded path below).
+                entry = self.waiting.get(channel.id, answered)
+                if entry is not None:
+                    self.waiting.finish(entry)
+                    self.plane.request_done(entry.name, envelope.origin)
+                return
             try:
                 command = asbp.decode(frame, limits=self._limits)
             except ProtocolError:

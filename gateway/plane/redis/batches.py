@@ -39,6 +39,10 @@ it reads ``c`` ones; ``b`` entries hold requests only, which it never salvages.
 
 Beside the records
 ------------------
+A ``d`` entry may carry a field ``m`` too: each frame's ``u`` where the frame
+is a whole answer to it (no ``t``, no ``o``; Envelope.command_id), empty where
+not, joined by ","; the Channel's broker then closes its books for that answer
+without decoding the frame.
 A ``b`` entry of requests for one Command-Name may carry a field ``m``: the
 name, a newline, and the ``u`` of each record in order, joined by "," (empty
 for none). The sending broker decoded each request already, so the receiving
@@ -83,9 +87,11 @@ __all__ = [
     "FrameBatch",
     "RecordBatch",
     "RequestBatch",
+    "pack_answers",
     "pack_meta",
     "pack_record",
     "targets_of",
+    "unpack_answers",
     "unpack_frames",
     "unpack_records",
 ]
@@ -141,14 +147,17 @@ local function add_record(stream, maxlen, origin, record)
     'k', string.char(kind), 'o', origin, 'i', channel, 'g', among, 'f', frame)
 end
 -- What every send does once it has read the target's lease copy ``version``: one
--- packed entry (``kind`` 'd': frames for ``channel``; 'b': records, with ``meta``
+-- packed entry (``kind`` 'd': frames for ``channel``; 'b': records; with ``meta``
 -- as field 'm' if given) for a broker that reads them, else one old-format entry
 -- per frame or record.
 local function send_packed(stream, version, maxlen, origin, kind, blob, channel, meta)
   if version == '"""
     + LIVE_VERSION
     + """' then
-    if kind == 'd' then
+    if kind == 'd' and meta and meta ~= '' then
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+        'k', 'd', 'o', origin, 'i', channel, 'f', blob, 'm', meta)
+    elseif kind == 'd' then
       redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
         'k', 'd', 'o', origin, 'i', channel, 'f', blob)
     elseif meta and meta ~= '' then
@@ -167,14 +176,15 @@ end
 )
 
 #: KEYS: the target's stream, the lease beside it; ARGV: self, Channel, frames
-#: (packed), maxlen. 1 if added, 0 if the target's lease is gone.
+#: (packed), maxlen, their meta ('' for none: "Beside the records" above). 1 if
+#: added, 0 if the target's lease is gone.
 SEND_FRAMES: Final = Script(
     "plane_send_frames",
     _UNPACK
     + """
 local v = redis.call('GET', KEYS[2])
 if not v then return 0 end
-send_packed(KEYS[1], v, ARGV[4], ARGV[1], 'd', ARGV[3], ARGV[2])
+send_packed(KEYS[1], v, ARGV[4], ARGV[1], 'd', ARGV[3], ARGV[2], ARGV[5])
 return 1
 """,
 )
@@ -363,6 +373,26 @@ def unpack_records(origin: str, blob: bytes, meta: bytes | None = None) -> Itera
             yield Envelope(envelope_kind, origin, channel, frame, groups)
 
 
+def pack_answers(command_ids: Sequence[int | None]) -> bytes:
+    """The field ``m`` of a ``d`` entry: each frame's ``u`` where it is a whole
+    answer, else empty; b"" when no frame is ("Beside the records" above)."""
+    if not any(u is not None for u in command_ids):
+        return b""
+    return ",".join("" if u is None else str(u) for u in command_ids).encode()
+
+
+def unpack_answers(meta: bytes | None) -> list[int | None]:
+    """The ``u`` of each frame of a ``d`` entry whose field ``m`` is ``meta``
+    (None for each frame past its end, or without one).
+
+    Raises:
+        ValueError: the meta is not numbers.
+    """
+    if not meta:
+        return []
+    return [int(u) if u else None for u in meta.split(b",")]
+
+
 def unpack_frames(blob: bytes) -> Iterator[bytes]:
     """The frames of a ``d`` entry, in order.
 
@@ -437,7 +467,7 @@ class FrameBatch(_Batch):
         then: commands written right after the call (WAIT on a cluster).
     """
 
-    __slots__ = ("_args", "_keys", "_sent")
+    __slots__ = ("_args", "_ids", "_keys", "_sent")
 
     def __init__(
         self,
@@ -451,9 +481,12 @@ class FrameBatch(_Batch):
         super().__init__(then)
         self._keys = (stream, live)
         self._args = (origin, channel, maxlen)
+        #: Each frame's ``u`` where it is a whole answer (the entry's meta).
+        self._ids: list[int | None] = []
 
-    def add(self, frame: bytes) -> asyncio.Future[bool]:
-        """Take ``frame``; the future says whether the target's lease still held.
+    def add(self, frame: bytes, command_id: int | None = None) -> asyncio.Future[bool]:
+        """Take ``frame`` (a whole answer to ``command_id``, if given); the future
+        says whether the target's lease still held.
 
         One future for every frame of the call: they are one entry, so they reach
         the target together or not at all, and a caller that sees the future it
@@ -461,6 +494,7 @@ class FrameBatch(_Batch):
         one callback for all of them rather than a future and a callback each.
         """
         part = _LENGTH.pack(len(frame)) + frame
+        self._ids.append(command_id)
         if not self._futures:
             return self._add(part)
         self._parts.append(part)
@@ -470,7 +504,7 @@ class FrameBatch(_Batch):
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True
         origin, channel, maxlen = self._args
-        args = (origin, channel, b"".join(self._parts), maxlen)
+        args = (origin, channel, b"".join(self._parts), maxlen, pack_answers(self._ids))
         return (script_command(SEND_FRAMES, self._keys, args), *self._then)
 
     def settle(self, replies: Sequence[Any]) -> None:

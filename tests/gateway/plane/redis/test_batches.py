@@ -15,7 +15,15 @@ import pytest
 
 from gateway.engines.redis.connection import Client, connect
 from gateway.plane.base import Envelope, EnvelopeKind, PlaneUnavailable
-from gateway.plane.redis.batches import pack_meta, pack_record, targets_of, unpack_records
+from gateway.plane.redis.batches import (
+    pack_answers,
+    pack_meta,
+    pack_record,
+    targets_of,
+    unpack_answers,
+    unpack_frames,
+    unpack_records,
+)
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.plane import RedisPlane
 from gateway.routing.remote import ForwardingOutbox
@@ -415,3 +423,79 @@ async def test_a_broken_meta_is_reported_and_the_reader_goes_on(
     assert await brokers[1].plane.send_to("broker-a", after)
     with anyio.fail_after(5 * T):
         assert await a.inbound.get() == after
+
+
+async def test_whole_answers_say_their_u_beside_the_frames(
+    brokers: list[Broker], client: Client
+) -> None:
+    # Frames for one Channel in one call: the entry's "m" gives each whole answer's
+    # u (empty for the others), and the reader hands each frame on with it; an
+    # older reader reads "f" as before, and a broker from before packed entries
+    # gets old entries, without it.
+    a, b = brokers
+    frames = [
+        Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=r,u=%d;" % n, (), None, u)
+        for n, u in enumerate((0, None, 2))
+    ]
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert all(await asyncio.gather(*sent))
+    with anyio.fail_after(5 * T):
+        assert [await b.inbound.get() for _ in frames] == frames
+    await b.plane.abandon()
+    stream = stream_key(PREFIX, "broker-b")
+    await client.delete(stream)
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert all(await asyncio.gather(*sent))
+    entries = await client.xrange(stream)
+    assert entries is not None
+    packed = b"".join(len(e.frame).to_bytes(4, "big") + e.frame for e in frames)
+    assert [fields for _, fields in entries] == [
+        {b"k": b"d", b"o": b"broker-a", b"i": CHANNEL.encode(), b"f": packed, b"m": b"0,,2"}
+    ]
+    assert list(unpack_frames(packed)) == [e.frame for e in frames]
+    await client.delete(stream)
+    await client.set(live_key(PREFIX, "broker-b"), "1", keepttl=True)
+    sent = [a.plane.send_to("broker-b", envelope) for envelope in frames]
+    assert all(await asyncio.gather(*sent))
+    entries = await client.xrange(stream)
+    assert entries is not None
+    assert [fields for _, fields in entries] == [
+        {b"k": b"c", b"o": b"broker-a", b"i": CHANNEL.encode(), b"g": b"", b"f": e.frame}
+        for e in frames
+    ]
+
+
+async def test_frames_without_answers_go_without_meta(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, b = brokers
+    await b.plane.abandon()
+    frames = [Envelope(EnvelopeKind.CHANNEL, "broker-a", CHANNEL, b"c=news;") for _ in range(2)]
+    assert all(await asyncio.gather(*(a.plane.send_to("broker-b", e) for e in frames)))
+    entries = await client.xrange(stream_key(PREFIX, "broker-b"))
+    assert entries is not None
+    assert [set(fields) for _, fields in entries] == [{b"k", b"o", b"i", b"f"}]
+
+
+def test_answers_meta_round_trips() -> None:
+    assert pack_answers([None, None]) == b""
+    assert pack_answers([3, None, 12]) == b"3,,12"
+    assert unpack_answers(b"3,,12") == [3, None, 12]
+    assert unpack_answers(None) == []
+    with pytest.raises(ValueError):
+        unpack_answers(b"3,x")
+
+
+async def test_a_broken_answers_meta_is_reported_and_the_reader_goes_on(
+    brokers: list[Broker], client: Client
+) -> None:
+    a, _ = brokers
+    stream = stream_key(PREFIX, "broker-a")
+    packed = b"\x00\x00\x00\x07c=five;"
+    await client.xadd(stream, {"k": "d", "o": "broker-b", "i": CHANNEL, "f": packed, "m": "x"})
+    # Meta for fewer frames than the entry holds: the rest go without.
+    await client.xadd(stream, {"k": "d", "o": "broker-b", "i": CHANNEL, "f": packed * 2, "m": "4"})
+    with anyio.fail_after(5 * T):
+        got = [await a.inbound.get() for _ in range(2)]
+    five = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, b"c=five;")
+    assert got == [five._replace(command_id=4), five]
