@@ -554,13 +554,15 @@ class Remote:
         """The proxy of a remote Channel this broker has served, if it still has it."""
         return self._proxies.get(ChannelId(channel_id))
 
-    def deliver(self, proxy: Channel, frame: bytes, command: Command) -> None:
-        """Leave ``frame`` (``command`` as the User-Agent gets it) for ``proxy``; a
-        whole answer (``u``, no ``t``, no ``o``) says its ``u`` beside the frame, so
-        the Channel's broker closes its books without decoding it (_for_channel)."""
+    def deliver(
+        self, proxy: Channel, frame: bytes, command: Command, command_id: int | None
+    ) -> None:
+        """Leave ``frame`` (``command``, whose ``u`` is ``command_id``, as the
+        User-Agent gets it) for ``proxy``; a whole answer (``u``, no ``t``, no
+        ``o``) says its ``u`` beside the frame, so the Channel's broker closes its
+        books without decoding it (_for_channel)."""
         outbox = proxy.outbox
         if isinstance(outbox, ForwardingOutbox):
-            command_id = command.command_id
             if command_id is not None and ("t" in command or "o" in command):
                 command_id = None  # a stream's part: its broker reads t and o itself
             offered = outbox.offer(frame, command_id)

@@ -842,7 +842,7 @@ class Router:
             delivered.add(channel_id)
             if proxied and remote is not None:
                 # A whole answer's ``u`` rides beside it to the Channel's broker.
-                remote.deliver(channel, frame, command)
+                remote.deliver(channel, frame, command, command_id)
             else:
                 self.deliver(channel, frame)
             if command_id is not None:
