@@ -28,6 +28,12 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
+What B routes a request by (its name and ``u``) and what A closes its books
+by (a whole answer's ``u``) ride beside the frames (``Envelope.name``,
+``command_id``; gateway.plane.redis.batches, "Beside the records"), so neither
+broker decodes again what the other already decoded; without them (an older
+broker, a stream's part) each decodes the frame as before.
+
 *An HTTP Channel on a bus* needs no affinity: any broker serves its client,
 and what is sent to it goes into its Channel log in the plane: its requests
 travel as ``LOGGED_REQUEST``, whose proxy at the serving broker appends to the
