@@ -28,6 +28,12 @@ over the bus. Proxies are kept in a bounded LRU: a proxy pushed out still
 works for the entries that hold it, and an agent's later ``d`` to that
 Channel is looked up on the bus.
 
+What B routes a request by (its name and ``u``) and what A closes its books
+by (a whole answer's ``u``) ride beside the frames (``Envelope.name``,
+``command_id``; gateway.plane.redis.batches, "Beside the records"), so neither
+broker decodes again what the other already decoded; without them (an older
+broker, a stream's part) each decodes the frame as before.
+
 *An HTTP Channel on a bus* needs no affinity: any broker serves its client,
 and what is sent to it goes into its Channel log in the plane: its requests
 travel as ``LOGGED_REQUEST``, whose proxy at the serving broker appends to the
@@ -201,7 +207,10 @@ class ForwardingOutbox:
     def closed(self) -> bool:
         return self._closed
 
-    def offer(self, frame: bytes) -> bool:
+    def offer(self, frame: bytes, command_id: int | None = None) -> bool:
+        """Send ``frame`` to the Channel's broker; ``command_id``: the frame is a
+        whole answer to that ``u`` (Envelope.command_id: it rides beside the frame,
+        so that broker closes its books without decoding it)."""
         if self._closed:
             return False
         if self.logged:
@@ -209,7 +218,9 @@ class ForwardingOutbox:
             if self._offered is not None:
                 self._offered(self._channel)
             return True
-        envelope = Envelope(EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame)
+        envelope = Envelope(
+            EnvelopeKind.CHANNEL, self._plane.broker_id, self._channel, frame, (), None, command_id
+        )
         if self._following:
             self._plane.forward_to_channel(self._channel, envelope).add_done_callback(
                 self._followed
@@ -411,7 +422,9 @@ class Remote:
             if isinstance(channel.outbox, LogMailbox)
             else EnvelopeKind.REQUEST
         )
-        envelope = Envelope(kind, self.plane.broker_id, channel.id, frame, among)
+        # The name and ``u`` ride beside the frame: the serving broker routes it
+        # without decoding it again (gateway.plane.redis.batches, "Beside the records").
+        envelope = Envelope(kind, self.plane.broker_id, channel.id, frame, among, name, command_id)
         if prefer:
             placing = self._send_to(pick_among(prefer, next(self._turns)), envelope)
         else:
@@ -546,6 +559,23 @@ class Remote:
     def proxy(self, channel_id: str) -> Channel | None:
         """The proxy of a remote Channel this broker has served, if it still has it."""
         return self._proxies.get(ChannelId(channel_id))
+
+    def deliver(
+        self, proxy: Channel, frame: bytes, command: Command, command_id: int | None
+    ) -> None:
+        """Leave ``frame`` (``command``, whose ``u`` is ``command_id``, as the
+        User-Agent gets it) for ``proxy``; a whole answer (``u``, no ``t``, no
+        ``o``) says its ``u`` beside the frame, so the Channel's broker closes its
+        books without decoding it (_for_channel)."""
+        outbox = proxy.outbox
+        if isinstance(outbox, ForwardingOutbox):
+            if command_id is not None and ("t" in command or "o" in command):
+                command_id = None  # a stream's part: its broker reads t and o itself
+            offered = outbox.offer(frame, command_id)
+        else:
+            offered = outbox.offer(frame)
+        if not offered and not proxy.closed:
+            self._replies.cut_channel(proxy)
 
     def _proxy(self, channel_id: str, broker_id: str, *, logged: bool = False) -> Channel:
         key = ChannelId(channel_id)
@@ -847,6 +877,15 @@ class Remote:
         frame = envelope.frame
         self._replies.deliver(channel, frame)
         if channel.in_flight:
+            answered = envelope.command_id
+            if answered is not None:
+                # The serving broker says this frame is a whole answer to ``u``: no
+                # decoding, and no stream to follow (as the decoded path below).
+                entry = self.waiting.get(channel.id, answered)
+                if entry is not None:
+                    self.waiting.finish(entry)
+                    self.plane.request_done(entry.name, envelope.origin)
+                return
             try:
                 command = asbp.decode(frame, limits=self._limits)
             except ProtocolError:
@@ -909,19 +948,24 @@ class Remote:
     def _for_respondent(self, envelope: Envelope) -> None:
         logged = envelope.kind is EnvelopeKind.LOGGED_REQUEST
         proxy = self._proxy(envelope.channel, envelope.origin, logged=logged)
-        try:
-            command = asbp.decode(envelope.frame, limits=self._limits)
-        except ProtocolError as exc:
-            self._log.warning("plane.bad_envelope", extra={"error": exc.message})
-            return
-        name = command.name
+        name = envelope.name
+        command_id = envelope.command_id
         if name is None:
-            return
+            # The sender did not say (an older broker, or a record that lost its
+            # meta on the way): the frame's own header says.
+            try:
+                command = asbp.decode(envelope.frame, limits=self._limits)
+            except ProtocolError as exc:
+                self._log.warning("plane.bad_envelope", extra={"error": exc.message})
+                return
+            name = command.name
+            if name is None:
+                return
+            command_id = command.command_id
         self._forwarded.add(name)
         self.plane.request_received(name)
         among = frozenset(ApplicationAgentId(a) for a in envelope.among) if envelope.among else None
         tube = self._respondents.pick(name, among=among)
-        command_id = command.command_id
         if logged and command_id is not None:
             # Owed to the broker that took it in until the books here let go of it.
             owed = self._logged_owed.get(proxy.id)

@@ -829,16 +829,22 @@ class Router:
         remote = self.remote
         for channel_id in destinations:
             channel = get(channel_id)
+            proxied = False
             if channel is None:
                 if remote is not None:
                     channel = remote.proxy(channel_id)
+                    proxied = True
                 if channel is None:
                     unknown.append(channel_id)
                     continue
             if channel_id in delivered:
                 continue
             delivered.add(channel_id)
-            self.deliver(channel, frame)
+            if proxied and remote is not None:
+                # A whole answer's ``u`` rides beside it to the Channel's broker.
+                remote.deliver(channel, frame, command, command_id)
+            else:
+                self.deliver(channel, frame)
             if command_id is not None:
                 self._in_flight.answered(tube, channel, command, command_id)
         groups = command.groups

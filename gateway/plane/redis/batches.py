@@ -37,6 +37,23 @@ envelopes, each a header (kind as one byte, then the lengths of the Channel,
 Channel-log salvage (gateway.plane.redis.log_scripts) reads ``d`` entries as
 it reads ``c`` ones; ``b`` entries hold requests only, which it never salvages.
 
+Beside the records
+------------------
+A ``d`` entry may carry a field ``m`` too: each frame's ``u`` where the frame
+is a whole answer to it (no ``t``, no ``o``; Envelope.command_id), empty where
+not, joined by ","; the Channel's broker then closes its books for that answer
+without decoding the frame.
+A ``b`` entry of requests for one Command-Name may carry a field ``m``: the
+name, a newline, and the ``u`` of each record in order, joined by "," (empty
+for none). The sending broker decoded each request already, so the receiving
+one routes it from these (Envelope.name, Envelope.command_id) instead of
+decoding the frame again. It is added when one target takes the whole call
+(the blob as it came: the usual case); where the script splits the records
+among several targets, the entries go without it, and the receiver decodes as
+it always did. Readers that predate it ignore a field they do not know, and an
+entry without it (an older sender) is decoded, so no version value is needed
+for it: the records themselves are unchanged.
+
 Mixed versions (a rolling upgrade): a broker that reads these entries sets the
 lease beside its stream (``{<prefix>in:<b>}live``) to ``2``; older brokers set
 ``1``. The scripts send packed entries only to a ``2`` and, to an older broker,
@@ -70,8 +87,11 @@ __all__ = [
     "FrameBatch",
     "RecordBatch",
     "RequestBatch",
+    "pack_answers",
+    "pack_meta",
     "pack_record",
     "targets_of",
+    "unpack_answers",
     "unpack_frames",
     "unpack_records",
 ]
@@ -127,15 +147,22 @@ local function add_record(stream, maxlen, origin, record)
     'k', string.char(kind), 'o', origin, 'i', channel, 'g', among, 'f', frame)
 end
 -- What every send does once it has read the target's lease copy ``version``: one
--- packed entry (``kind`` 'd': frames for ``channel``; 'b': records) for a broker
--- that reads them, else one old-format entry per frame or record.
-local function send_packed(stream, version, maxlen, origin, kind, blob, channel)
+-- packed entry (``kind`` 'd': frames for ``channel``; 'b': records; with ``meta``
+-- as field 'm' if given) for a broker that reads them, else one old-format entry
+-- per frame or record.
+local function send_packed(stream, version, maxlen, origin, kind, blob, channel, meta)
   if version == '"""
     + LIVE_VERSION
     + """' then
-    if kind == 'd' then
+    if kind == 'd' and meta and meta ~= '' then
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+        'k', 'd', 'o', origin, 'i', channel, 'f', blob, 'm', meta)
+    elseif kind == 'd' then
       redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
         'k', 'd', 'o', origin, 'i', channel, 'f', blob)
+    elseif meta and meta ~= '' then
+      redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+        'k', 'b', 'o', origin, 'f', blob, 'm', meta)
     else
       redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'k', 'b', 'o', origin, 'f', blob)
     end
@@ -149,21 +176,24 @@ end
 )
 
 #: KEYS: the target's stream, the lease beside it; ARGV: self, Channel, frames
-#: (packed), maxlen. 1 if added, 0 if the target's lease is gone.
+#: (packed), maxlen, their meta ('' for none: "Beside the records" above). 1 if
+#: added, 0 if the target's lease is gone.
 SEND_FRAMES: Final = Script(
     "plane_send_frames",
     _UNPACK
     + """
 local v = redis.call('GET', KEYS[2])
 if not v then return 0 end
-send_packed(KEYS[1], v, ARGV[4], ARGV[1], 'd', ARGV[3], ARGV[2])
+send_packed(KEYS[1], v, ARGV[4], ARGV[1], 'd', ARGV[3], ARGV[2], ARGV[5])
 return 1
 """,
 )
 
 #: KEYS: name:<n>, fwd:<n>; ARGV: prefix, self, balance, stream prefix, maxlen, the
 #: requests' records, packed one after another (one argument: hiredis packs a
-#: command's arguments at about a microsecond each), how many records that is.
+#: command's arguments at about a microsecond each), how many records that is,
+#: their meta ('' for none: "Beside the records" above; sent only where one
+#: target takes them all).
 #: ``in_flight``: each request goes to the least
 #: loaded live broker (ties in turn), whose count goes up by one at once, so a
 #: burst spreads before the next report; ``turns``: each in turn. Each target gets
@@ -200,7 +230,7 @@ if #live == 1 then
     local stream = '{' .. stream_prefix .. 'in:' .. target .. '}'
     local v = redis.call('GET', stream .. 'live')
     if not v then return {''} end
-    send_packed(stream, v, maxlen, me, 'b', ARGV[6])
+    send_packed(stream, v, maxlen, me, 'b', ARGV[6], nil, ARGV[8])
   end
   if balance == 'in_flight' then
     redis.call('HINCRBY', KEYS[1], target, n)
@@ -291,12 +321,29 @@ def pack_record(envelope: Envelope) -> bytes:
     return b"".join((header, channel, among, frame))
 
 
-def unpack_records(origin: str, blob: bytes) -> Iterator[Envelope]:
-    """The envelopes of a ``b`` entry, in order.
+def pack_meta(name: str, command_ids: Sequence[int | None]) -> bytes:
+    """The field ``m`` of a ``b`` entry of requests for ``name``, one ``u`` (or
+    None) per record in order ("Beside the records" above)."""
+    ids = ",".join("" if u is None else str(u) for u in command_ids)
+    return f"{name}\n{ids}".encode()
+
+
+def unpack_records(origin: str, blob: bytes, meta: bytes | None = None) -> Iterator[Envelope]:
+    """The envelopes of a ``b`` entry, in order; ``meta``: its field ``m``, if any,
+    whose name and ``u`` the envelopes it covers carry (Envelope.name).
 
     Raises:
-        ValueError: the entry is not made of whole records (or struct.error).
+        ValueError: the entry is not made of whole records (or struct.error), or
+            its meta is not a name and numbers.
     """
+    name: str | None = None
+    ids: list[bytes] = []
+    if meta:
+        name_bytes, _, id_bytes = meta.partition(b"\n")
+        name = name_bytes.decode()
+        ids = id_bytes.split(b",")
+    covered = len(ids)
+    index = 0
     pos = 0
     end = len(blob)
     unpack = _HEADER.unpack_from
@@ -315,9 +362,35 @@ def unpack_records(origin: str, blob: bytes) -> Iterator[Envelope]:
         envelope_kind = _KINDS.get(kind)
         if envelope_kind is None:
             raise ValueError(f"no envelope kind {kind}")
-        yield Envelope(
-            envelope_kind, origin, channel, frame, tuple(among.split("\n")) if among else ()
-        )
+        groups = tuple(among.split("\n")) if among else ()
+        if index < covered:
+            u = ids[index]
+            index += 1
+            yield Envelope(
+                envelope_kind, origin, channel, frame, groups, name, int(u) if u else None
+            )
+        else:
+            yield Envelope(envelope_kind, origin, channel, frame, groups)
+
+
+def pack_answers(command_ids: Sequence[int | None]) -> bytes:
+    """The field ``m`` of a ``d`` entry: each frame's ``u`` where it is a whole
+    answer, else empty; b"" when no frame is ("Beside the records" above)."""
+    if not any(u is not None for u in command_ids):
+        return b""
+    return ",".join("" if u is None else str(u) for u in command_ids).encode()
+
+
+def unpack_answers(meta: bytes | None) -> list[int | None]:
+    """The ``u`` of each frame of a ``d`` entry whose field ``m`` is ``meta``
+    (None for each frame past its end, or without one).
+
+    Raises:
+        ValueError: the meta is not numbers.
+    """
+    if not meta:
+        return []
+    return [int(u) if u else None for u in meta.split(b",")]
 
 
 def unpack_frames(blob: bytes) -> Iterator[bytes]:
@@ -394,7 +467,7 @@ class FrameBatch(_Batch):
         then: commands written right after the call (WAIT on a cluster).
     """
 
-    __slots__ = ("_args", "_keys", "_sent")
+    __slots__ = ("_args", "_ids", "_keys", "_sent")
 
     def __init__(
         self,
@@ -408,9 +481,12 @@ class FrameBatch(_Batch):
         super().__init__(then)
         self._keys = (stream, live)
         self._args = (origin, channel, maxlen)
+        #: Each frame's ``u`` where it is a whole answer (the entry's meta).
+        self._ids: list[int | None] = []
 
-    def add(self, frame: bytes) -> asyncio.Future[bool]:
-        """Take ``frame``; the future says whether the target's lease still held.
+    def add(self, frame: bytes, command_id: int | None = None) -> asyncio.Future[bool]:
+        """Take ``frame`` (a whole answer to ``command_id``, if given); the future
+        says whether the target's lease still held.
 
         One future for every frame of the call: they are one entry, so they reach
         the target together or not at all, and a caller that sees the future it
@@ -418,6 +494,7 @@ class FrameBatch(_Batch):
         one callback for all of them rather than a future and a callback each.
         """
         part = _LENGTH.pack(len(frame)) + frame
+        self._ids.append(command_id)
         if not self._futures:
             return self._add(part)
         self._parts.append(part)
@@ -427,7 +504,7 @@ class FrameBatch(_Batch):
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True
         origin, channel, maxlen = self._args
-        args = (origin, channel, b"".join(self._parts), maxlen)
+        args = (origin, channel, b"".join(self._parts), maxlen, pack_answers(self._ids))
         return (script_command(SEND_FRAMES, self._keys, args), *self._then)
 
     def settle(self, replies: Sequence[Any]) -> None:
@@ -457,7 +534,7 @@ class RequestBatch(_Batch):
             target its records (:class:`RecordBatch`), which settles their futures.
     """
 
-    __slots__ = ("_keys", "_lookup", "_placed", "_send", "name")
+    __slots__ = ("_ids", "_keys", "_lookup", "_placed", "_send", "name")
 
     def __init__(
         self,
@@ -473,14 +550,25 @@ class RequestBatch(_Batch):
         self._placed = placed
         self._send = send
         self.name = name
+        #: Each request's ``u``, while every one said its name (Envelope.name);
+        #: None once one did not: then the entry goes without its meta.
+        self._ids: list[int | None] | None = []
 
     def add(self, envelope: Envelope) -> asyncio.Future[str | None]:
         """Take ``envelope``; the future: the broker it went to, or None."""
+        ids = self._ids
+        if ids is not None:
+            if envelope.name == self.name:
+                ids.append(envelope.command_id)
+            else:
+                self._ids = None
         return self._add(pack_record(envelope))
 
     def commands(self) -> Sequence[tuple[Any, ...]]:
         self.sealed = True
-        args = (*self._lookup, b"".join(self._parts), len(self._parts))
+        ids = self._ids
+        meta = pack_meta(self.name, ids) if ids else b""
+        args = (*self._lookup, b"".join(self._parts), len(self._parts), meta)
         return (script_command(FORWARD_REQUESTS, self._keys, args),)
 
     def settle(self, replies: Sequence[Any]) -> None:

@@ -80,6 +80,7 @@ from gateway.plane.redis.batches import (
     FrameBatch,
     RecordBatch,
     RequestBatch,
+    unpack_answers,
     unpack_frames,
     unpack_records,
 )
@@ -927,7 +928,7 @@ class RedisPlane:
         key = (broker_id, envelope.channel)
         batch = self._open_frames.get(key)
         if batch is not None and not batch.full():
-            return batch.add(envelope.frame)
+            return batch.add(envelope.frame, envelope.command_id)
         batch = FrameBatch(
             stream_key(self._stream_prefix, broker_id),
             live_key(self._stream_prefix, broker_id),
@@ -936,7 +937,7 @@ class RedisPlane:
             STREAM_MAX,
             self._after_send,
         )
-        sent = batch.add(envelope.frame)
+        sent = batch.add(envelope.frame, envelope.command_id)
         if self._submit_batch(batch):
             self._open_frames[key] = batch
         return sent
@@ -1148,10 +1149,9 @@ class RedisPlane:
         envelopes: Iterator[Envelope]
         if k == FRAMES:
             channel = fields.get(b"i", b"").decode()
-            kind = EnvelopeKind.CHANNEL
-            envelopes = (Envelope(kind, origin, channel, frame) for frame in unpack_frames(blob))
+            envelopes = _frames(origin, channel, blob, fields.get(b"m"))
         else:
-            envelopes = unpack_records(origin, blob)
+            envelopes = unpack_records(origin, blob, fields.get(b"m"))
         try:
             for envelope in envelopes:
                 inbound = self._inbound
@@ -1165,6 +1165,21 @@ class RedisPlane:
             # Only another broker writes here, so this is a bug or a foreign writer:
             # what was whole is delivered, the rest is reported, the reader goes on.
             _log.warning("plane.bad_entry", extra={"error": repr(exc)})
+
+
+def _frames(origin: str, channel: str, blob: bytes, meta: bytes | None) -> Iterator[Envelope]:
+    """The envelopes of a ``d`` entry: its frames, each with the ``u`` its meta
+    gives (a whole answer's: gateway.plane.redis.batches, "Beside the records").
+
+    Raises:
+        ValueError: the entry is not made of whole frames, or its meta is not numbers.
+    """
+    kind = EnvelopeKind.CHANNEL
+    answers = unpack_answers(meta)
+    covered = len(answers)
+    for index, frame in enumerate(unpack_frames(blob)):
+        command_id = answers[index] if index < covered else None
+        yield Envelope(kind, origin, channel, frame, (), None, command_id)
 
 
 def _after(entry_id: bytes) -> bytes:

@@ -111,3 +111,43 @@ async def test_a_batch_to_a_dead_broker_fails_every_command_in_it(bus: Bus) -> N
     sent = [a.plane.send_to("broker-b", frame) for _ in range(50)]
     assert await asyncio.gather(*placed) == [None] * 50
     assert await asyncio.gather(*sent) == [False] * 50
+
+
+async def test_what_a_sender_says_beside_a_frame_arrives_with_it_or_not_at_all(
+    bus: Bus,
+) -> None:
+    # A request's name and u, a whole answer's u (Envelope.name, command_id): the
+    # receiver skips decoding with them, so they must be the frame's own when they
+    # arrive; a plane may drop them (Redis where it splits a call, a cluster's
+    # requests), never change them. A whole answer's u arrives on every plane.
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    b.plane.serving("echo")
+    await b.plane.written()
+    requests = [
+        Envelope(
+            EnvelopeKind.REQUEST,
+            "broker-a",
+            ONE,
+            b"c=echo;" if n % 4 == 3 else b"c=echo,u=%d;" % n,
+            (),
+            "echo",
+            None if n % 4 == 3 else n,
+        )
+        for n in range(40)
+    ]
+    placed = [a.plane.forward_request("echo", envelope) for envelope in requests]
+    assert await asyncio.gather(*placed) == ["broker-b"] * len(requests)
+    got = await received(b, len(requests))
+    for sent, arrived in zip(requests, got, strict=True):
+        assert arrived in (sent, sent._replace(name=None, command_id=None))
+    answers = [
+        Envelope(
+            EnvelopeKind.CHANNEL, "broker-b", ONE, b"c=r,u=%d;" % n, (), None, n if n % 2 else None
+        )
+        for n in range(40)
+    ]
+    a.plane.channel_opened(ONE)
+    await a.plane.written()
+    assert all(await asyncio.gather(*(b.plane.send_to("broker-a", e) for e in answers)))
+    assert await received(a, len(answers)) == answers
