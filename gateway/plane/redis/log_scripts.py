@@ -13,6 +13,11 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
   (LOG_RELEASE) while frames forwarded to it may still be unread there: the
   *release barrier*, lifted by that broker once it has handled them
   (LOG_SETTLED), passed over once it is dead (LOG_PENDING salvages them).
+  On a Redis Cluster, where the send to the holder is a call of its own in its
+  stream's slot, ``q`` counts the frames routed to the holder since it took
+  the log (LOG_OR_HOLDER) instead of ``wp``, and its release puts up the
+  barrier until its reader has read that many (LOG_RELEASE_COUNTED,
+  gateway.plane.redis.counted_barriers).
 - ``<prefix>logv:{<i>}``: a list, the frames routed to the Channel by other
   brokers while the barrier is up, held back so that they go into the log after
   the ones the barrier's broker passes on (gateway.plane.redis.release_barriers);
@@ -58,9 +63,11 @@ __all__ = [
     "LOG_KEPT",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
+    "LOG_OR_HOLDER",
     "LOG_PENDING",
     "LOG_READ",
     "LOG_RELEASE",
+    "LOG_RELEASE_COUNTED",
     "LOG_SALVAGE",
     "LOG_SCRIPTS",
     "LOG_SETTLED",
@@ -431,7 +438,7 @@ if barrier then
   end
   lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
-redis.call('HDEL', meta, 'wp')
+redis.call('HDEL', meta, 'wp', 'q')
 redis.call('HSET', meta, 'w', ARGV[8])
 return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 """,
@@ -587,6 +594,51 @@ return saved
 """,
 )
 
+#: On a Redis Cluster, ``forward_to_channel``'s first call (gateway.plane.redis.plane):
+#: the holder, if one holds the log, with the frame counted as on its way to it
+#: (``q``: its release barrier waits until its reader has read that many); else into
+#: the log as LOG_APPEND (held back behind another broker's release barrier). ARGV
+#: as LOG_APPEND's, the prefix empty. Returns {number (0: none), the holder ('': none),
+#: the brokers to wake, ...}. The sender sends the frame to the holder itself, in
+#: that broker's stream's slot, marked as counted (gateway.plane.redis.counted_barriers).
+LOG_OR_HOLDER: Final = Script(
+    "log_or_holder",
+    _PRELUDE
+    + """
+local w = redis.call('HGET', meta, 'w')
+if w then
+  redis.call('HINCRBY', meta, 'q', 1)
+  return {0, w}
+end
+local n = route(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+table.insert(woken, 1, w or '')
+table.insert(woken, 1, n)
+return woken
+""",
+)
+
+#: LOG_RELEASE on a Redis Cluster. ARGV: broker, now ms, the frames counted as sent to
+#: it (``q``) that its reader has read since it took the log. If more were sent, the
+#: release barrier (``v``) is this broker until its reader has read them all and it
+#: lifts it (LOG_SETTLED); returns how many were sent then, 0 when no barrier went
+#: up, false when this broker did not hold the log.
+LOG_RELEASE_COUNTED: Final = Script(
+    "log_release_counted",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'w') ~= ARGV[1] then return false end
+redis.call('HDEL', meta, 'w')
+local sent = tonumber(redis.call('HGET', meta, 'q') or '0')
+redis.call('HDEL', meta, 'q', 'wp')
+live(tonumber(ARGV[2]))
+if sent > tonumber(ARGV[3]) then
+  redis.call('HSET', meta, 'v', ARGV[1])
+  return sent
+end
+return 0
+""",
+)
+
 LOG_SCRIPTS: Final = (
     LOG_SALVAGE,
     LOG_HOLD,
@@ -603,4 +655,6 @@ LOG_SCRIPTS: Final = (
     LOG_OR_FORWARD,
     LOG_KEEP,
     LOG_KEPT,
+    LOG_OR_HOLDER,
+    LOG_RELEASE_COUNTED,
 )

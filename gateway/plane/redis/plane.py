@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 import time
@@ -84,6 +85,7 @@ from gateway.plane.redis.batches import (
     unpack_records,
 )
 from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
+from gateway.plane.redis.counted_barriers import COUNTED
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
@@ -315,6 +317,7 @@ class RedisPlane:
             stream_max=STREAM_MAX,
             clock=clock,
             cluster=self._cluster,
+            lease=lease,
         )
 
     @property
@@ -417,6 +420,9 @@ class RedisPlane:
     async def _keep_lease(self) -> None:
         while True:
             await asyncio.sleep(self._lease / 6)
+            # A cluster's release barrier whose counted frames never came (their sender
+            # died between its two calls) is lifted after the lease.
+            self._log.expire_barriers()
             try:
                 await self._renew()
             except PlaneUnavailable as exc:
@@ -773,7 +779,9 @@ class RedisPlane:
 
     def _log_then_forward(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         result: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        logged = self._log.append(channel_id, envelope.frame)
+        # The log's slot: into the log, or the holder, this frame counted as on its way
+        # to it (gateway.plane.redis.counted_barriers: its release barrier waits for it).
+        logged = self._log.append_or_holder(channel_id, envelope.frame)
 
         def settle(future: asyncio.Future[str | None]) -> None:
             if result.done():
@@ -785,15 +793,35 @@ class RedisPlane:
             else:
                 result.set_result(future.result())
 
-        def appended(future: asyncio.Future[int]) -> None:
+        def sent(holder: str, future: asyncio.Future[bool]) -> None:
             if result.done():
                 return
             if future.cancelled():
                 result.cancel()
             elif (error := future.exception()) is not None:
                 result.set_exception(error)
-            elif future.result() > 0:
+            else:
+                result.set_result(self._peer(holder.encode()) if future.result() else None)
+
+        def appended(future: asyncio.Future[tuple[int, str]]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            if (error := future.exception()) is not None:
+                result.set_exception(error)
+                return
+            number, holder = future.result()
+            if number > 0:
                 result.set_result(self._broker_id)  # into the Channel's log (as _peer says)
+            elif holder:
+                # Straight to the holder (no lookup: the log names it), marked counted.
+                counted = Envelope(
+                    envelope.kind, envelope.origin, channel_id, envelope.frame, (COUNTED,)
+                )
+                send = self._submit(self._send_command(holder, counted), bool, self._after_send)
+                send.add_done_callback(functools.partial(sent, holder))
             else:
                 lookup = (self._prefix, channel_id, envelope.kind.value, "")
                 command = script_command(FORWARD_CHANNEL, (f"{self._prefix}ch",), lookup)
@@ -1085,6 +1113,19 @@ class RedisPlane:
         if inbound is None or kind is None:
             return
         among = fields.get(b"g", b"").decode()
+        if among == COUNTED:
+            # Counted as on its way here (a Redis Cluster): once handed on, a release
+            # barrier waiting for it may lift (gateway.plane.redis.counted_barriers).
+            channel_id = fields.get(b"i", b"").decode()
+            envelope = Envelope(
+                kind, fields.get(b"o", b"").decode(), channel_id, fields.get(b"f", b"")
+            )
+            try:
+                inbound(envelope)
+            except Exception:  # one bad envelope must not stop the reader
+                _log.exception("plane.inbound_failed")
+            self._log.counted(channel_id)
+            return
         envelope = Envelope(
             kind,
             fields.get(b"o", b"").decode(),

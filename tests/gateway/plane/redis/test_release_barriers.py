@@ -59,11 +59,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
-@pytest.fixture(params=("memory", "redis"))
+@pytest.fixture(params=("memory", "redis", "redis-cluster"))
 async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
     # Not on a Redis Cluster: there a forward to the holder is a lookup and a send,
     # two calls, and records no entry to wait for (docs/architecture.md, the barrier).
-    url = request.getfixturevalue("redis_server").url if request.param == "redis" else None
+    url = None
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_server").url
+    elif request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url
     built = Bus(request.param, url, lease=3.0)
     try:
         yield built
