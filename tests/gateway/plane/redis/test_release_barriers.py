@@ -15,6 +15,7 @@ import pytest
 
 from gateway.engines.base import EngineUnavailable
 from gateway.plane.base import Envelope, EnvelopeKind, LogRetention
+from gateway.plane.redis.counted_barriers import CountedBarriers
 from gateway.plane.redis.plane import RedisPlane
 from gateway.plane.redis.release_barriers import ReleaseBarriers, entry_order
 from tests.support import RedisServer, T
@@ -51,6 +52,57 @@ def test_a_barrier_lifts_once_the_reader_has_handled_the_newest_entry_at_the_rel
     assert lifted == ["empty", "handled", "y", "x"]
     barriers.handled(b"13-0")  # lifted once each
     assert lifted == ["empty", "handled", "y", "x"]
+
+
+def test_a_counted_barrier_lifts_once_the_reader_has_read_every_frame_sent() -> None:
+    lifted: list[str] = []
+    now = [0.0]
+    barriers = CountedBarriers(lifted.append, give_up=10.0, clock=lambda: now[0])
+    barriers.holding("x")
+    barriers.read("x")
+    assert barriers.count("x") == 1
+    barriers.read("not-held")  # not counted: nothing to wait for there
+    assert barriers.count("not-held") == 0
+    barriers.released("x", 3)  # three were sent, one read: up until two more are
+    barriers.read("x")
+    assert lifted == []
+    barriers.read("x")
+    assert lifted == ["x"]
+    barriers.read("x")  # lifted once; the count is gone with it
+    assert (lifted, barriers.count("x")) == (["x"], 0)
+    barriers.holding("y")
+    barriers.read("y")
+    barriers.read("y")
+    barriers.released("y", 2)  # all read before the release's answer: at once
+    assert lifted == ["x", "y"]
+    barriers.holding("z")
+    barriers.released("z", 0)  # no barrier went up
+    barriers.released("gone", None)  # not held here
+    assert lifted == ["x", "y"]
+
+
+def test_a_counted_barrier_whose_frames_never_come_is_lifted_after_give_up() -> None:
+    lifted: list[str] = []
+    now = [100.0]
+    barriers = CountedBarriers(lifted.append, give_up=10.0, clock=lambda: now[0])
+    barriers.expire()  # nothing up
+    barriers.holding("x")
+    barriers.released("x", 1)  # its sender died between its two calls
+    barriers.holding("dropped")
+    barriers.released("dropped", 5)
+    barriers.forget("dropped")  # the log went: nothing to lift
+    now[0] = 109.0
+    barriers.expire()
+    assert lifted == []
+    now[0] = 110.0
+    barriers.expire()
+    assert lifted == ["x"]
+    barriers.holding("again")
+    barriers.released("again", 4)
+    barriers.holding("again")  # held here again: the hold lifted the barrier
+    now[0] = 200.0
+    barriers.expire()
+    assert lifted == ["x"]
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +208,8 @@ async def test_frames_held_back_are_bounded_by_the_logs_retention(bus: Bus) -> N
 
 
 @pytest.mark.anyio
-async def test_a_release_on_an_unreachable_bus_fails_as_every_call_does() -> None:
-    plane = RedisPlane("redis://127.0.0.1:1/0", broker_id="broker-a")  # never started
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis+cluster://127.0.0.1:1"])
+async def test_a_release_on_an_unreachable_bus_fails_as_every_call_does(url: str) -> None:
+    plane = RedisPlane(url, broker_id="broker-a")  # never started
     with pytest.raises(EngineUnavailable):
         await plane.channel_log.release(CHANNEL)
