@@ -630,8 +630,8 @@ if redis.call('HGET', meta, 'w') ~= ARGV[1] then return false end
 redis.call('HDEL', meta, 'w')
 local sent = tonumber(redis.call('HGET', meta, 'q') or '0')
 redis.call('HDEL', meta, 'q', 'wp')
-live(tonumber(ARGV[2]))
-if sent > tonumber(ARGV[3]) then
+-- An expired log is gone whole (live): no barrier for it.
+if live(tonumber(ARGV[2])) and sent > tonumber(ARGV[3]) then
   redis.call('HSET', meta, 'v', ARGV[1])
   return sent
 end
