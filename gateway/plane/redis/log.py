@@ -32,7 +32,7 @@ from typing import Any, Final
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import LogRead, LogRetention
 from gateway.plane.redis.counted_barriers import CountedBarriers
-from gateway.plane.redis.keys import stream_key
+from gateway.plane.redis.keys import directory_prefix, stream_key
 from gateway.plane.redis.log_scripts import (
     LOG_ACK,
     LOG_APPEND,
@@ -50,7 +50,9 @@ from gateway.plane.redis.log_scripts import (
     LOG_RELEASE,
     LOG_RELEASE_COUNTED,
     LOG_SALVAGE,
+    LOG_SALVAGED,
     LOG_SETTLED,
+    STREAM_TAKE,
 )
 from gateway.plane.redis.release_barriers import ReleaseBarriers
 
@@ -141,6 +143,9 @@ class RedisChannelLog:
         self._barriers = ReleaseBarriers(self._settled)
         #: On a Redis Cluster: the frames counted as sent here, read, per Channel held.
         self._counted = CountedBarriers(self._settled, give_up=lease)
+        #: On a Redis Cluster: sends a frame salvaged from a dead broker's stream on to
+        #: the Channel (held by another broker by then); the plane sets it.
+        self.forward: Callable[[str, bytes], object] | None = None
 
     @property
     def retention(self) -> LogRetention:
@@ -264,6 +269,58 @@ class RedisChannelLog:
         self._barriers.handled(entry_id)
 
     async def pending(self, channel_id: str) -> str:
+        waited = await self._pending(channel_id)
+        if not self._cluster or not waited or await self._alive(waited):
+            return waited
+        # On a Redis Cluster the script cannot see leases (another slot): a dead holder's
+        # or barrier's unread frames for the Channel are salvaged here, as the script
+        # does on one Redis, and the hold and the barrier go with them.
+        await self.salvage_from(waited, channel_id)
+        return await self._pending(channel_id)
+
+    async def _alive(self, broker_id: str) -> bool:
+        key = f"{directory_prefix(self._prefix)}alive:{broker_id}"
+        return bool(await self._submit(("EXISTS", key), lambda reply: reply))
+
+    async def salvage_from(self, gone: str, channel_id: str = "") -> int:
+        """On a Redis Cluster: the frames in the dead broker ``gone``'s inbound stream for
+        ``channel_id`` (every Channel when '') go into their logs, oldest first, ahead of
+        those held back behind its release barrier, which lifts; a log held by another
+        broker by then gets them forwarded (:attr:`forward`). Two calls per Channel (the
+        stream's slot, then the log's): a broker that dies between them loses them.
+
+        Returns:
+            How many frames were taken out of the stream.
+        """
+        command = script_command(STREAM_TAKE, (stream_key(self._prefix, gone),), (channel_id,))
+        reply = await self._submit(command, lambda reply: reply)
+        taken: dict[str, list[bytes]] = {channel_id: []} if channel_id else {}
+        for n in range(0, len(reply), 2):
+            taken.setdefault(_text(reply[n]), []).append(bytes(reply[n + 1]))
+        # One call per Channel, all in the Batcher's pipelines at once (a broker that
+        # held many Channels is saved in a round trip or two, not one each).
+        calls = [
+            self._submit(
+                script_command(
+                    LOG_SALVAGED,
+                    self._keys(channel),
+                    (*self._append_args(channel, b"")[1:], gone, *frames),
+                ),
+                lambda reply: reply,
+            )
+            for channel, frames in taken.items()
+        ]
+        for (channel, frames), saved in zip(
+            taken.items(), await asyncio.gather(*calls), strict=True
+        ):
+            if int(saved[0]) >= 0:
+                self._woken(channel, saved[2:], saved[0])
+            elif self.forward is not None:
+                for frame in frames:
+                    self.forward(channel, frame)
+        return len(reply) // 2
+
+    async def _pending(self, channel_id: str) -> str:
         prefix = "" if self._cluster else self._prefix
         args = (self._now(), *self._limits, prefix, channel_id, self._stream_max)
         reply = await self._submit(

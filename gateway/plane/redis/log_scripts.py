@@ -69,8 +69,10 @@ __all__ = [
     "LOG_RELEASE",
     "LOG_RELEASE_COUNTED",
     "LOG_SALVAGE",
+    "LOG_SALVAGED",
     "LOG_SCRIPTS",
     "LOG_SETTLED",
+    "STREAM_TAKE",
 ]
 
 #: KEYS: meta, stream, waiting. The functions every script below shares.
@@ -639,6 +641,73 @@ return 0
 """,
 )
 
+#: On a Redis Cluster, where a dead broker's inbound stream (KEYS[1]) is another slot
+#: than the Channel logs: the frames in it for Channel ARGV[1] (every Channel when
+#: '') taken out of it (XDEL), oldest first, to be saved into their logs by
+#: LOG_SALVAGED. At most 10,000 entries are looked at. Returns {channel, frame, ...}.
+STREAM_TAKE: Final = Script(
+    "plane_stream_take",
+    """
+local out = {}
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 10000)) do
+  local f = {}
+  for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+  if (f['k'] == 'c' or f['k'] == 'd') and f['i'] and (ARGV[1] == '' or f['i'] == ARGV[1]) then
+    if f['k'] == 'c' then
+      out[#out + 1] = f['i']
+      out[#out + 1] = f['f']
+    else
+      -- Frames for the Channel packed in one entry (gateway.plane.redis.batches).
+      local blob, pos = f['f'], 1
+      while pos <= #blob do
+        local len
+        len, pos = struct.unpack('>I4', blob, pos)
+        out[#out + 1] = f['i']
+        out[#out + 1] = string.sub(blob, pos, pos + len - 1)
+        pos = pos + len
+      end
+    end
+    redis.call('XDEL', KEYS[1], e[1])
+  end
+end
+return out
+""",
+)
+
+#: On a Redis Cluster: the frames STREAM_TAKE took for this Channel out of the stream
+#: of the dead broker ARGV[8] go into the log, oldest first, ahead of what waits
+#: behind its release barrier; its hold (``w``) and its barrier (``v``) go. ARGV: now
+#: ms, max age ms, max frames, max bytes, plane prefix (''), channel, inbound stream
+#: cap, the dead broker, the frames. Returns {how many were saved, '', the brokers to
+#: wake, ...}, or {-1, the holder} when another broker holds the log now (the caller
+#: sends them there), {0, ''} when there is no log.
+LOG_SALVAGED: Final = Script(
+    "log_salvaged",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return {0, ''} end
+local gone = ARGV[8]
+local w = redis.call('HGET', meta, 'w')
+if w == gone then
+  redis.call('HDEL', meta, 'w', 'q')
+  w = false
+end
+if w then return {-1, w} end
+local saved = 0
+for i = 9, #ARGV do
+  if append(ARGV[i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) > 0 then
+    saved = saved + 1
+  end
+end
+if redis.call('HGET', meta, 'v') == gone then
+  lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+table.insert(woken, 1, '')
+table.insert(woken, 1, saved)
+return woken
+""",
+)
+
 LOG_SCRIPTS: Final = (
     LOG_SALVAGE,
     LOG_HOLD,
@@ -657,4 +726,6 @@ LOG_SCRIPTS: Final = (
     LOG_KEPT,
     LOG_OR_HOLDER,
     LOG_RELEASE_COUNTED,
+    STREAM_TAKE,
+    LOG_SALVAGED,
 )

@@ -298,6 +298,8 @@ class RedisPlane:
         self._open_requests: RequestBatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        #: Abandoned (a crash, :meth:`abandon`): what a read brings back is not handed on.
+        self._abandoned = False
         #: The last entry of the inbound stream handed to the router: a leaving
         #: broker trims through it before it salvages the rest (_leave).
         self._read_through: bytes | None = None
@@ -319,6 +321,7 @@ class RedisPlane:
             cluster=self._cluster,
             lease=lease,
         )
+        self._log.forward = self._forward_salvaged
 
     @property
     def broker_id(self) -> str:
@@ -384,7 +387,9 @@ class RedisPlane:
         await self._disconnect()
 
     async def abandon(self) -> None:
-        """Stop renewing and reading without leaving, as a crashed broker does."""
+        """Stop renewing and reading without leaving, as a crashed broker does: a read
+        under way when it is called hands nothing more on (nor trims it)."""
+        self._abandoned = True
         await self._halt()
         await self._disconnect()
 
@@ -470,7 +475,9 @@ class RedisPlane:
         # different slots.
         await self._call(("DEL", f"{self._prefix}alive:{self._broker_id}"))
         await self._call(("DEL", self._live))
-        if not self._cluster:
+        if self._cluster:
+            await self._log.salvage_from(self._broker_id)
+        else:
             await self._call(self._log.salvage(self._stream, self._broker_id))
         brokers = (f"{self._prefix}brokers",)
         args = (self._prefix, self._broker_id, self._sweep_batch)
@@ -494,7 +501,10 @@ class RedisPlane:
             for broker_id in _names(gone):
                 # Its stream and the lease beside it: another slot on a cluster.
                 stream_prefix = self._stream_prefix
-                if not self._cluster:
+                if self._cluster:
+                    # Another slot than the logs: taken out, then saved (log.py).
+                    await self._log.salvage_from(broker_id)
+                else:
                     # What it never read for the WebSocket Channels it held goes
                     # into their logs first (gateway.connections.resume).
                     await self._call(
@@ -510,6 +520,13 @@ class RedisPlane:
             swept += len(gone)
             if not more:
                 return swept
+
+    def _forward_salvaged(self, channel_id: str, frame: bytes) -> None:
+        """A frame saved from a dead broker's stream for a Channel held elsewhere now (a
+        Redis Cluster): on to it, as any frame for it."""
+        envelope = Envelope(EnvelopeKind.CHANNEL, self._broker_id, channel_id, frame)
+        with contextlib.suppress(EngineUnavailable):
+            self.forward_to_channel(channel_id, envelope)
 
     def _announce_all(self) -> None:
         commands: list[tuple[Any, ...]] = []
@@ -1080,6 +1097,8 @@ class RedisPlane:
                 delay = 0.05
                 if not replies:
                     continue
+                if self._abandoned:
+                    break
                 # RESP3 answers a map of streams, RESP2 a list of pairs.
                 entries = (
                     next(iter(replies.values())) if isinstance(replies, dict) else replies[0][1]
