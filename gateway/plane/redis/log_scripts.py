@@ -555,6 +555,9 @@ LOG_SALVAGE: Final = Script(
 local inbound = KEYS[1]
 local prefix, gone, now = ARGV[1], ARGV[2], ARGV[3]
 local saved = 0
+-- Channels whose release barrier was the gone broker's: what waits behind it follows
+-- once all of that broker's frames for them are in (after the loop).
+local barred = {}
 for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
   local f = {}
   for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
@@ -566,7 +569,10 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     aside = prefix .. 'logv:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
     -- Its frames for the Channel are saved here: its release barrier is down.
-    if redis.call('HGET', meta, 'v') == gone then redis.call('HDEL', meta, 'v') end
+    if redis.call('HGET', meta, 'v') == gone then
+      redis.call('HDEL', meta, 'v')
+      barred[#barred + 1] = f['i']
+    end
     local w = redis.call('HGET', meta, 'w')
     -- A ``d`` entry packs several frames for the Channel (gateway.plane.redis.batches).
     local list = {f['f']}
@@ -591,6 +597,13 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     -- be sweeping it (gateway.plane.redis.plane, _leave).
     redis.call('XDEL', inbound, e[1])
   end
+end
+for _, channel in ipairs(barred) do
+  local tag = '{' .. channel .. '}'
+  meta = prefix .. 'log:' .. tag
+  stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
+  aside = prefix .. 'logv:' .. tag
+  lift(now, ARGV[4], ARGV[5], ARGV[6], prefix, channel, ARGV[7])
 end
 return saved
 """,

@@ -229,13 +229,15 @@ async def test_a_release_on_an_unreachable_bus_fails_as_every_call_does(url: str
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("swept", [False, True], ids=["resumed", "swept"])
 async def test_a_broker_that_dies_with_its_barrier_up_is_passed_over_and_its_frames_saved(
-    bus: Bus,
+    bus: Bus, swept: bool
 ) -> None:
     # As above, but A dies right after its release: what it had not read yet is still
-    # in its stream. Once its lease is gone, a resume's look (pending) saves those into
-    # the log (on a Redis Cluster from the stream's slot, then the log's), then the
-    # frames held back behind the barrier: nothing lost, the order kept.
+    # in its stream. Once its lease is gone, a resume's look (pending), or else the
+    # sweep of A, saves those into the log (on a Redis Cluster from the stream's slot,
+    # then the log's), then the frames held back behind the barrier: nothing lost,
+    # the order kept.
     first = [b"c=news,u=%d;" % u for u in range(1, FIRST + 1)]
     later = [b"c=news,u=%d;" % u for u in range(FIRST + 1, FIRST + 21)]
     routed: list[asyncio.Future[str | None]] = []
@@ -270,6 +272,8 @@ async def test_a_broker_that_dies_with_its_barrier_up_is_passed_over_and_its_fra
         while not dying:
             await a.inbound.get()
         await asyncio.gather(*routed, *dying)
+        if swept:
+            assert await b.lost.get() == "broker-a"  # swept first: then reported
         while await log_b.pending(CHANNEL):
             await asyncio.sleep(0)  # each look is a call to the plane: no busy loop
     read = await log_b.read(CHANNEL, 0, 2 * FIRST, 0)
