@@ -1,6 +1,6 @@
 """Frames for a Channel held at another broker, on a Redis Cluster beside one Redis.
 
-    python bench/cluster_held.py [--repeats N] [--frames N]
+    python bench/cluster_held.py [--repeats N] [--frames N] [--quick]
 
 Issue 11 point 3 (a resumable WebSocket Channel: its log is *held* by the broker
 its connection is on, and a frame routed to it elsewhere goes to that broker).
@@ -126,7 +126,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="repeats (3)")
     parser.add_argument("--frames", type=int, default=10_000, help="frames per burst (10000)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 1,000 frames: rough")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.frames = 1, 1000
     rows: dict[str, list[tuple[float, float, float]]] = {"one-redis": [], "cluster": []}
     ratios: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="asbp-held-") as tmp:
