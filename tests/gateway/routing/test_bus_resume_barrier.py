@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -45,6 +45,7 @@ from tests.support.bus import (
     resume_at,
     until_in_directory,
 )
+from tests.support.keyspace import until_keys
 from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
@@ -70,57 +71,6 @@ def bus_url(request: pytest.FixtureRequest) -> str:
         return cluster.url
     server: RedisServer = request.getfixturevalue("redis_server")
     return server.url
-
-
-async def until_keys(
-    redis_url: str, keys: tuple[str, ...], holds: Callable[[], Awaitable[bool]]
-) -> None:
-    """Wait until ``holds()``, woken by keyspace notifications of any of ``keys``, each
-    from the node that holds it (a cluster node notifies only of its own keys)."""
-    nodes: dict[tuple[str, int], list[str]] = {}
-    locator = client_for(redis_url)
-    try:
-        for key in keys:
-            if isinstance(locator, redis.asyncio.RedisCluster):
-                await locator.initialize()
-                node = locator.get_node_from_key(key)
-                assert node is not None
-                where = (node.host, int(node.port))
-            else:
-                kwargs = locator.connection_pool.connection_kwargs
-                where = (str(kwargs["host"]), int(kwargs["port"]))
-            nodes.setdefault(where, []).append(key)
-    finally:
-        await locator.aclose()
-    changed = asyncio.Event()
-    clients = [redis.asyncio.Redis(host=host, port=port) for host, port in nodes]
-    pubsubs = [client.pubsub() for client in clients]
-
-    async def listen(pubsub: redis.asyncio.client.PubSub) -> None:
-        while True:
-            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=None):
-                changed.set()
-
-    listeners: list[asyncio.Task[None]] = []
-    try:
-        for client, pubsub, node_keys in zip(clients, pubsubs, nodes.values(), strict=True):
-            await client.config_set("notify-keyspace-events", "KA")
-            await pubsub.subscribe(*(f"__keyspace@0__:{key}" for key in node_keys))
-            listeners.append(asyncio.create_task(listen(pubsub)))
-        with anyio.fail_after(10 * T):
-            while True:
-                changed.clear()  # before the look: a change after it wakes the wait
-                if await holds():
-                    return
-                await changed.wait()
-    finally:
-        for task in listeners:
-            task.cancel()
-        await asyncio.gather(*listeners, return_exceptions=True)
-        for pubsub in pubsubs:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
-        for client in clients:
-            await client.aclose()
 
 
 async def entries(client: Client, stream: str) -> list[dict[bytes, bytes]]:
