@@ -308,3 +308,31 @@ async def test_frames_on_their_way_to_a_holder_that_died_go_into_the_log_at_its_
     assert read is not None
     assert [frame for _, frame in read.frames] == frames
     assert await log_b.pending(CHANNEL) == ""
+
+
+@pytest.mark.anyio
+async def test_frames_left_at_a_dead_holder_follow_the_channel_to_its_new_holder(
+    redis_bus: Bus,
+) -> None:
+    # A holds the log and dies with frames on their way to it; C takes the log before
+    # A's lease is gone (a resume that waited its lease). When B sweeps A, what A never
+    # read goes on to C (on a Redis Cluster: taken out of A's stream, then forwarded).
+    bus = redis_bus
+    a = await bus.join("broker-a")
+    b = await bus.join("broker-b")
+    c = await bus.join("broker-c")
+    log_a = a.plane.channel_log
+    await log_a.open(CHANNEL, digest=b"digest", idle=3600.0)
+    await log_a.hold(CHANNEL)
+    a.plane.channel_opened(CHANNEL)
+    await a.plane.locate_channel(CHANNEL)
+    await a.abandon()
+    frames = [b"c=news,u=%d;" % u for u in range(1, 6)]
+    for frame in frames:
+        news = Envelope(EnvelopeKind.CHANNEL, "broker-b", CHANNEL, frame)
+        assert await b.plane.forward_to_channel(CHANNEL, news) == "broker-a"
+    assert await c.plane.channel_log.hold(CHANNEL) == ("broker-a", 0)
+    with anyio.fail_after(b.plane.lease + 5 * T):
+        assert await b.lost.get() == "broker-a"
+        got = [(await c.inbound.get()).frame for _ in frames]
+    assert got == frames
