@@ -197,12 +197,6 @@ async def until_redis(
         await client.aclose()
 
 
-async def stream_entries(client: redis.asyncio.Redis, stream: str) -> list[dict[bytes, bytes]]:
-    """The fields of each entry of ``stream``."""
-    found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)  # type: ignore[assignment]  # redis-py types replies loosely
-    return [fields for _, fields in found]
-
-
 #: The bus lease of the in-process brokers below: short, so that a broker a test
 #: kills drops out of the directory soon.
 BUS_LEASE = 1.5

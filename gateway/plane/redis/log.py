@@ -16,8 +16,9 @@ parked reader. A waiter is registered locally *before* the read is sent, so
 a wake-up that overtakes the read's reply is not lost.
 
 A release puts up a barrier that this broker lifts once its reader has handled
-what its inbound stream held then (gateway.plane.redis.release_barriers); a
-resume elsewhere waits for it (``pending``).
+what its inbound stream held then (gateway.plane.redis.release_barriers; on a
+Redis Cluster, what was counted as sent to it: gateway.plane.redis.counted_barriers);
+a resume elsewhere waits for it (``pending``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any, Final
 
 from gateway.engines.redis.calls import script_command
 from gateway.plane.base import LogRead, LogRetention
-from gateway.plane.redis.keys import stream_key
+from gateway.plane.redis.counted_barriers import CountedBarriers
+from gateway.plane.redis.keys import directory_prefix, stream_key
 from gateway.plane.redis.log_scripts import (
     LOG_ACK,
     LOG_APPEND,
@@ -42,11 +44,15 @@ from gateway.plane.redis.log_scripts import (
     LOG_KEPT,
     LOG_OPEN,
     LOG_OR_FORWARD,
+    LOG_OR_HOLDER,
     LOG_PENDING,
     LOG_READ,
     LOG_RELEASE,
+    LOG_RELEASE_COUNTED,
     LOG_SALVAGE,
+    LOG_SALVAGED,
     LOG_SETTLED,
+    STREAM_TAKE,
 )
 from gateway.plane.redis.release_barriers import ReleaseBarriers
 
@@ -112,6 +118,7 @@ class RedisChannelLog:
         stream_max: the cap of the brokers' inbound streams.
         clock: seconds since the epoch (the scripts compare times from it).
         cluster: the plane is on a Redis Cluster.
+        lease: the bus lease (a cluster's barrier waits for counted frames at most that).
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class RedisChannelLog:
         stream_max: int,
         clock: Callable[[], float] = time.time,
         cluster: bool = False,
+        lease: float = 10.0,
     ) -> None:
         self._submit = submit
         self._prefix = prefix
@@ -147,6 +155,11 @@ class RedisChannelLog:
         #: The release barriers this broker has up; its plane's reader says how far
         #: it has handled the inbound stream (:meth:`handled`).
         self._barriers = ReleaseBarriers(self._settled)
+        #: On a Redis Cluster: the frames counted as sent here, read, per Channel held.
+        self._counted = CountedBarriers(self._settled, give_up=lease)
+        #: On a Redis Cluster: sends a frame salvaged from a dead broker's stream on to
+        #: the Channel (held by another broker by then); the plane sets it.
+        self.forward: Callable[[str, bytes], object] | None = None
 
     @property
     def retention(self) -> LogRetention:
@@ -189,6 +202,10 @@ class RedisChannelLog:
         return self._submit(command, lambda reply: self._woken(channel_id, reply[1:], reply[0]))
 
     def hold(self, channel_id: str) -> asyncio.Future[tuple[str, int] | None]:
+        if self._cluster:
+            # Counted from the hold's submission: a frame counted once it ran may be
+            # read before its reply comes back.
+            self._counted.holding(channel_id)
         # As an append's arguments (a dead holder's frames are appended), then this broker.
         args = (*self._append_args(channel_id, b"")[1:], self._broker_id)
         return self._submit(script_command(LOG_HOLD, self._keys(channel_id), args), _held)
@@ -208,6 +225,8 @@ class RedisChannelLog:
         return self._submit(script_command(LOG_HELD_APPEND, self._keys(channel_id), args), int)
 
     def release(self, channel_id: str) -> asyncio.Future[None]:
+        if self._cluster:
+            return self._release_counted(channel_id)
         command = script_command(
             LOG_RELEASE, self._keys(channel_id), (self._broker_id, self._now())
         )
@@ -241,6 +260,33 @@ class RedisChannelLog:
         if last:
             self._barriers.released(channel_id, last)
 
+    def _release_counted(self, channel_id: str) -> asyncio.Future[None]:
+        """A Redis Cluster's release: the barrier waits for the counted frames not read
+        yet (gateway.plane.redis.counted_barriers)."""
+        args = (self._broker_id, self._now(), self._counted.count(channel_id))
+        command = script_command(LOG_RELEASE_COUNTED, self._keys(channel_id), args)
+        released: asyncio.Future[Any] = self._submit(
+            command, lambda reply: None if reply is None else int(reply)
+        )
+        released.add_done_callback(functools.partial(self._released_counted, channel_id))
+        return self._submit_after(released)
+
+    def _released_counted(self, channel_id: str, future: asyncio.Future[int | None]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            # The bus is unreachable: a resume waits for the barrier at most a lease.
+            self._counted.forget(channel_id)
+            return
+        self._counted.released(channel_id, future.result())
+
+    def counted(self, channel_id: str) -> None:
+        """The plane's reader handed on a frame for ``channel_id`` that was counted as
+        sent here (a Redis Cluster): a barrier waiting for it may lift."""
+        self._counted.read(channel_id)
+
+    def expire_barriers(self) -> None:
+        """Lift the counted barriers up for longer than the bus lease."""
+        self._counted.expire()
+
     def _settled(self, channel_id: str) -> None:
         args = (*self._append_args(channel_id, b"")[1:], self._broker_id)
         self._submit(script_command(LOG_SETTLED, self._keys(channel_id), args), _none)
@@ -251,6 +297,58 @@ class RedisChannelLog:
         self._barriers.handled(entry_id)
 
     async def pending(self, channel_id: str) -> str:
+        waited = await self._pending(channel_id)
+        if not self._cluster or not waited or await self._alive(waited):
+            return waited
+        # On a Redis Cluster the script cannot see leases (another slot): a dead holder's
+        # or barrier's unread frames for the Channel are salvaged here, as the script
+        # does on one Redis, and the hold and the barrier go with them.
+        await self.salvage_from(waited, channel_id)
+        return await self._pending(channel_id)
+
+    async def _alive(self, broker_id: str) -> bool:
+        key = f"{directory_prefix(self._prefix)}alive:{broker_id}"
+        return bool(await self._submit(("EXISTS", key), lambda reply: reply))
+
+    async def salvage_from(self, gone: str, channel_id: str = "") -> int:
+        """On a Redis Cluster: the frames in the dead broker ``gone``'s inbound stream for
+        ``channel_id`` (every Channel when '') go into their logs, oldest first, ahead of
+        those held back behind its release barrier, which lifts; a log held by another
+        broker by then gets them forwarded (:attr:`forward`). Two calls per Channel (the
+        stream's slot, then the log's): a broker that dies between them loses them.
+
+        Returns:
+            How many frames were taken out of the stream.
+        """
+        command = script_command(STREAM_TAKE, (stream_key(self._prefix, gone),), (channel_id,))
+        reply = await self._submit(command, lambda reply: reply)
+        taken: dict[str, list[bytes]] = {channel_id: []} if channel_id else {}
+        for n in range(0, len(reply), 2):
+            taken.setdefault(_text(reply[n]), []).append(bytes(reply[n + 1]))
+        # One call per Channel, all in the Batcher's pipelines at once (a broker that
+        # held many Channels is saved in a round trip or two, not one each).
+        calls = [
+            self._submit(
+                script_command(
+                    LOG_SALVAGED,
+                    self._keys(channel),
+                    (*self._append_args(channel, b"")[1:], gone, *frames),
+                ),
+                lambda reply: reply,
+            )
+            for channel, frames in taken.items()
+        ]
+        for (channel, frames), saved in zip(
+            taken.items(), await asyncio.gather(*calls), strict=True
+        ):
+            if int(saved[0]) >= 0:
+                self._woken(channel, saved[2:], saved[0])
+            elif self.forward is not None:
+                for frame in frames:
+                    self.forward(channel, frame)
+        return len(reply) // 2
+
+    async def _pending(self, channel_id: str) -> str:
         prefix = "" if self._cluster else self._prefix
         args = (self._now(), *self._limits, prefix, channel_id, self._stream_max)
         reply = await self._submit(
@@ -275,6 +373,22 @@ class RedisChannelLog:
     def _dropped(self, channel_id: str, brokers: Any) -> None:
         self._woken(channel_id, brokers, 0)
 
+    def append_or_holder(self, channel_id: str, frame: bytes) -> asyncio.Future[tuple[int, str]]:
+        """On a Redis Cluster: ``frame`` into the log (its number), or, while a broker
+        holds the log, that broker, the frame counted as on its way there (number 0):
+        the caller sends it, marked :data:`~gateway.plane.redis.counted_barriers.COUNTED`."""
+        command = script_command(
+            LOG_OR_HOLDER,
+            self._keys(channel_id),
+            (*self._append_args(channel_id, frame), self._broker_id),
+        )
+
+        def placed(reply: Any) -> tuple[int, str]:
+            holder = _text(reply[1])
+            return (self._woken(channel_id, reply[2:], reply[0]), holder)
+
+        return self._submit(command, placed)
+
     def log_or_forward(self, channel_id: str, frame: bytes, directory: str) -> tuple[Any, ...]:
         """The script call of ``forward_to_channel``: its log if it has one, else its broker."""
         return script_command(
@@ -288,6 +402,7 @@ class RedisChannelLog:
         return self._submit(command, _none)
 
     def drop(self, channel_id: str) -> asyncio.Future[None]:
+        self._counted.forget(channel_id)
         prefix = "" if self._cluster else self._prefix
         command = script_command(
             LOG_DROP, self._keys(channel_id), (prefix, channel_id, self._stream_max)

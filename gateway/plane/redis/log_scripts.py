@@ -13,6 +13,11 @@ Keys per Channel ``<i>`` (hash-tagged on ``i`` so that they share a slot):
   (LOG_RELEASE) while frames forwarded to it may still be unread there: the
   *release barrier*, lifted by that broker once it has handled them
   (LOG_SETTLED), passed over once it is dead (LOG_PENDING salvages them).
+  On a Redis Cluster, where the send to the holder is a call of its own in its
+  stream's slot, ``q`` counts the frames routed to the holder since it took
+  the log (LOG_OR_HOLDER) instead of ``wp``, and its release puts up the
+  barrier until its reader has read that many (LOG_RELEASE_COUNTED,
+  gateway.plane.redis.counted_barriers).
 - ``<prefix>logv:{<i>}``: a list, the frames routed to the Channel by other
   brokers while the barrier is up, held back so that they go into the log after
   the ones the barrier's broker passes on (gateway.plane.redis.release_barriers);
@@ -58,12 +63,16 @@ __all__ = [
     "LOG_KEPT",
     "LOG_OPEN",
     "LOG_OR_FORWARD",
+    "LOG_OR_HOLDER",
     "LOG_PENDING",
     "LOG_READ",
     "LOG_RELEASE",
+    "LOG_RELEASE_COUNTED",
     "LOG_SALVAGE",
+    "LOG_SALVAGED",
     "LOG_SCRIPTS",
     "LOG_SETTLED",
+    "STREAM_TAKE",
 ]
 
 #: KEYS: meta, stream, waiting. The functions every script below shares.
@@ -523,7 +532,7 @@ if barrier then
   end
   lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
-redis.call('HDEL', meta, 'wp')
+redis.call('HDEL', meta, 'wp', 'q')
 redis.call('HSET', meta, 'w', ARGV[8])
 return {previous, tonumber(redis.call('HGET', meta, 'n'))}
 """,
@@ -653,6 +662,9 @@ LOG_SALVAGE: Final = Script(
 local inbound = KEYS[1]
 local prefix, gone, now = ARGV[1], ARGV[2], ARGV[3]
 local saved = 0
+-- Channels whose release barrier was the gone broker's: what waits behind it follows
+-- once all of that broker's frames for them are in (after the loop).
+local barred = {}
 for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
   local f = {}
   for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
@@ -664,7 +676,10 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     aside = prefix .. 'logv:' .. tag
     if redis.call('HGET', meta, 'w') == gone then redis.call('HDEL', meta, 'w') end
     -- Its frames for the Channel are saved here: its release barrier is down.
-    if redis.call('HGET', meta, 'v') == gone then redis.call('HDEL', meta, 'v') end
+    if redis.call('HGET', meta, 'v') == gone then
+      redis.call('HDEL', meta, 'v')
+      barred[#barred + 1] = f['i']
+    end
     local w = redis.call('HGET', meta, 'w')
     -- A ``d`` entry packs several frames for the Channel (gateway.plane.redis.batches).
     local list = {f['f']}
@@ -690,7 +705,126 @@ for _, e in ipairs(redis.call('XRANGE', inbound, '-', '+', 'COUNT', 10000)) do
     redis.call('XDEL', inbound, e[1])
   end
 end
+for _, channel in ipairs(barred) do
+  local tag = '{' .. channel .. '}'
+  meta = prefix .. 'log:' .. tag
+  stream, waiting = prefix .. 'logs:' .. tag, prefix .. 'logw:' .. tag
+  aside = prefix .. 'logv:' .. tag
+  lift(now, ARGV[4], ARGV[5], ARGV[6], prefix, channel, ARGV[7])
+end
 return saved
+""",
+)
+
+#: On a Redis Cluster, ``forward_to_channel``'s first call (gateway.plane.redis.plane):
+#: the holder, if one holds the log, with the frame counted as on its way to it
+#: (``q``: its release barrier waits until its reader has read that many); else into
+#: the log as LOG_APPEND (held back behind another broker's release barrier). ARGV
+#: as LOG_APPEND's, the prefix empty. Returns {number (0: none), the holder ('': none),
+#: the brokers to wake, ...}. The sender sends the frame to the holder itself, in
+#: that broker's stream's slot, marked as counted (gateway.plane.redis.counted_barriers).
+LOG_OR_HOLDER: Final = Script(
+    "log_or_holder",
+    _PRELUDE
+    + """
+local w = redis.call('HGET', meta, 'w')
+if w then
+  redis.call('HINCRBY', meta, 'q', 1)
+  return {0, w}
+end
+local n = route(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+table.insert(woken, 1, w or '')
+table.insert(woken, 1, n)
+return woken
+""",
+)
+
+#: LOG_RELEASE on a Redis Cluster. ARGV: broker, now ms, the frames counted as sent to
+#: it (``q``) that its reader has read since it took the log. If more were sent, the
+#: release barrier (``v``) is this broker until its reader has read them all and it
+#: lifts it (LOG_SETTLED); returns how many were sent then, 0 when no barrier went
+#: up, false when this broker did not hold the log.
+LOG_RELEASE_COUNTED: Final = Script(
+    "log_release_counted",
+    _PRELUDE
+    + """
+if redis.call('HGET', meta, 'w') ~= ARGV[1] then return false end
+redis.call('HDEL', meta, 'w')
+local sent = tonumber(redis.call('HGET', meta, 'q') or '0')
+redis.call('HDEL', meta, 'q', 'wp')
+-- An expired log is gone whole (live): no barrier for it.
+if live(tonumber(ARGV[2])) and sent > tonumber(ARGV[3]) then
+  redis.call('HSET', meta, 'v', ARGV[1])
+  return sent
+end
+return 0
+""",
+)
+
+#: On a Redis Cluster, where a dead broker's inbound stream (KEYS[1]) is another slot
+#: than the Channel logs: the frames in it for Channel ARGV[1] (every Channel when
+#: '') taken out of it (XDEL), oldest first, to be saved into their logs by
+#: LOG_SALVAGED. At most 10,000 entries are looked at. Returns {channel, frame, ...}.
+STREAM_TAKE: Final = Script(
+    "plane_stream_take",
+    """
+local out = {}
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 10000)) do
+  local f = {}
+  for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+  if (f['k'] == 'c' or f['k'] == 'd') and f['i'] and (ARGV[1] == '' or f['i'] == ARGV[1]) then
+    if f['k'] == 'c' then
+      out[#out + 1] = f['i']
+      out[#out + 1] = f['f']
+    else
+      -- Frames for the Channel packed in one entry (gateway.plane.redis.batches).
+      local blob, pos = f['f'], 1
+      while pos <= #blob do
+        local len
+        len, pos = struct.unpack('>I4', blob, pos)
+        out[#out + 1] = f['i']
+        out[#out + 1] = string.sub(blob, pos, pos + len - 1)
+        pos = pos + len
+      end
+    end
+    redis.call('XDEL', KEYS[1], e[1])
+  end
+end
+return out
+""",
+)
+
+#: On a Redis Cluster: the frames STREAM_TAKE took for this Channel out of the stream
+#: of the dead broker ARGV[8] go into the log, oldest first, ahead of what waits
+#: behind its release barrier; its hold (``w``) and its barrier (``v``) go. ARGV: now
+#: ms, max age ms, max frames, max bytes, plane prefix (''), channel, inbound stream
+#: cap, the dead broker, the frames. Returns {how many were saved, '', the brokers to
+#: wake, ...}, or {-1, the holder} when another broker holds the log now (the caller
+#: sends them there), {0, ''} when there is no log.
+LOG_SALVAGED: Final = Script(
+    "log_salvaged",
+    _PRELUDE
+    + """
+if not live(tonumber(ARGV[1])) then return {0, ''} end
+local gone = ARGV[8]
+local w = redis.call('HGET', meta, 'w')
+if w == gone then
+  redis.call('HDEL', meta, 'w', 'q')
+  w = false
+end
+if w then return {-1, w} end
+local saved = 0
+for i = 9, #ARGV do
+  if append(ARGV[i], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) > 0 then
+    saved = saved + 1
+  end
+end
+if redis.call('HGET', meta, 'v') == gone then
+  lift(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+end
+table.insert(woken, 1, '')
+table.insert(woken, 1, saved)
+return woken
 """,
 )
 
@@ -710,4 +844,8 @@ LOG_SCRIPTS: Final = (
     LOG_OR_FORWARD,
     LOG_KEEP,
     LOG_KEPT,
+    LOG_OR_HOLDER,
+    LOG_RELEASE_COUNTED,
+    STREAM_TAKE,
+    LOG_SALVAGED,
 )

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 import time
@@ -85,6 +86,7 @@ from gateway.plane.redis.batches import (
     unpack_records,
 )
 from gateway.plane.redis.claims import CLAIM_SCRIPTS, claim_command, claimed
+from gateway.plane.redis.counted_barriers import COUNTED
 from gateway.plane.redis.keys import directory_prefix, live_key, stream_key
 from gateway.plane.redis.log import LOG_FORMAT, RedisChannelLog
 from gateway.plane.redis.log_scripts import LOG_SCRIPTS
@@ -297,6 +299,8 @@ class RedisPlane:
         self._open_requests: RequestBatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        #: Abandoned (a crash, :meth:`abandon`): what a read brings back is not handed on.
+        self._abandoned = False
         #: The last entry of the inbound stream handed to the router: a leaving
         #: broker trims through it before it salvages the rest (_leave).
         self._read_through: bytes | None = None
@@ -319,7 +323,9 @@ class RedisPlane:
             stream_max=STREAM_MAX,
             clock=clock,
             cluster=self._cluster,
+            lease=lease,
         )
+        self._log.forward = self._forward_salvaged
 
     @property
     def broker_id(self) -> str:
@@ -385,7 +391,9 @@ class RedisPlane:
         await self._disconnect()
 
     async def abandon(self) -> None:
-        """Stop renewing and reading without leaving, as a crashed broker does."""
+        """Stop renewing and reading without leaving, as a crashed broker does: a read
+        under way when it is called hands nothing more on (nor trims it)."""
+        self._abandoned = True
         await self._halt()
         await self._disconnect()
 
@@ -421,6 +429,9 @@ class RedisPlane:
     async def _keep_lease(self) -> None:
         while True:
             await asyncio.sleep(self._lease / 6)
+            # A cluster's release barrier whose counted frames never came (their sender
+            # died between its two calls) is lifted after the lease.
+            self._log.expire_barriers()
             try:
                 await self._renew()
             except PlaneUnavailable as exc:
@@ -509,7 +520,9 @@ class RedisPlane:
         # different slots.
         await self._call(("DEL", f"{self._prefix}alive:{self._broker_id}"))
         await self._call(("DEL", self._live))
-        if not self._cluster:
+        if self._cluster:
+            await self._log.salvage_from(self._broker_id)
+        else:
             await self._call(self._log.salvage(self._stream, self._broker_id))
         brokers = (f"{self._prefix}brokers",)
         args = (self._prefix, self._broker_id, self._sweep_batch)
@@ -533,7 +546,10 @@ class RedisPlane:
             for broker_id in _names(gone):
                 # Its stream and the lease beside it: another slot on a cluster.
                 stream_prefix = self._stream_prefix
-                if not self._cluster:
+                if self._cluster:
+                    # Another slot than the logs: taken out, then saved (log.py).
+                    await self._log.salvage_from(broker_id)
+                else:
                     # What it never read for the WebSocket Channels it held goes
                     # into their logs first (gateway.connections.resume).
                     await self._call(
@@ -549,6 +565,13 @@ class RedisPlane:
             swept += len(gone)
             if not more:
                 return swept
+
+    def _forward_salvaged(self, channel_id: str, frame: bytes) -> None:
+        """A frame saved from a dead broker's stream for a Channel held elsewhere now (a
+        Redis Cluster): on to it, as any frame for it."""
+        envelope = Envelope(EnvelopeKind.CHANNEL, self._broker_id, channel_id, frame)
+        with contextlib.suppress(EngineUnavailable):
+            self.forward_to_channel(channel_id, envelope)
 
     def _announce_all(self) -> None:
         commands: list[tuple[Any, ...]] = []
@@ -818,7 +841,9 @@ class RedisPlane:
 
     def _log_then_forward(self, channel_id: str, envelope: Envelope) -> asyncio.Future[str | None]:
         result: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        logged = self._log.append(channel_id, envelope.frame)
+        # The log's slot: into the log, or the holder, this frame counted as on its way
+        # to it (gateway.plane.redis.counted_barriers: its release barrier waits for it).
+        logged = self._log.append_or_holder(channel_id, envelope.frame)
 
         def settle(future: asyncio.Future[str | None]) -> None:
             if result.done():
@@ -830,15 +855,35 @@ class RedisPlane:
             else:
                 result.set_result(future.result())
 
-        def appended(future: asyncio.Future[int]) -> None:
+        def sent(holder: str, future: asyncio.Future[bool]) -> None:
             if result.done():
                 return
             if future.cancelled():
                 result.cancel()
             elif (error := future.exception()) is not None:
                 result.set_exception(error)
-            elif future.result() > 0:
+            else:
+                result.set_result(self._peer(holder.encode()) if future.result() else None)
+
+        def appended(future: asyncio.Future[tuple[int, str]]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            if (error := future.exception()) is not None:
+                result.set_exception(error)
+                return
+            number, holder = future.result()
+            if number > 0:
                 result.set_result(self._broker_id)  # into the Channel's log (as _peer says)
+            elif holder:
+                # Straight to the holder (no lookup: the log names it), marked counted.
+                counted = Envelope(
+                    envelope.kind, envelope.origin, channel_id, envelope.frame, (COUNTED,)
+                )
+                send = self._submit(self._send_command(holder, counted), bool, self._after_send)
+                send.add_done_callback(functools.partial(sent, holder))
             else:
                 lookup = (self._prefix, channel_id, envelope.kind.value, "")
                 command = script_command(FORWARD_CHANNEL, (f"{self._prefix}ch",), lookup)
@@ -1097,6 +1142,8 @@ class RedisPlane:
                 delay = 0.05
                 if not replies:
                     continue
+                if self._abandoned:
+                    break
                 # RESP3 answers a map of streams, RESP2 a list of pairs.
                 entries = (
                     next(iter(replies.values())) if isinstance(replies, dict) else replies[0][1]
@@ -1130,6 +1177,19 @@ class RedisPlane:
         if inbound is None or kind is None:
             return
         among = fields.get(b"g", b"").decode()
+        if among == COUNTED:
+            # Counted as on its way here (a Redis Cluster): once handed on, a release
+            # barrier waiting for it may lift (gateway.plane.redis.counted_barriers).
+            channel_id = fields.get(b"i", b"").decode()
+            envelope = Envelope(
+                kind, fields.get(b"o", b"").decode(), channel_id, fields.get(b"f", b"")
+            )
+            try:
+                inbound(envelope)
+            except Exception:  # one bad envelope must not stop the reader
+                _log.exception("plane.inbound_failed")
+            self._log.counted(channel_id)
+            return
         envelope = Envelope(
             kind,
             fields.get(b"o", b"").decode(),

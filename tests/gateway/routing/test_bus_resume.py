@@ -26,14 +26,15 @@ from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker
 from tests.support import RedisServer, RunningServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
 from tests.support.bus import (
+    DIRECTORY,
+    client_for,
     flush,
     frame,
-    holder_of,
     kept_holds,
-    lease_gone,
-    until,
     until_in_directory,
 )
+from tests.support.keyspace import until_keys
+from tests.support.redis_cluster import RedisCluster
 from tests.support.resume_bus import (
     LEASE,
     bus,
@@ -125,10 +126,21 @@ async def test_the_old_connection_is_closed_when_the_channel_resumes_elsewhere(
     await resumed.close()
 
 
+@pytest.fixture(params=("redis", "redis-cluster"))
+def bus_url(request: pytest.FixtureRequest) -> str:
+    """The module's redis-server, or the session's Redis Cluster (where the log, the
+    directory and each broker's stream are in different slots)."""
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
 async def test_a_broker_killed_mid_stream_loses_nothing_accepted(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, bus_url: str
 ) -> None:
-    redis_url = redis_server.url
+    redis_url = bus_url
     await flush(redis_url)
     credentials = make_credentials(tmp_path, "news")
     settings = (
@@ -141,34 +153,50 @@ async def test_a_broker_killed_mid_stream_loses_nothing_accepted(
             redis_url, tmp_path / name, ack_timeout=30, prefetch=8, settings=settings
         )
 
-    async with (
-        start("a") as a,
-        start("b") as b,
-    ):
-        agent = make_agent(credentials, [b.url.replace("/asbp", "/tube")])
-        async with agent:
-            await agent.wait_registered(5 * T)
-            connection, channel_id, secret = await open_channel(a.url)
-            await until_in_directory(redis_url, "ch", channel_id)
-            for u in range(1, 51):
-                await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
-            # The client reads part of the stream; the rest is in flight when A dies.
-            seen = [await frame(connection) for _ in range(20)]
-            await log_holds(redis_url, channel_id, 50)
-            holder = await holder_of(redis_url, channel_id)
-            await a.kill()
-            abandon(connection)
-            # Sent while A's lease still stands: forwarded into A's inbound stream,
-            # which nobody reads any more; taken from there when B holds the log.
-            for u in range(51, 101):
-                await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
-            await until(redis_url, f"alive:{holder}", lambda client: lease_gone(client, holder))
-            resumed, answer = await resume(b.url, channel_id, secret, received=len(seen))
-            assert (answer.name, answer.get("received")) == ("asbp.resumed", "20")
-            rest = [await frame(resumed) for _ in range(80)]
-            got = [c.command_id for c in seen + rest]
-            assert got == list(range(1, 101))
-            await resumed.close()
+    client = client_for(redis_url)
+    try:
+        async with (
+            start("a") as a,
+            start("b") as b,
+        ):
+            agent = make_agent(credentials, [b.url.replace("/asbp", "/tube")])
+            async with agent:
+                await agent.wait_registered(5 * T)
+                connection, channel_id, secret = await open_channel(a.url)
+                await until_in_directory(redis_url, "ch", channel_id)
+                for u in range(1, 51):
+                    await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+                # The client reads part of the stream; the rest is in flight when A dies.
+                seen = [await frame(connection) for _ in range(20)]
+                log = f"{PREFIX}log:{{{channel_id}}}"
+
+                async def logged() -> bool:
+                    return int(await client.hget(log, "n") or 0) >= 50
+
+                await until_keys(redis_url, (log,), logged, 5 * T)
+                found = await client.hget(log, "w")
+                assert isinstance(found, bytes)
+                holder = found.decode()
+                await a.kill()
+                abandon(connection)
+                # Sent while A's lease still stands: forwarded into A's inbound stream,
+                # which nobody reads any more; taken from there when B holds the log.
+                for u in range(51, 101):
+                    await agent.send(Command({"c": "news", "d": channel_id, "u": u}, b"m%d" % u))
+                alive = f"{DIRECTORY}alive:{holder}"
+
+                async def gone() -> bool:
+                    return not await client.exists(alive)
+
+                await until_keys(redis_url, (alive,), gone, 5 * T)
+                resumed, answer = await resume(b.url, channel_id, secret, received=len(seen))
+                assert (answer.name, answer.get("received")) == ("asbp.resumed", "20")
+                rest = [await frame(resumed) for _ in range(80)]
+                got = [c.command_id for c in seen + rest]
+                assert got == list(range(1, 101))
+                await resumed.close()
+    finally:
+        await client.aclose()
 
 
 async def test_a_quiet_connected_channel_outlives_the_log_age(

@@ -1,12 +1,15 @@
 """A Channel resumed elsewhere while its old broker still had frames for it on their way
-(issue 11: "in order, none twice"; gateway.plane.redis.release_barriers).
+(issue 11: "in order, none twice"; gateway.plane.redis.release_barriers, and on a Redis
+Cluster gateway.plane.redis.counted_barriers).
 
 Broker A holds the Channel; the agent is on broker B, so each Command for the Channel
 is forwarded into A's inbound stream. A is paused (SIGSTOP: a real stall, as a long
 garbage collection or a starved CPU makes one) while Commands wait in that stream,
 the client drops and resumes at B, and more Commands are sent. Only once A runs
 again (SIGCONT) can it read what was sent to it: those Commands must still reach the
-client before the ones sent after them.
+client before the ones sent after them. On one Redis and on a Redis Cluster (where the
+log, the directory and each broker's stream are in different slots, so a forward to
+the holder is two calls).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from websockets.asyncio.client import ClientConnection
 from asbp import Command
 from gateway.app import create_app
 from gateway.config.model import GatewayConfig
+from gateway.engines.redis.connection import Client
 from gateway.plane.redis.keys import stream_key
 from gateway.plane.redis.plane import PREFIX
 from tests.gateway.engines._broker_process import BrokerProcess, abandon, broker_process
@@ -33,15 +37,16 @@ from tests.support import RedisServer, T, serve_app_async
 from tests.support.agents import make_agent, make_credentials
 from tests.support.bus import (
     DIRECTORY,
+    client_for,
     flush,
     frame,
     holder_of,
     open_resumable,
     resume_at,
-    stream_entries,
     until_in_directory,
-    until_redis,
 )
+from tests.support.keyspace import until_keys
+from tests.support.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -58,10 +63,25 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
+@pytest.fixture(params=("redis", "redis-cluster"))
+def bus_url(request: pytest.FixtureRequest) -> str:
+    """The module's redis-server, or the session's Redis Cluster."""
+    if request.param == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+async def entries(client: Client, stream: str) -> list[dict[bytes, bytes]]:
+    found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)  # type: ignore[assignment]  # redis-py types replies loosely
+    return [fields for _, fields in found]
+
+
 async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, bus_url: str
 ) -> None:
-    redis_url = redis_server.url
+    redis_url = bus_url
     await flush(redis_url)
     credentials = make_credentials(tmp_path, "news")
     settings = (
@@ -86,44 +106,46 @@ async def test_commands_waiting_at_a_paused_broker_arrive_before_later_ones(
             await until_in_directory(redis_url, "ch", channel_id)
             await send(1, PART)
             seen = [await frame(connection) for _ in range(PART)]
-            holder = await holder_of(redis_url, channel_id)
-            inbound = stream_key(PREFIX, holder)
             log = f"{PREFIX}log:{{{channel_id}}}"
+            client = client_for(redis_url)
+            found = await client.hget(log, "w")
+            assert isinstance(found, bytes)
+            holder = found.decode()
+            inbound = stream_key(PREFIX, holder)
 
             def for_channel(fields: dict[bytes, bytes]) -> bool:
                 return fields.get(b"i") == channel_id.encode() and fields.get(b"k") == b"c"
 
             async def waiting_at_a(count: int) -> bool:
-                return sum(map(for_channel, await stream_entries(client, inbound))) >= count
+                return sum(map(for_channel, await entries(client, inbound))) >= count
 
-            client = redis.asyncio.Redis.from_url(redis_url)
             a.process.send_signal(signal.SIGSTOP)
             resuming: asyncio.Task[tuple[ClientConnection, Command]] | None = None
             try:
                 # Forwarded to A, which holds the Channel, and left unread there.
                 await send(PART + 1, 2 * PART)
-                await until_redis(redis_url, inbound, lambda _: waiting_at_a(PART))
+                await until_keys(redis_url, (inbound,), lambda: waiting_at_a(PART))
                 abandon(connection)
                 resuming = asyncio.create_task(
                     resume_at(b.url, channel_id, secret, received=len(seen))
                 )
 
-                async def b_told_a(_: redis.asyncio.Redis) -> bool:
+                async def b_told_a() -> bool:
                     # B does not wait for A for ever: it tells A about the resume
                     # (whatever it says: an envelope that is no Command for the Channel).
-                    kinds = {fields.get(b"k") for fields in await stream_entries(client, inbound)}
+                    kinds = {fields.get(b"k") for fields in await entries(client, inbound)}
                     return bool(kinds - {b"c", b"d", b"w"})
 
-                await until_redis(redis_url, inbound, b_told_a)
+                await until_keys(redis_url, (inbound,), b_told_a)
                 # Sent after the ones waiting at A: wherever they go now (B, if it took
                 # the Channel, or A's stream behind the others), they come after them.
                 await send(2 * PART + 1, 3 * PART)
 
-                async def routed(_: redis.asyncio.Redis) -> bool:
+                async def routed() -> bool:
                     at_b = int(await client.hget(log, "n") or 0) >= 2 * PART
                     return at_b or await waiting_at_a(2 * PART)
 
-                await until_redis(redis_url, "*", routed)
+                await until_keys(redis_url, (log, inbound), routed)
             finally:
                 a.process.send_signal(signal.SIGCONT)
                 await client.aclose()
