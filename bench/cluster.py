@@ -398,6 +398,11 @@ async def run(args: argparse.Namespace) -> None:
                     await broker.stop()
             if not args.no_queues and not args.no_cluster:
                 await run_queues(args, redis_url, cluster.url)
+    if args.repeats == 0:
+        # --repeats 0 --hold N: the hold alone, for a profile of the two-brokers layout
+        # (--cprofile) or for tools watching it; no repeat to take a median of.
+        print("--repeats 0: nothing measured to report")
+        return
     if not args.no_http:
         report_http(http)
     if args.http_only:

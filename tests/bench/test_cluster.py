@@ -45,6 +45,28 @@ def test_the_two_brokers_path_alone_held_and_profiled(tmp_path: Path) -> None:
     assert (tmp_path / "b.pstats").stat().st_size > 0
 
 
+def test_the_hold_alone_leaves_its_profiles_and_reports_nothing(tmp_path: Path) -> None:
+    # ``--repeats 0``: the way to profile the two-brokers layout alone (the one-broker
+    # layout's trips would be in broker A's profile); it used to end in StatisticsError.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    args = ["--repeats", "0", "--no-queues", "--no-http", "--no-cluster", "--warmup", "10"]
+    args += ["--hold", "0.2", "--cprofile", str(tmp_path)]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cluster.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180 * T,
+        env=env,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert re.search(r"^held: \d+ round trips in ", run.stdout, re.M), run.stdout
+    assert "--repeats 0: nothing measured to report" in run.stdout
+    assert (tmp_path / "a.pstats").stat().st_size > 0
+    assert (tmp_path / "b.pstats").stat().st_size > 0
+
+
 def test_queues_only_wants_the_cluster() -> None:
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "cluster.py"), "--queues-only", "--no-cluster"],

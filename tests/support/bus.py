@@ -112,18 +112,8 @@ async def until(
     redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
 ) -> None:
     """Wait until ``holds(client)``, woken by keyspace notifications of ``DIRECTORY + key``
-    (subscribed to before each look, so no change falls between a look and the wait)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    pubsub = client.pubsub()
-    try:
-        await client.config_set("notify-keyspace-events", "KA")
-        await pubsub.subscribe(f"__keyspace@0__:{DIRECTORY}{key}")
-        with anyio.fail_after(5 * T):
-            while not await holds(client):
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-    finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated upstream
-        await client.aclose()
+    (:func:`until_redis`, five ``T`` at most)."""
+    await until_redis(redis_url, DIRECTORY + key, holds, timeout=5 * T)
 
 
 async def open_resumable(url: str) -> tuple[ClientConnection, str, str]:
@@ -180,16 +170,20 @@ async def lease_gone(client: redis.asyncio.Redis, broker_id: str) -> bool:
 
 
 async def until_redis(
-    redis_url: str, key: str, holds: Callable[[redis.asyncio.Redis], Awaitable[bool]]
+    redis_url: str,
+    key: str,
+    holds: Callable[[redis.asyncio.Redis], Awaitable[bool]],
+    timeout: float = 10 * T,
 ) -> None:
     """Wait until ``holds(client)``, woken by keyspace notifications of ``key`` (a
-    pattern: ``*`` for any key), subscribed to before each look."""
+    pattern: ``*`` for any key), subscribed to before each look (so no change falls
+    between a look and the wait), ``timeout`` seconds at most."""
     client = redis.asyncio.Redis.from_url(redis_url)
     pubsub = client.pubsub()
     try:
         await client.config_set("notify-keyspace-events", "KA")
         await pubsub.psubscribe(f"__keyspace@0__:{key}")
-        with anyio.fail_after(10 * T):
+        with anyio.fail_after(timeout):
             while not await holds(client):
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
     finally:
